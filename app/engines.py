@@ -1,0 +1,68 @@
+"""Checking a configuration and launching its engine: the one path the CLI, the runner and the
+GUI all use, so a configuration is judged the same way everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.config import RunConfig
+from app.errors import EngineFailed, UserError
+from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.hardware import HardwareInfo, probe_hardware
+from engine_adapters.launcher import EngineProcess, EngineStartError, ExitCallback, LogCallback, PhaseCallback
+from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import RuntimeErrorMessage
+
+
+@dataclass
+class CheckReport:
+    issues: list[ValidationIssue] = field(default_factory=list)
+    flags: FlagSet | None = None
+    hardware: HardwareInfo | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[ValidationIssue]:
+        return [i for i in self.issues if i.severity == "error"]
+
+    @property
+    def warnings(self) -> list[ValidationIssue]:
+        return [i for i in self.issues if i.severity == "warning"]
+
+
+def check_config(config: RunConfig, discover_flags: bool = True) -> CheckReport:
+    """Validate without launching: combinations, hardware, and the installed version's flags."""
+    adapter = get_adapter(config.engine.kind)
+    report = CheckReport(hardware=probe_hardware())
+    if discover_flags and config.engine.runtime.kind != "docker":
+        try:
+            report.flags = adapter.discover_flags(config.engine)
+        except RuntimeErrorMessage as exc:
+            report.notes.append(f"flags not checked against the installed engine: {exc}")
+    try:
+        report.issues = adapter.validate(config.engine, config.features, report.flags, report.hardware)
+    except RuntimeErrorMessage as exc:
+        report.issues = [ValidationIssue("engine", str(exc))]
+    return report
+
+
+def launch_engine(
+    config: RunConfig,
+    *,
+    force: bool = False,
+    on_log: LogCallback | None = None,
+    on_phase: PhaseCallback | None = None,
+    on_exit: ExitCallback | None = None,
+) -> EngineProcess:
+    """Validate, then start the engine (returns before it is ready). ``force`` skips validation."""
+    if not force:
+        report = check_config(config)
+        if report.errors:
+            raise UserError("; ".join(f"{i.field}: {i.message}" for i in report.errors))
+    engine = EngineProcess(config.engine, config.features, get_adapter(config.engine.kind),
+                           on_log=on_log, on_phase=on_phase, on_exit=on_exit)
+    try:
+        engine.start()
+    except (RuntimeErrorMessage, EngineStartError) as exc:
+        raise EngineFailed(str(exc)) from None
+    return engine

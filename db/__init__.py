@@ -1,0 +1,1 @@
+"""Run store: SQLAlchemy models, Alembic migrations, queries. Never imports ``app``."""

@@ -1,0 +1,4 @@
+"""What each inference engine needs: flags, capabilities, metric names, log patterns, launch.
+
+Never imports ``app``: the application depends on adapters, not the other way round.
+"""

@@ -1,0 +1,116 @@
+"""The typed description of an engine launch: where the engine comes from, which model, and
+which acceleration features are switched on.
+
+Engine-agnostic on purpose: each adapter maps these fields to its own flags. The run-level
+configuration (workload, load) lives in ``app.config`` and embeds these models, because
+``engine_adapters`` must never import ``app``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEMO_MODEL = "tunebench:demo"
+"""Model id that resolves to the tiny, locally generated demo model in the user cache."""
+
+
+class StrictModel(BaseModel):
+    """Base for configuration models: unknown keys are errors (a typo in a profile must not
+    silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+RuntimeKind = Literal["managed", "python", "executable", "docker"]
+
+
+class RuntimeConfig(StrictModel):
+    """Where the engine's code comes from."""
+
+    kind: RuntimeKind = "managed"
+    managed: str = Field("vllm-cpu", description="Name of a tunebench-managed runtime (kind=managed).")
+    python: str | None = Field(None, description="Interpreter of a venv that has the engine installed (kind=python).")
+    executable: str | None = Field(None, description="Engine executable on PATH or a path, e.g. 'vllm' (kind=executable).")
+    docker_image: str = Field("vllm/vllm-openai:latest", description="Image for kind=docker.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine process.")
+
+    @model_validator(mode="after")
+    def _needs_its_field(self) -> RuntimeConfig:
+        if self.kind == "python" and not self.python:
+            raise ValueError("runtime kind 'python' needs 'python' = path to the venv's interpreter")
+        if self.kind == "executable" and not self.executable:
+            raise ValueError("runtime kind 'executable' needs 'executable' = the engine command, e.g. 'vllm'")
+        return self
+
+
+EngineKind = Literal["vllm"]
+
+
+class EngineConfig(StrictModel):
+    """Which engine serves which model, and where it listens."""
+
+    kind: EngineKind = "vllm"
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    model: str = Field(DEMO_MODEL, min_length=1, description="Model path or hub id ('tunebench:demo' = the local demo model).")
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 = pick a free port at launch.")
+    require_api_key: bool = Field(True, description="Protect the server with a per-run API key.")
+    startup_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model must not be blank")
+        return value
+
+
+WeightsDtype = Literal["auto", "bf16", "fp16", "fp8", "awq", "gptq"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+SpecMethod = Literal["off", "ngram", "eagle", "eagle3", "mtp", "draft_model"]
+KvOffloadBackend = Literal["native", "lmcache"]
+
+
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding: a cheap drafter proposes tokens, the model verifies them in one pass."""
+
+    method: SpecMethod = "off"
+    draft_model: str | None = Field(None, description="Draft/EAGLE head model (eagle, eagle3, draft_model).")
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    ngram_prompt_lookup_min: int = Field(1, ge=1, le=16)
+    ngram_prompt_lookup_max: int = Field(4, ge=1, le=32)
+
+    @model_validator(mode="after")
+    def _window_ordered(self) -> SpeculativeConfig:
+        if self.ngram_prompt_lookup_min > self.ngram_prompt_lookup_max:
+            raise ValueError("ngram_prompt_lookup_min must not exceed ngram_prompt_lookup_max")
+        return self
+
+
+class Features(StrictModel):
+    """The acceleration features a user toggles. ``None`` means "engine default".
+
+    Each field is described once, for tooltips and grouping, in
+    :data:`engine_adapters.features.FEATURES`; each adapter maps it to flags.
+    """
+
+    weights_dtype: WeightsDtype = "auto"
+    kv_cache_dtype: KvCacheDtype = "auto"
+    prefix_caching: bool | None = None
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    cpu_offload_gib: float = Field(0.0, ge=0)
+    kv_offload_gib: float = Field(0.0, ge=0)
+    kv_offload_backend: KvOffloadBackend | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+    cuda_graphs: bool = True
+    chunked_prefill: bool | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    extra_args: list[str] = Field(default_factory=list)

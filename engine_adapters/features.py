@@ -1,0 +1,159 @@
+"""The feature catalogue: what each acceleration feature is, which family of the seeds'
+taxonomy it belongs to, and why it speeds decoding up.
+
+This is the one place where a feature's human description lives. The GUI builds its toggles
+and tooltips from it, the exports and reports label features with it, and each adapter maps the
+same keys (paths into :class:`engine_adapters.config.Features`) to its flags and verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Family(str, Enum):
+    """The three families of acceleration from the seeds, plus the knobs that bound them."""
+
+    MOVE_FEWER_BYTES = "Move fewer bytes"
+    USE_IDLE_COMPUTE = "Use idle compute"
+    MANAGE_KV_CACHE = "Manage the KV cache"
+    SCALE_AND_LIMITS = "Scale out and limits"
+
+
+class Capability(str, Enum):
+    """What the hardware or the engine build must offer for a feature to work."""
+
+    CUDA_GPU = "an NVIDIA GPU"
+    FP8_COMPUTE = "a GPU with FP8 support (compute capability 8.9 or newer: Ada, Hopper, Blackwell)"
+    FP8_KV_ON_CPU = "on a CPU engine, x86 with AVX-512 or AMX"
+    MULTI_GPU = "as many visible GPUs as the parallel size"
+
+
+@dataclass(frozen=True)
+class FeatureInfo:
+    """Human description of one feature (one field path in ``Features``)."""
+
+    key: str
+    label: str
+    family: Family
+    explanation: str
+    attacks: str
+    requires: tuple[Capability, ...] = ()
+
+
+FEATURES: tuple[FeatureInfo, ...] = (
+    FeatureInfo(
+        "weights_dtype", "Weight precision", Family.MOVE_FEWER_BYTES,
+        "Decode reads every weight once per step, so it is bound by memory bandwidth: FP8 halves the "
+        "bytes of BF16 weights (INT4 AWQ/GPTQ quarters them), which almost doubles single-stream speed.",
+        "bytes moved", (Capability.FP8_COMPUTE,),
+    ),
+    FeatureInfo(
+        "kv_cache_dtype", "KV-cache precision", Family.MOVE_FEWER_BYTES,
+        "Storing keys and values in FP8 halves the KV cache: twice the tokens fit, so twice the "
+        "concurrent requests, and attention reads half the bytes at long context.",
+        "bytes moved and KV memory", (Capability.FP8_KV_ON_CPU,),
+    ),
+    FeatureInfo(
+        "prefix_caching", "Prefix caching", Family.MANAGE_KV_CACHE,
+        "Requests that share a prefix (system prompt, chat history, documents) reuse its cached KV "
+        "blocks instead of recomputing them: prefill work and time-to-first-token drop with the hit rate.",
+        "prefill compute",
+    ),
+    FeatureInfo(
+        "speculative.method", "Speculative decoding", Family.USE_IDLE_COMPUTE,
+        "Decode leaves compute idle while weights stream in; a cheap drafter (n-gram lookup, EAGLE "
+        "head, MTP layers, small model) proposes several tokens and the model verifies them in one "
+        "pass, so each weight read yields more than one token when drafts are accepted.",
+        "idle compute",
+    ),
+    FeatureInfo(
+        "speculative.draft_model", "Draft / EAGLE model", Family.USE_IDLE_COMPUTE,
+        "The drafter for EAGLE, EAGLE-3 or draft-model speculation; it must match the target model.",
+        "idle compute",
+    ),
+    FeatureInfo(
+        "speculative.num_speculative_tokens", "Speculative tokens", Family.USE_IDLE_COMPUTE,
+        "How many tokens the drafter proposes per step: more pays when acceptance is high, "
+        "wastes compute when it is low.",
+        "idle compute",
+    ),
+    FeatureInfo(
+        "speculative.ngram_prompt_lookup_max", "N-gram window", Family.USE_IDLE_COMPUTE,
+        "Longest n-gram matched against the prompt to propose drafts: pays on repetitive text such "
+        "as code edits and retrieval answers.",
+        "idle compute",
+    ),
+    FeatureInfo(
+        "cuda_graphs", "CUDA graphs", Family.USE_IDLE_COMPUTE,
+        "Capturing the decode step as a CUDA graph removes per-kernel launch overhead, which "
+        "dominates at small batch; off means eager mode (--enforce-eager).",
+        "launch overhead", (Capability.CUDA_GPU,),
+    ),
+    FeatureInfo(
+        "chunked_prefill", "Chunked prefill", Family.USE_IDLE_COMPUTE,
+        "Long prompts are split into chunks batched with ongoing decodes, so a new request does "
+        "not stall everyone's next token (steadier inter-token latency).",
+        "scheduling stalls",
+    ),
+    FeatureInfo(
+        "max_num_seqs", "Max concurrent sequences", Family.USE_IDLE_COMPUTE,
+        "Continuous batching: more sequences per step share each weight read, raising throughput "
+        "until the KV cache or compute runs out.",
+        "idle compute",
+    ),
+    FeatureInfo(
+        "max_num_batched_tokens", "Max batched tokens", Family.USE_IDLE_COMPUTE,
+        "Token budget per scheduler step: larger favours prefill throughput, smaller favours "
+        "inter-token latency.",
+        "scheduling",
+    ),
+    FeatureInfo(
+        "gpu_memory_utilization", "GPU memory utilization", Family.MANAGE_KV_CACHE,
+        "Fraction of GPU memory the engine may take; what weights and activations leave becomes "
+        "KV cache, i.e. how many tokens can be in flight.",
+        "KV memory", (Capability.CUDA_GPU,),
+    ),
+    FeatureInfo(
+        "max_model_len", "Max model length", Family.MANAGE_KV_CACHE,
+        "Longest context served; a shorter limit lets the engine start with less KV memory.",
+        "KV memory",
+    ),
+    FeatureInfo(
+        "kv_offload_gib", "KV offload to CPU (GiB)", Family.MANAGE_KV_CACHE,
+        "Evicted KV blocks go to host memory instead of being recomputed: long contexts and "
+        "multi-turn sessions get cache hits beyond GPU memory.",
+        "KV memory", (Capability.CUDA_GPU,),
+    ),
+    FeatureInfo(
+        "cpu_offload_gib", "Weight offload to CPU (GiB)", Family.MANAGE_KV_CACHE,
+        "Keeps part of the weights in host memory to fit a model or free KV space, at the cost of "
+        "PCIe transfers every step: slower decode, made visible by the PCIe graph.",
+        "GPU memory", (Capability.CUDA_GPU,),
+    ),
+    FeatureInfo(
+        "tensor_parallel_size", "Tensor parallel size", Family.SCALE_AND_LIMITS,
+        "Splits each layer across GPUs: the weights each GPU reads per step shrink, so aggregate "
+        "bandwidth grows (at the cost of all-reduce traffic).",
+        "bytes moved per GPU", (Capability.CUDA_GPU, Capability.MULTI_GPU),
+    ),
+    FeatureInfo(
+        "pipeline_parallel_size", "Pipeline parallel size", Family.SCALE_AND_LIMITS,
+        "Splits layers into stages on different GPUs or nodes: fits larger models, adds pipeline "
+        "bubbles.",
+        "GPU memory", (Capability.CUDA_GPU, Capability.MULTI_GPU),
+    ),
+    FeatureInfo(
+        "extra_args", "Extra engine arguments", Family.SCALE_AND_LIMITS,
+        "Free-form flags passed to the engine as given (checked against the installed version).",
+        "anything",
+    ),
+)
+
+FEATURES_BY_KEY: dict[str, FeatureInfo] = {f.key: f for f in FEATURES}
+
+
+def feature_info(key: str) -> FeatureInfo:
+    """Look a feature up by its field path (e.g. ``"speculative.method"``)."""
+    return FEATURES_BY_KEY[key]

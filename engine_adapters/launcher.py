@@ -1,0 +1,408 @@
+"""Launching and stopping a real engine process, safely.
+
+- The engine starts from an argv list (never a shell) in a new session, hence its own process
+  group, bound to 127.0.0.1 with a per-run API key passed through the environment.
+- Its output is streamed line by line; startup phases are parsed from it; readiness is /health.
+- If it exits during startup, the log is diagnosed at once (no waiting for a time-out).
+- Stopping signals the whole group: SIGINT, then SIGTERM, then SIGKILL.
+- Every engine is written to a per-user registry with its owner's PID, so an engine orphaned by a
+  crashed tunebench is found and stopped the next time tunebench starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from engine_adapters.base import Diagnosis, FeatureCheck, Phase, match_phase
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.paths import state_dir
+from engine_adapters.vllm import VllmAdapter, parse_kv_cache
+
+LogCallback = Callable[[str], None]
+PhaseCallback = Callable[[Phase, str], None]
+ExitCallback = Callable[[int, "Diagnosis | None"], None]
+
+STOP_GRACE_S = (15.0, 8.0, 5.0)  # after SIGINT, after SIGTERM, after SIGKILL
+MAX_LOG_LINES = 200_000
+
+
+class EngineStartError(Exception):
+    """The engine did not become ready; ``diagnosis`` holds plain advice when recognised."""
+
+    def __init__(self, message: str, diagnosis: Diagnosis | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.diagnosis = diagnosis
+        self.exit_code = exit_code
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --- process-group helpers --------------------------------------------------------------------
+
+def group_members(pgid: int, not_before: float | None = None) -> list[psutil.Process]:
+    """Live processes in a process group (optionally only those created after a time)."""
+    members = []
+    for proc in psutil.process_iter(["pid", "create_time", "status"]):
+        try:
+            if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if not_before is not None and proc.info["create_time"] + 1.0 < not_before:
+                continue
+            members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def stop_group(pgid: int, grace_s: tuple[float, float, float] = STOP_GRACE_S,
+               leader: subprocess.Popen[str] | None = None, not_before: float | None = None) -> str:
+    """SIGINT, then SIGTERM, then SIGKILL to a process group; returns the signal that ended it."""
+    for sig, wait_s in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), grace_s, strict=True):
+        if not group_members(pgid, not_before):
+            return "already gone" if sig == signal.SIGINT else signal.Signals(sig).name
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if leader is not None:
+                leader.poll()  # reap the leader so it does not linger as a zombie
+            if not group_members(pgid, not_before):
+                return signal.Signals(sig).name
+            time.sleep(0.1)
+    return "SIGKILL (processes remain)"
+
+
+# --- the registry of running engines ----------------------------------------------------------
+
+@dataclass
+class EngineRecord:
+    pid: int
+    pgid: int
+    create_time: float
+    owner_pid: int
+    owner_create_time: float
+    port: int
+    argv: list[str]
+    started_at: float
+
+    @property
+    def path(self) -> Path:
+        return registry_dir() / f"{self.pid}.json"
+
+
+def registry_dir() -> Path:
+    path = state_dir() / "engines"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def register(record: EngineRecord) -> None:
+    tmp = record.path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record.__dict__))
+    tmp.replace(record.path)
+
+
+def registered_engines() -> list[EngineRecord]:
+    records = []
+    for path in registry_dir().glob("*.json"):
+        try:
+            records.append(EngineRecord(**json.loads(path.read_text())))
+        except (ValueError, TypeError, OSError):
+            path.unlink(missing_ok=True)  # a torn or foreign file: nothing we can act on
+    return records
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    actual = _create_time(pid)
+    return actual is not None and abs(actual - create_time) < 1.0
+
+
+def reap_orphans(log: LogCallback | None = None) -> list[EngineRecord]:
+    """Stop engines whose owning tunebench process is gone; return what was stopped."""
+    stopped = []
+    for record in registered_engines():
+        if _alive(record.owner_pid, record.owner_create_time):
+            continue
+        if group_members(record.pgid, not_before=record.create_time):
+            how = stop_group(record.pgid, not_before=record.create_time)
+            stopped.append(record)
+            if log:
+                log(f"stopped orphaned engine pid {record.pid} (port {record.port}) left by a tunebench "
+                    f"process that died: {how}")
+        record.path.unlink(missing_ok=True)
+    return stopped
+
+
+def stop_registered(log: LogCallback | None = None) -> list[EngineRecord]:
+    """Stop every engine this user's tunebench processes started (``tunebench engine stop``)."""
+    stopped = []
+    for record in registered_engines():
+        if group_members(record.pgid, not_before=record.create_time):
+            how = stop_group(record.pgid, not_before=record.create_time)
+            stopped.append(record)
+            if log:
+                log(f"stopped engine pid {record.pid} on port {record.port}: {how}")
+        record.path.unlink(missing_ok=True)
+    return stopped
+
+
+# --- one engine -------------------------------------------------------------------------------
+
+@dataclass
+class ReadyInfo:
+    base_url: str
+    startup_s: float
+    kv_cache: dict[str, float] = field(default_factory=dict)
+
+
+class EngineProcess:
+    """A launched engine: its process group, log, phases, readiness and stop."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        features: Features,
+        adapter: VllmAdapter | None = None,
+        *,
+        on_log: LogCallback | None = None,
+        on_phase: PhaseCallback | None = None,
+        on_exit: ExitCallback | None = None,
+    ) -> None:
+        self.engine = engine
+        self.features = features
+        self.adapter = adapter or VllmAdapter()
+        self.on_log, self.on_phase, self.on_exit = on_log, on_phase, on_exit
+        self.api_key: str | None = secrets.token_urlsafe(24) if engine.require_api_key else None
+        self.port = engine.port
+        self.argv: list[str] = []
+        self.env_added: dict[str, str] = {}
+        self.log_lines: list[str] = []
+        self.phase = Phase.LAUNCHING
+        self.proc: subprocess.Popen[str] | None = None
+        self.started_monotonic = 0.0
+        self.ready_info: ReadyInfo | None = None
+        self.exit_code: int | None = None
+        self.diagnosis: Diagnosis | None = None
+        self._stopping = False
+        self._reader: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._record: EngineRecord | None = None
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.engine.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the process (returns at once; use :meth:`wait_ready`)."""
+        if self.proc is not None:
+            raise RuntimeError("engine already started")
+        reap_orphans(self.on_log)
+        if self.port == 0:
+            self.port = free_port(self.engine.host)
+        elif not port_is_free(self.engine.host, self.port):
+            raise EngineStartError(
+                f"port {self.port} on {self.engine.host} is already in use by another process: choose another port, "
+                "or 0 for a free one", Diagnosis("port_in_use", f"port {self.port} is already in use"))
+        self.argv = self.adapter.build_argv(self.engine, self.features, self.port)
+        self.env_added = self.adapter.build_env(self.engine, self.api_key)
+        env = {**os.environ, **self.env_added, "PYTHONUNBUFFERED": "1"}
+        self.started_monotonic = time.monotonic()
+        self._set_phase(Phase.LAUNCHING, " ".join(self.argv[:3]))
+        try:
+            self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
+                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=env, text=True, encoding="utf-8", errors="replace", bufsize=1, start_new_session=True,
+            )
+        except OSError as exc:
+            raise EngineStartError(f"could not start the engine ({self.argv[0]}): {exc.strerror}") from exc
+        me = psutil.Process()
+        self._record = EngineRecord(
+            pid=self.proc.pid, pgid=self.proc.pid, create_time=_create_time(self.proc.pid) or time.time(),
+            owner_pid=me.pid, owner_create_time=me.create_time(), port=self.port, argv=self.argv,
+            started_at=time.time())
+        register(self._record)
+        self._reader = threading.Thread(target=self._read_output, name=f"engine-log-{self.proc.pid}", daemon=True)
+        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch_exit, name=f"engine-exit-{self.proc.pid}", daemon=True)
+        self._watcher.start()
+
+    def _set_phase(self, phase: Phase, detail: str) -> None:
+        """Engines log phases in different orders; only the end states are sticky."""
+        terminal = (Phase.READY, Phase.FAILED, Phase.STOPPING, Phase.STOPPED)
+        if self.phase in terminal and phase not in terminal:
+            return
+        self.phase = phase
+        if self.on_phase:
+            self.on_phase(phase, detail)
+
+    def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            for line in raw.rstrip("\n").split("\r"):
+                if not line.strip():
+                    continue
+                with self._lock:
+                    if len(self.log_lines) < MAX_LOG_LINES:
+                        self.log_lines.append(line)
+                if self.on_log:
+                    self.on_log(line)
+                phase = match_phase(self.adapter.phase_patterns, line)
+                if phase is not None and phase != Phase.READY:
+                    self._set_phase(phase, line.strip())
+
+    def _watch_exit(self) -> None:
+        """Wait for the leader to exit; if nobody asked it to, end the group and explain why."""
+        assert self.proc is not None
+        code = self.proc.wait()
+        self.exit_code = code
+        if not self._stopping:
+            # Children (engine core, workers) may outlive the leader and hold the log pipe open.
+            stop_group(self.proc.pid, grace_s=(0.5, 2.0, 2.0), leader=self.proc)
+            if self._reader is not None:
+                self._reader.join(timeout=10)
+            if code in (0, -signal.SIGINT, -signal.SIGTERM) and self.phase == Phase.READY:
+                # Stopped from outside (e.g. `tunebench engine stop`), not a crash.
+                self._set_phase(Phase.STOPPED, f"stopped from outside (exit code {code})")
+            else:
+                self.diagnosis = self.adapter.diagnose(self.snapshot_log())
+                self._set_phase(Phase.FAILED, str(self.diagnosis or f"engine exited with code {code}"))
+            self._unregister()
+            if self.on_exit:
+                self.on_exit(code, self.diagnosis)
+
+    def wait_exited(self, timeout_s: float = 10.0) -> int | None:
+        """After the process is gone, wait until its exit was handled (phase, diagnosis)."""
+        if self._watcher is not None:
+            self._watcher.join(timeout=timeout_s)
+        return self.exit_code
+
+    def snapshot_log(self) -> list[str]:
+        with self._lock:
+            return list(self.log_lines)
+
+    def wait_ready(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> ReadyInfo:
+        """Block until /health answers 200; raise EngineStartError at once if the engine dies."""
+        assert self.proc is not None, "start() first"
+        timeout_s = timeout_s if timeout_s is not None else self.engine.startup_timeout_s
+        deadline = self.started_monotonic + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                if self._watcher:
+                    self._watcher.join(timeout=15)
+                diagnosis = self.diagnosis or self.adapter.diagnose(self.snapshot_log())
+                message = str(diagnosis) if diagnosis else f"the engine exited during startup (code {self.proc.returncode})"
+                raise EngineStartError(message, diagnosis, self.proc.returncode)
+            if cancel is not None and cancel.is_set():
+                raise EngineStartError("startup cancelled")
+            if self._health_ok():
+                startup_s = time.monotonic() - self.started_monotonic
+                self.ready_info = ReadyInfo(self.base_url, startup_s, parse_kv_cache(self.snapshot_log()))
+                self._set_phase(Phase.READY, f"ready in {startup_s:.1f} s at {self.base_url}")
+                return self.ready_info
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EngineStartError(f"the engine was not ready after {timeout_s:.0f} s (last phase: "
+                                       f"{self.phase.value}); it was stopped")
+            time.sleep(0.25)
+
+    def _health_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + self.adapter.health_path, timeout=1.0) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    # -- after ready ----------------------------------------------------------------------------
+
+    def fetch_metrics_text(self, timeout_s: float = 5.0) -> str:
+        request = urllib.request.Request(self.base_url + self.adapter.metrics_path, headers=self.auth_headers())
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL we built
+            return str(resp.read().decode("utf-8", "replace"))
+
+    def verify_features(self) -> list[FeatureCheck]:
+        """Check, from the log and /metrics, that requested features took effect."""
+        try:
+            metrics = self.fetch_metrics_text()
+        except (urllib.error.URLError, OSError):
+            metrics = ""
+        return self.adapter.verify(self.features, self.snapshot_log(), metrics)
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    def stop(self, grace_s: tuple[float, float, float] = STOP_GRACE_S) -> str:
+        """End the whole process group; safe to call twice and after the engine died."""
+        if self.proc is None:
+            return "not started"
+        self._stopping = True
+        self._set_phase(Phase.STOPPING, "stopping")
+        how = stop_group(self.proc.pid, grace_s, leader=self.proc,
+                         not_before=self._record.create_time if self._record else None)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for thread in (self._reader, self._watcher):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._unregister()
+        self._set_phase(Phase.STOPPED, how)
+        return how
+
+    def _unregister(self) -> None:
+        if self._record is not None:
+            self._record.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

