@@ -3,6 +3,20 @@ phases and log lines, run status. Publishers never block; each subscriber has it
 buffer (oldest items dropped and counted when a slow subscriber falls behind).
 
 Subscribers: the runner, the run store (batched writes), the GUI (drained by a QTimer), the CLI.
+
+Event kinds and payloads (JSON-able dicts) -- the contract between runner, store and GUI:
+- ``run_started``: run_id, name, tags, config (RunConfig as JSON dict), engine_kind, model,
+  argv (list or None when attached to an endpoint), env (secrets masked), engine_version,
+  hardware (HardwareInfo dict), endpoint
+- ``phase``: phase, detail            - ``log``: line
+- ``engine_ready``: base_url, startup_s, kv_cache (dict), feature_checks (list of dicts)
+- ``level_started``: index, label, concurrency / rate_rps
+- ``request``: one request record (see app.load): level, ttft_ms, itl_ms list, e2e_ms, tokens, error...
+- ``level_finished``: index, summary (dict of metrics)
+- ``progress``: done, errors, output_tok_per_s, ...
+- ``run_finished``: run_id, status (completed|failed|cancelled|interrupted), reason, summary
+Sample sources: ``gpu<i>``, ``host``, ``engine``, ``client``; value names carry their units
+(``memory_used_bytes``, ``gpu_util_pct``, ``kv_cache_usage_pct``, ``generation_tok_per_s``).
 """
 
 from __future__ import annotations
