@@ -1,0 +1,88 @@
+"""Run-store speed: write one run of 100,000 requests and 36,000 telemetry samples the way a
+run does (one batch per second), then compare 10 such runs. Prints the times against the
+targets (under 2 s to write, under 300 ms to compare)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from db.compare import compare_runs
+from db.store import RunStore, SampleIn
+
+WRITE_TARGET_S, COMPARE_TARGET_S = 2.0, 0.300
+
+
+def synthetic_run(store: RunStore, seed: int, n_requests: int, n_samples: int, duration_s: float) -> tuple[int, float]:
+    """Write a run in one-second batches; return (run id, seconds spent in the store)."""
+    rng = np.random.default_rng(seed)
+    t_wall0, t_mono0 = 1.8e9 + seed * 10_000, 1000.0 + seed * 10_000
+    run_id = store.create_run(name=f"bench-{seed}", tags=["bench"], engine_kind="vllm", model="demo",
+                              config={"features": {"prefix_caching": bool(seed % 2)}, "load": {"concurrency": 64}},
+                              started_at=t_wall0, t0_mono=t_mono0)
+    flushes = int(duration_s)
+    req_per_flush, smp_per_flush = n_requests // flushes, n_samples // flushes
+    sources = ("gpu0", "host", "engine", "client")
+    spent = 0.0
+    for second in range(flushes):
+        requests = [{"level": 0, "start_wall": t_wall0 + second + i / req_per_flush,
+                     "ttft_ms": float(rng.gamma(4, 20)), "e2e_ms": float(rng.gamma(9, 150)),
+                     "input_tokens": 128, "output_tokens": 64, "itl_ms": rng.gamma(8, 2, 63).tolist(), "error": None}
+                    for i in range(req_per_flush)]
+        samples = [SampleIn(sources[j % 4], t_mono0 + second + j / smp_per_flush, t_wall0 + second + j / smp_per_flush,
+                            {"util_pct": float(rng.uniform(0, 100)), "memory_used_bytes": 7e10,
+                             "generation_tok_per_s": float(rng.normal(1800, 50)), "kv_cache_usage_pct": 40.0})
+                   for j in range(smp_per_flush)]
+        started = time.perf_counter()
+        store.write_batch(run_id, requests=requests, samples=samples, log_lines=[f"log line {second}"])
+        spent += time.perf_counter() - started
+    started = time.perf_counter()
+    store.finish_run(run_id, "completed", None, {"output_tok_per_s": 1800.0}, finished_at=t_wall0 + duration_s)
+    spent += time.perf_counter() - started
+    return run_id, spent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=36_000)
+    parser.add_argument("--duration-s", type=float, default=900.0, help="simulated run length (one batch per second)")
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RunStore(Path(tmp) / "bench.db")
+        ids, times = [], []
+        for seed in range(args.runs):
+            run_id, spent = synthetic_run(store, seed, args.requests, args.samples, args.duration_s)
+            ids.append(run_id)
+            times.append(spent)
+        write_s = times[0]
+        print(f"write one run ({args.requests:,} requests, {args.samples:,} samples, {int(args.duration_s)} batches + "
+              f"finish): {write_s:.3f} s (median of {len(times)}: {float(np.median(times)):.3f} s; "
+              f"target < {WRITE_TARGET_S} s) {'OK' if float(np.median(times)) < WRITE_TARGET_S else 'SLOW'}")
+        compare_runs(store, ids[:2])  # warm imports and caches once
+        rounds = []
+        for _ in range(3):
+            started = time.perf_counter()
+            comparison = compare_runs(store, ids, baseline=ids[0])
+            rounds.append(time.perf_counter() - started)
+        best = min(rounds)
+        print(f"compare {len(ids)} runs (config diff, {len(comparison.metrics)} metric deltas, "
+              f"{len(comparison.series)} aligned series x {comparison.series[0].t_s.size if comparison.series else 0} "
+              f"points): {best * 1000:.0f} ms (best of 3; target < {COMPARE_TARGET_S * 1000:.0f} ms) "
+              f"{'OK' if best < COMPARE_TARGET_S else 'SLOW'}")
+        started = time.perf_counter()
+        store.list_runs()
+        print(f"list {len(ids)} runs: {(time.perf_counter() - started) * 1000:.1f} ms")
+        print(f"database size: {(Path(tmp) / 'bench.db').stat().st_size / 2**20:.1f} MiB "
+              f"(+ WAL {(Path(tmp) / 'bench.db-wal').stat().st_size / 2**20 if (Path(tmp) / 'bench.db-wal').exists() else 0:.1f} MiB)")
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""The first schema: runs, tags, levels, requests (+ packed ITLs), packed telemetry, compressed
+log, events.
+
+Revision ID: 0001
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "runs",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("uid", sa.String(64), nullable=False, unique=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("notes", sa.Text, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("reason", sa.Text),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("finished_at", sa.Float),
+        sa.Column("t0_mono", sa.Float),
+        sa.Column("engine_kind", sa.String(32), nullable=False),
+        sa.Column("engine_version", sa.String(64)),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("endpoint", sa.Text),
+        sa.Column("config", sa.JSON, nullable=False),
+        sa.Column("argv", sa.JSON),
+        sa.Column("env", sa.JSON, nullable=False),
+        sa.Column("hardware", sa.JSON, nullable=False),
+        sa.Column("engine_info", sa.JSON, nullable=False),
+        sa.Column("summary", sa.JSON, nullable=False),
+        sa.Column("metrics", sa.JSON, nullable=False),
+        sa.Column("imported", sa.Boolean, nullable=False),
+        sa.Column("writer_pid", sa.Integer),
+        sa.Column("writer_create_time", sa.Float),
+        sa.Column("dropped_items", sa.Integer, nullable=False),
+    )
+    op.create_table(
+        "run_tags",
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("tag", sa.String(200), primary_key=True),
+    )
+    op.create_index("ix_run_tags_tag", "run_tags", ["tag"])
+    op.create_table(
+        "levels",
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("idx", sa.Integer, primary_key=True),
+        sa.Column("label", sa.Text, nullable=False),
+        sa.Column("params", sa.JSON, nullable=False),
+        sa.Column("started_at", sa.Float),
+        sa.Column("finished_at", sa.Float),
+        sa.Column("summary", sa.JSON),
+    )
+    op.create_table(
+        "requests",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("seq", sa.Integer, nullable=False),
+        sa.Column("level", sa.Integer),
+        sa.Column("start_wall", sa.Float),
+        sa.Column("ttft_ms", sa.Float),
+        sa.Column("e2e_ms", sa.Float),
+        sa.Column("input_tokens", sa.Integer),
+        sa.Column("output_tokens", sa.Integer),
+        sa.Column("error", sa.Text),
+        sa.Column("extra", sa.JSON),
+    )
+    op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
+    op.create_table(
+        "itl_chunks",
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq_start", sa.Integer, primary_key=True),
+        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("counts", sa.LargeBinary, nullable=False),
+        sa.Column("values", sa.LargeBinary, nullable=False),
+    )
+    op.create_table(
+        "sample_chunks",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("source", sa.String(64), nullable=False),
+        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("names", sa.JSON, nullable=False),
+        sa.Column("t_mono", sa.LargeBinary, nullable=False),
+        sa.Column("t_wall", sa.LargeBinary, nullable=False),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+    op.create_index("ix_sample_chunks_run_id", "sample_chunks", ["run_id"])
+    op.create_table(
+        "log_chunks",
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq", sa.Integer, primary_key=True),
+        sa.Column("n_lines", sa.Integer, nullable=False),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+    op.create_table(
+        "run_events",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("t_wall", sa.Float, nullable=False),
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("payload", sa.JSON),
+    )
+    op.create_index("ix_run_events_run_id", "run_events", ["run_id"])
+
+
+def downgrade() -> None:
+    for table in ("run_events", "log_chunks", "sample_chunks", "itl_chunks", "requests", "levels", "run_tags", "runs"):
+        op.drop_table(table)
