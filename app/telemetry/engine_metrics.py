@@ -1,0 +1,268 @@
+"""Engine metrics: scrape the engine's Prometheus ``/metrics``, map the engine's names to
+canonical ones (the tables live in ``engine_adapters``: ``MetricNames``), and derive rates.
+
+Rates come from counter deltas between two scrapes. A counter that goes DOWN means the engine
+restarted (or a label set vanished): that interval yields no rates at all -- never a negative
+or a huge one -- and the next interval starts from the new values. A changed
+``process_start_time_seconds`` is read as a restart too, which catches a restart whose new
+counters already passed the old ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_adapters.base import MetricNames
+
+START_TIME_METRIC = "process_start_time_seconds"
+
+# Canonical gauge -> (published value name, scale). Ratios (0-1) become percentages.
+GAUGE_OUTPUTS: dict[str, tuple[str, float]] = {
+    "requests_running": ("requests_running", 1.0),
+    "requests_waiting": ("requests_waiting", 1.0),
+    "kv_cache_usage_ratio": ("kv_cache_usage_pct", 100.0),
+    "prefix_cache_hit_ratio": ("prefix_cache_hit_rate_pct", 100.0),
+    "spec_acceptance_ratio": ("spec_acceptance_rate_pct", 100.0),
+    "spec_mean_acceptance_length": ("spec_mean_acceptance_length", 1.0),
+    "generation_tok_per_s": ("generation_tok_per_s", 1.0),
+    "prompt_tok_per_s": ("prompt_tok_per_s", 1.0),
+}
+
+# Value derived from counter deltas -> the canonical counters it needs.
+DERIVED_FROM_COUNTERS: dict[str, tuple[str, ...]] = {
+    "generation_tok_per_s": ("generation_tokens",),
+    "prompt_tok_per_s": ("prompt_tokens",),
+    "prefix_cache_hit_rate_pct": ("prefix_cache_hits", "prefix_cache_queries"),
+    "spec_acceptance_rate_pct": ("spec_decode_accepted_tokens", "spec_decode_draft_tokens"),
+    "spec_mean_acceptance_length": ("spec_decode_accepted_tokens", "spec_decode_drafts"),
+}
+
+
+def gauge_output(canonical: str) -> tuple[str, float]:
+    return GAUGE_OUTPUTS.get(canonical, (canonical, 1.0))
+
+
+def histogram_output(canonical: str) -> str:
+    """``ttft_s`` -> ``ttft_mean_ms``: the mean over the last interval, in milliseconds."""
+    base = canonical[:-2] if canonical.endswith("_s") else canonical
+    return f"{base}_mean_ms"
+
+
+def _averaged(canonical: str) -> bool:
+    """Gauges that are fractions or lengths are averaged over label sets (e.g. data-parallel
+    engines); counts are summed."""
+    return canonical.endswith(("_ratio", "_length"))
+
+
+@dataclass
+class Scrape:
+    """One /metrics reading in canonical names (sums over label sets)."""
+
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, tuple[float, float]] = field(default_factory=dict)  # (sum, count)
+    start_time_s: float | None = None
+
+
+class MetricMap:
+    """Engine names -> canonical names for one engine's ``MetricNames``."""
+
+    def __init__(self, names: MetricNames) -> None:
+        self.names = names
+        self.wanted: set[str] = {START_TIME_METRIC}
+        for table in (names.gauges, names.counters):
+            for aliases in table.values():
+                self.wanted.update(aliases)
+        for aliases in names.histograms.values():
+            for alias in aliases:
+                self.wanted.update((alias + "_sum", alias + "_count"))
+
+    def select(self, text: str) -> str:
+        """Keep only the sample lines we read: the parser is pure Python and a vLLM page is
+        mostly histogram buckets we do not need."""
+        keep = []
+        for line in text.splitlines():
+            if not line or line[0] == "#":
+                continue
+            end = len(line)
+            for sep in ("{", " "):
+                pos = line.find(sep)
+                if 0 <= pos < end:
+                    end = pos
+            if line[:end] in self.wanted:
+                keep.append(line)
+        return "\n".join(keep) + "\n"
+
+    def parse(self, text: str) -> Scrape:
+        """Canonical values from Prometheus text; raises ValueError on malformed text."""
+        raw: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(self.select(text)):
+            for sample in family.samples:
+                value = float(sample.value)
+                if math.isnan(value) or math.isinf(value):
+                    continue
+                raw.setdefault(sample.name, []).append(value)
+        scrape = Scrape()
+        if START_TIME_METRIC in raw:
+            scrape.start_time_s = max(raw[START_TIME_METRIC])
+        for canonical, aliases in self.names.gauges.items():
+            values = _first(raw, aliases)
+            if values is not None:
+                scrape.gauges[canonical] = sum(values) / len(values) if _averaged(canonical) else sum(values)
+        for canonical, aliases in self.names.counters.items():
+            values = _first(raw, aliases)
+            if values is not None:
+                scrape.counters[canonical] = sum(values)
+        for canonical, aliases in self.names.histograms.items():
+            for alias in aliases:
+                if alias + "_sum" in raw and alias + "_count" in raw:
+                    scrape.histograms[canonical] = (sum(raw[alias + "_sum"]), sum(raw[alias + "_count"]))
+                    break
+        return scrape
+
+    def support(self, scrape: Scrape) -> tuple[list[str], dict[str, str]]:
+        """(published value names this engine supports, unsupported name -> why)."""
+        supported: list[str] = []
+        unsupported: dict[str, str] = {}
+        why = "not exposed by this engine (feature off, or another engine version)"
+
+        def mark(name: str, present: bool) -> None:
+            if present:
+                if name not in supported:
+                    supported.append(name)
+                unsupported.pop(name, None)
+            elif name not in supported:
+                unsupported[name] = why
+
+        for canonical in self.names.gauges:
+            mark(gauge_output(canonical)[0], canonical in scrape.gauges)
+        for canonical in self.names.counters:
+            mark(f"{canonical}_total", canonical in scrape.counters)
+        for name, needs in DERIVED_FROM_COUNTERS.items():
+            if all(c in self.names.counters for c in needs):
+                mark(name, all(c in scrape.counters for c in needs))
+        for canonical in self.names.histograms:
+            mark(histogram_output(canonical), canonical in scrape.histograms)
+        return supported, unsupported
+
+
+def _first(raw: dict[str, list[float]], aliases: Iterable[str]) -> list[float] | None:
+    for alias in aliases:
+        if alias in raw:
+            return raw[alias]
+    return None
+
+
+@dataclass
+class _Previous:
+    t_mono: float
+    scrape: Scrape
+
+
+class RateDeriver:
+    """Turns successive scrapes into published values: gauges, raw ``*_total`` counters, rates
+    and interval means. Keeps only the previous scrape (bounded memory)."""
+
+    def __init__(self, min_interval_s: float = 0.2) -> None:
+        self.min_interval_s = min_interval_s
+        self._prev: _Previous | None = None
+        self.resets = 0
+
+    def update(self, scrape: Scrape, t_mono: float) -> tuple[dict[str, float], str | None]:
+        """(values, reset notice or None)."""
+        values: dict[str, float] = {}
+        for canonical, value in scrape.gauges.items():
+            name, scale = gauge_output(canonical)
+            values[name] = value * scale
+        for canonical, value in scrape.counters.items():
+            values[f"{canonical}_total"] = value
+        prev, notice = self._prev, None
+        if prev is not None:
+            if self._restarted(prev.scrape, scrape):
+                self.resets += 1
+                notice = "engine counters went back (engine restarted?): rates restart from the next interval"
+            else:
+                dt = t_mono - prev.t_mono
+                if dt >= self.min_interval_s:
+                    values.update(self._rates(prev.scrape, scrape, dt))
+        self._prev = _Previous(t_mono, scrape)
+        return values, notice
+
+    @staticmethod
+    def _restarted(old: Scrape, new: Scrape) -> bool:
+        if old.start_time_s is not None and new.start_time_s is not None and new.start_time_s != old.start_time_s:
+            return True
+        if any(new.counters[c] < v for c, v in old.counters.items() if c in new.counters):
+            return True
+        return any(new.histograms[h][1] < v[1] for h, v in old.histograms.items() if h in new.histograms)
+
+    @staticmethod
+    def _rates(old: Scrape, new: Scrape, dt: float) -> dict[str, float]:
+        def delta(counter: str) -> float | None:
+            if counter in old.counters and counter in new.counters:
+                return new.counters[counter] - old.counters[counter]
+            return None
+
+        out: dict[str, float] = {}
+        for name, counter in (("generation_tok_per_s", "generation_tokens"), ("prompt_tok_per_s", "prompt_tokens")):
+            d = delta(counter)
+            if d is not None:
+                out[name] = d / dt
+        hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
+        if hits is not None and queries:
+            out["prefix_cache_hit_rate_pct"] = min(100.0, 100.0 * hits / queries)
+        accepted, draft_tokens = delta("spec_decode_accepted_tokens"), delta("spec_decode_draft_tokens")
+        if accepted is not None and draft_tokens:
+            out["spec_acceptance_rate_pct"] = min(100.0, 100.0 * accepted / draft_tokens)
+        drafts = delta("spec_decode_drafts")
+        if accepted is not None and drafts:
+            out["spec_mean_acceptance_length"] = 1.0 + accepted / drafts
+        for canonical, (total, count) in new.histograms.items():
+            if canonical in old.histograms:
+                d_count = count - old.histograms[canonical][1]
+                if d_count > 0:
+                    out[histogram_output(canonical)] = 1000.0 * (total - old.histograms[canonical][0]) / d_count
+        return out
+
+
+def metrics_url_from(endpoint: str, metrics_path: str = "/metrics") -> str:
+    """``http://host:port`` -> ``http://host:port/metrics``; a URL with a path is kept as is.
+    Raises ValueError for something that is not an http(s) URL."""
+    parts = urlsplit(endpoint.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {endpoint!r} (expected e.g. http://127.0.0.1:8000)")
+    path = parts.path if parts.path not in ("", "/") else metrics_path
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+class ScrapeError(Exception):
+    """A scrape that produced no reading (unreachable, timeout, HTTP error, bad text)."""
+
+
+class EngineScraper:
+    """Fetches and parses one /metrics page with a hard timeout."""
+
+    def __init__(self, url: str, names: MetricNames, api_key: str | None = None, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.map = MetricMap(names)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def fetch(self, session: aiohttp.ClientSession) -> Scrape:
+        try:
+            async with session.get(self.url, headers=self.headers, timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    raise ScrapeError(f"HTTP {resp.status} from {self.url}")
+                text = await resp.text()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ") + f" ({self.url})") from exc
+        try:
+            return self.map.parse(text)
+        except ValueError as exc:
+            raise ScrapeError(f"unreadable metrics text from {self.url}: {exc}") from exc
