@@ -1,0 +1,355 @@
+"""The streaming OpenAI-compatible client (completions and chat) on aiohttp.
+
+Tokens are counted per chunk, not chunks: requests ask for
+``stream_options = {include_usage, continuous_usage_stats}`` and every chunk then carries the
+cumulative ``usage.completion_tokens`` (vLLM). A chunk that brings k tokens after a gap g (several
+tokens per step under speculative decoding) adds k inter-token latencies of g/k each, so ITL is
+per token and ``sum(itl) == e2e - ttft``. An engine that sends no per-chunk usage falls back to one
+token per non-empty chunk; the record says so (``tokens_source="chunks"``) and the final usage, if
+any, still corrects the total.
+
+Arrival times are taken once per network read (the moment the bytes reached the client).
+Nothing here raises for a bad server: every failure becomes a record with ``error`` and
+``error_kind``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+try:  # orjson parses a vLLM chunk ~5x faster than json; the client's ceiling depends on it
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - declared dependency
+    from json import loads as _loads  # type: ignore[assignment]
+
+from app.load.datasets import Conversation
+from app.load.metrics import RequestRecord
+
+_DATA = b"data:"
+
+
+@dataclass
+class ClientOptions:
+    base_url: str
+    model: str
+    api: str = "completions"  # completions | chat
+    headers: dict[str, str] = field(default_factory=dict)
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    continuous_usage: bool = True
+    request_timeout_s: float = 300.0
+    keep_text: bool = False  # multi-turn needs the reply to resend the history
+
+
+OnTokens = Callable[[int], None]
+
+
+def make_session(limit: int) -> aiohttp.ClientSession:
+    """One session per level: keep-alive connections reused across requests."""
+    connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, force_close=False,
+                                     enable_cleanup_closed=True)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 auto_decompress=False)
+
+
+def build_payload(opts: ClientOptions, conv: Conversation, turn: int, replies: list[str]) -> dict[str, Any]:
+    """The request body of one turn; earlier turns and their replies are resent as history."""
+    t = conv.turns[turn]
+    body: dict[str, Any] = {"model": opts.model, "max_tokens": t.output_tokens, "stream": True,
+                            "temperature": opts.temperature}
+    body["stream_options"] = ({"include_usage": True, "continuous_usage_stats": True}
+                              if opts.continuous_usage else {"include_usage": True})
+    if opts.ignore_eos:
+        body["ignore_eos"] = True
+    if opts.api == "chat":
+        messages: list[dict[str, str]] = []
+        if conv.system:
+            messages.append({"role": "system", "content": conv.system})
+        for k in range(turn):
+            messages.append({"role": "user", "content": conv.turns[k].user})
+            messages.append({"role": "assistant", "content": replies[k] if k < len(replies) else ""})
+        messages.append({"role": "user", "content": t.user})
+        body["messages"] = messages
+    else:
+        parts = [conv.system + "\n\n"] if conv.system else []
+        if len(conv.turns) > 1:
+            for k in range(turn):
+                parts.append(f"User: {conv.turns[k].user}\nAssistant:{replies[k] if k < len(replies) else ''}\n")
+            parts.append(f"User: {t.user}\nAssistant:")
+        else:
+            parts.append(t.user)
+        body["prompt"] = "".join(parts)
+    return body
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error_message(obj: Any) -> str:
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        return _short(str(err.get("message") or err))
+    return _short(str(err if err is not None else obj))
+
+
+class StreamClient:
+    """Sends one turn and measures it. Safe to share across tasks of one event loop."""
+
+    def __init__(self, session: aiohttp.ClientSession, opts: ClientOptions) -> None:
+        self.session = session
+        self.opts = opts
+        path = "/v1/chat/completions" if opts.api == "chat" else "/v1/completions"
+        self.url = opts.base_url.rstrip("/") + path
+        self.headers = {"Content-Type": "application/json", **opts.headers}
+        self._chat = opts.api == "chat"
+
+    async def send(self, conv: Conversation, turn: int, replies: list[str], *, level: int, index: int,
+                   level_t0: float, scheduled: float, on_tokens: OnTokens | None = None,
+                   on_first: Callable[[float], None] | None = None) -> tuple[RequestRecord, str]:
+        """Send one turn; returns its record and (when ``keep_text``) the reply text.
+
+        ``scheduled`` and ``level_t0`` are ``time.perf_counter()`` values; ``on_tokens`` is called
+        with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms."""
+        body = json.dumps(build_payload(self.opts, conv, turn, replies)).encode()
+        t = conv.turns[turn]
+        start = time.perf_counter()
+        start_wall = time.time()
+        rec = RequestRecord.model_construct(
+            level=level, index=index, conversation=conv.id, turn=turn, scheduled_s=scheduled - level_t0,
+            start_s=start - level_t0, start_wall_s=start_wall, queue_ms=(start - scheduled) * 1e3,
+            ttft_ms=None, itl_ms=[], tpot_ms=None, e2e_ms=None, input_tokens=None,
+            input_tokens_counted=t.input_tokens + (conv.system_tokens if turn == 0 else 0),
+            output_tokens=0, expected_output_tokens=t.output_tokens, chunks=0, tokens_source="usage",
+            finish_reason=None, ok=False, error=None, error_kind=None, http_status=None)
+        state = _StreamState(start, self._chat, self.opts.keep_text, on_tokens, on_first)
+        try:
+            async with asyncio.timeout(self.opts.request_timeout_s):
+                async with self.session.post(self.url, data=body, headers=self.headers) as resp:
+                    rec.http_status = resp.status
+                    if resp.status != 200:
+                        detail = await resp.text(errors="replace")
+                        try:
+                            detail = _error_message(json.loads(detail))
+                        except ValueError:
+                            detail = _short(detail)
+                        rec.error, rec.error_kind = f"HTTP {resp.status}: {detail or resp.reason}", "http"
+                    else:
+                        await state.consume(resp.content)
+                        rec.error, rec.error_kind = state.error, state.error_kind
+                        if rec.error is None and not state.done:
+                            rec.error, rec.error_kind = ("stream ended without [DONE] after "
+                                                         f"{state.tokens} tokens"), "stream"
+                        if rec.error is None and state.tokens == 0:
+                            rec.error, rec.error_kind = "the stream carried no tokens", "stream"
+        except TimeoutError:
+            rec.error, rec.error_kind = f"timed out after {self.opts.request_timeout_s:g} s", "timeout"
+        except aiohttp.ClientConnectorError as exc:
+            rec.error, rec.error_kind = f"cannot connect to {self.opts.base_url}: {_short(str(exc.os_error))}", "connect"
+        except aiohttp.ClientPayloadError as exc:
+            rec.error, rec.error_kind = f"connection broke mid-stream after {state.tokens} tokens: {_short(str(exc))}", "stream"
+        except (aiohttp.ServerDisconnectedError, ConnectionResetError) as exc:
+            rec.error, rec.error_kind = f"server closed the connection after {state.tokens} tokens: {_short(str(exc))}", "stream"
+        except aiohttp.ClientError as exc:
+            rec.error, rec.error_kind = f"{type(exc).__name__}: {_short(str(exc))}", "connect"
+        except asyncio.CancelledError:
+            rec.error, rec.error_kind = "cancelled", "cancelled"
+            state.finish(rec)
+            raise _Cancelled(rec) from None
+        state.finish(rec)
+        return rec, "".join(state.text)
+
+
+class _Cancelled(Exception):
+    """Carries the partial record of a request cancelled mid-flight."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        super().__init__("cancelled")
+        self.record = record
+
+
+class _StreamState:
+    """Parses one SSE stream: token counts per chunk, TTFT and per-token ITL."""
+
+    __slots__ = ("start", "chat", "keep_text", "on_tokens", "on_first", "tokens", "chunks", "first_t", "last_t",
+                 "itl", "done", "error", "error_kind", "text", "finish_reason", "prompt_tokens", "usage_tokens",
+                 "chunk_counted")
+
+    def __init__(self, start: float, chat: bool, keep_text: bool, on_tokens: OnTokens | None,
+                 on_first: Callable[[float], None] | None) -> None:
+        self.start, self.chat, self.keep_text = start, chat, keep_text
+        self.on_tokens, self.on_first = on_tokens, on_first
+        self.tokens = 0
+        self.chunks = 0
+        self.first_t: float | None = None
+        self.last_t = start
+        self.itl: list[float] = []
+        self.done = False
+        self.error: str | None = None
+        self.error_kind: str | None = None
+        self.text: list[str] = []
+        self.finish_reason: str | None = None
+        self.prompt_tokens: int | None = None
+        self.usage_tokens: int | None = None  # last usage.completion_tokens seen
+        self.chunk_counted = False
+
+    async def consume(self, content: aiohttp.StreamReader) -> None:
+        buf = b""
+        event_fn, chunk_fn = self._event, self._chunk
+        itl_append = self.itl.append
+        on_tokens = self.on_tokens
+        hot_ok = not self.keep_text
+        async for data in content.iter_any():
+            now = time.perf_counter()
+            if buf:
+                data = buf + data
+            if b"\r" in data:
+                data = data.replace(b"\r\n", b"\n")
+            events = data.split(b"\n\n")
+            buf = events.pop()
+            for event in events:
+                # Fast path: one "data: {...}" line, as vLLM sends (the hot loop of the client's
+                # ceiling: keep it free of calls that are not needed).
+                if event[:7] == b"data: {" and b"\n" not in event and b'"error"' not in event:
+                    try:
+                        obj = _loads(event[6:])
+                    except ValueError:
+                        obj = None
+                    if type(obj) is dict:
+                        usage = obj.get("usage")
+                        choices = obj.get("choices")
+                        if hot_ok and usage and choices and self.first_t is not None:
+                            ct = usage.get("completion_tokens")
+                            if type(ct) is int:
+                                self.chunks += 1
+                                finish = choices[0].get("finish_reason")
+                                if finish:
+                                    self.finish_reason = finish
+                                new = ct - self.tokens
+                                self.usage_tokens = ct
+                                if new == 1:
+                                    itl_append((now - self.last_t) * 1e3)
+                                elif new > 1:
+                                    gap = (now - self.last_t) * 1e3 / new
+                                    self.itl.extend([gap] * new)
+                                else:
+                                    continue
+                                self.last_t = now
+                                self.tokens = ct
+                                if on_tokens is not None:
+                                    on_tokens(new)
+                                continue
+                        chunk_fn(obj, now)
+                        continue
+                if not event_fn(event, now):
+                    return
+        if buf.strip() and not self.done:
+            self._event(buf, time.perf_counter())
+
+    def _event(self, event: bytes, now: float) -> bool:
+        """Handle one SSE event; False stops reading (error or [DONE])."""
+        for line in event.split(b"\n"):
+            if not line.startswith(_DATA):
+                continue  # comments (":"), event:, id:, retry: lines
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                return False
+            try:
+                obj = _loads(payload)
+            except ValueError:
+                self.error, self.error_kind = (f"malformed SSE data after {self.tokens} tokens: "
+                                               f"{_short(payload.decode('utf-8', 'replace'), 80)}"), "malformed"
+                return False
+            if not isinstance(obj, dict):
+                self.error, self.error_kind = (f"malformed SSE data: expected a JSON object, got "
+                                               f"{type(obj).__name__}"), "malformed"
+                return False
+            if "error" in obj:
+                self.error, self.error_kind = (f"engine error mid-stream after {self.tokens} tokens: "
+                                               f"{_error_message(obj)}"), "stream"
+                return False
+            self._chunk(obj, now)
+        return True
+
+    def _chunk(self, obj: dict[str, Any], now: float) -> None:
+        usage = obj.get("usage")
+        ct = None
+        if usage:
+            ct = usage.get("completion_tokens")
+            pt = usage.get("prompt_tokens")
+            if pt is not None:
+                self.prompt_tokens = pt
+        choices = obj.get("choices")
+        if not choices:
+            if ct is not None:
+                self.usage_tokens = ct  # the closing usage-only chunk
+            return
+        self.chunks += 1
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        if finish:
+            self.finish_reason = finish
+        if self.chat:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or delta.get("reasoning_content") or ""
+        else:
+            text = choice.get("text") or ""
+        if self.keep_text and text:
+            self.text.append(text)
+        if ct is not None:
+            new = ct - self.tokens
+            self.usage_tokens = ct
+        else:
+            self.chunk_counted = True
+            new = 1 if text else 0
+        if new <= 0:
+            return
+        if self.first_t is None:
+            self.first_t = now
+            if self.on_first is not None:
+                self.on_first((now - self.start) * 1e3)
+            if new > 1:
+                self.itl.extend([0.0] * (new - 1))
+        elif new == 1:
+            self.itl.append((now - self.last_t) * 1e3)
+        else:
+            gap = (now - self.last_t) * 1e3 / new
+            self.itl.extend([gap] * new)
+        self.last_t = now
+        self.tokens += new
+        if self.on_tokens is not None:
+            self.on_tokens(new)
+
+    def finish(self, rec: RequestRecord) -> None:
+        if self.chunk_counted:
+            rec.tokens_source = "chunks"
+            if self.usage_tokens is not None and self.usage_tokens != self.tokens:
+                # The closing usage is authoritative for the total; ITLs stay per chunk.
+                if self.on_tokens is not None and self.usage_tokens > self.tokens:
+                    self.on_tokens(self.usage_tokens - self.tokens)
+                self.tokens = self.usage_tokens
+        rec.output_tokens = self.tokens
+        rec.chunks = self.chunks
+        rec.input_tokens = self.prompt_tokens
+        rec.finish_reason = self.finish_reason
+        rec.itl_ms = self.itl
+        if self.first_t is not None:
+            rec.ttft_ms = (self.first_t - self.start) * 1e3
+            rec.e2e_ms = (self.last_t - self.start) * 1e3
+            if self.tokens > 1:
+                rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (self.tokens - 1)
+        elif rec.error is not None:
+            rec.e2e_ms = (time.perf_counter() - self.start) * 1e3
+        rec.ok = rec.error is None
+
+
+Cancelled = _Cancelled

@@ -1,0 +1,266 @@
+"""Driving one load level: closed loop at a fixed concurrency or open loop on a seeded arrival
+schedule; stopping on request count, duration, error budget or cancellation; live statistics.
+
+Queue time is measured separately from TTFT: a request's *scheduled* time is when it became due
+(its arrival, or for a closed loop the moment its slot freed up); its *start* is when the client
+actually sent it. A client that cannot keep up shows as queue time, not as engine latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.bus import Bus
+from app.load.client import Cancelled, ClientOptions, StreamClient, make_session
+from app.load.datasets import Conversation, Dataset
+from app.load.metrics import RequestRecord
+from app.load.patterns import LevelPlan, arrival_offsets_s
+
+MIN_REQUESTS_FOR_BUDGET = 5
+TICK_S = 0.5
+
+
+@dataclass
+class StopRule:
+    max_requests: int | None = None  # conversations; None = the dataset once (or unbounded with duration_s)
+    duration_s: float | None = None
+    max_error_fraction: float = 0.5
+
+
+@dataclass
+class LevelOutcome:
+    records: list[RequestRecord]
+    duration_s: float
+    peak_concurrency: int
+    stop_reason: str  # completed | duration reached | error budget exceeded: ... | cancelled
+
+
+@dataclass
+class LiveStats:
+    """Rolling client-side figures, published as ``progress`` events and ``client`` samples."""
+
+    bus: Bus | None
+    run_id: str = ""
+    window_s: float = 5.0
+    level: int = 0
+    planned: int | None = None
+    done: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    tokens: int = 0
+    level_started: float = field(default_factory=time.perf_counter)
+    _token_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
+    _ttfts: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=20_000))
+    _itls: deque[tuple[float, list[float]]] = field(default_factory=lambda: deque(maxlen=20_000))
+
+    def start_level(self, index: int, planned: int | None) -> None:
+        self.level, self.planned, self.done, self.errors, self.in_flight = index, planned, 0, 0, 0
+        self.level_started = time.perf_counter()
+        self._token_marks.clear()
+        self._token_marks.append((self.level_started, self.tokens))
+
+    def on_tokens(self, n: int) -> None:
+        self.tokens += n
+
+    def on_first(self, ttft_ms: float) -> None:
+        self._ttfts.append((time.perf_counter(), ttft_ms))
+
+    def on_record(self, rec: RequestRecord) -> None:
+        if rec.error_kind == "cancelled":
+            return
+        self.done += 1
+        if not rec.ok:
+            self.errors += 1
+        elif rec.itl_ms:
+            self._itls.append((time.perf_counter(), rec.itl_ms))
+
+    def snapshot(self) -> dict[str, float]:
+        now = time.perf_counter()
+        self._token_marks.append((now, self.tokens))
+        old_t, old_tokens = self._token_marks[0]
+        for t, n in self._token_marks:  # the oldest mark inside the window
+            if now - t <= self.window_s:
+                old_t, old_tokens = t, n
+                break
+        rate = (self.tokens - old_tokens) / (now - old_t) if now - old_t > 1e-3 else 0.0
+        values = {"output_tok_per_s": rate, "requests_done": float(self.done), "errors": float(self.errors),
+                  "requests_in_flight": float(self.in_flight)}
+        ttfts = [v for t, v in self._ttfts if now - t <= self.window_s]
+        if ttfts:
+            values["ttft_ms_p50"] = float(np.median(ttfts))
+        itls = [x for t, v in self._itls if now - t <= self.window_s for x in v]
+        if itls:
+            values["itl_ms_p50"] = float(np.median(itls))
+        return values
+
+    def publish(self) -> dict[str, float]:
+        values = self.snapshot()
+        if self.bus is not None:
+            self.bus.sample("client", values)
+            self.bus.event("progress", {
+                "run_id": self.run_id, "level": self.level, "done": self.done, "errors": self.errors,
+                "in_flight": self.in_flight, "planned": self.planned,
+                "output_tok_per_s": values["output_tok_per_s"], "output_tokens": self.tokens,
+                "elapsed_s": time.perf_counter() - self.level_started,
+                "ttft_ms_p50": values.get("ttft_ms_p50"), "itl_ms_p50": values.get("itl_ms_p50")})
+        return values
+
+
+async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
+                    live: LiveStats, on_record: Callable[[RequestRecord], None] | None = None,
+                    cancel: threading.Event | None = None, seed: int = 0,
+                    index_offset: int = 0) -> LevelOutcome:
+    """Run one level to its stop rule; never raises for a failing server (errors are records)."""
+    convs = dataset.conversations
+    if rule.max_requests is not None:
+        total: int | None = rule.max_requests
+    elif rule.duration_s is not None:
+        total = None
+    else:
+        total = len(convs)
+    live.start_level(plan.index, None if total is None else sum(len(convs[i % len(convs)].turns) for i in range(total)))
+    records: list[RequestRecord] = []
+    stop = asyncio.Event()
+    stop_reason = ["completed"]
+    in_flight = [0, 0]  # now, peak
+    request_index = itertools.count(index_offset)
+    t0 = time.perf_counter()
+    deadline = t0 + rule.duration_s if rule.duration_s is not None else None
+    limit = plan.concurrency or (len(convs) if plan.mode == "open" else 1)
+
+    def halt(reason: str) -> None:
+        if not stop.is_set():
+            stop_reason[0] = reason
+            stop.set()
+
+    tally = {"failed": 0, "counted": 0}
+    first_error: list[str] = []
+
+    def record(rec: RequestRecord) -> None:
+        records.append(rec)
+        live.on_record(rec)
+        if on_record is not None:
+            on_record(rec)
+        if rec.error_kind == "cancelled":
+            return
+        tally["counted"] += 1
+        if not rec.ok:
+            tally["failed"] += 1
+            if not first_error:
+                first_error.append(rec.error or "error")
+        failed, counted = tally["failed"], tally["counted"]
+        if failed >= MIN_REQUESTS_FOR_BUDGET and failed / counted > rule.max_error_fraction:
+            halt(f"error budget exceeded: {failed} of {counted} requests failed "
+                 f"(limit {rule.max_error_fraction:.0%}); first: {first_error[0]}")
+
+    async with make_session(limit) as session:
+        client = StreamClient(session, opts)
+
+        async def run_conversation(conv: Conversation, scheduled: float) -> None:
+            replies: list[str] = []
+            for turn in range(len(conv.turns)):
+                if turn > 0 and stop.is_set():
+                    return
+                in_flight[0] += 1
+                live.in_flight = in_flight[0]
+                in_flight[1] = max(in_flight[1], in_flight[0])
+                try:
+                    rec, text = await client.send(conv, turn, replies, level=plan.index, index=next(request_index),
+                                                  level_t0=t0, scheduled=scheduled, on_tokens=live.on_tokens,
+                                                  on_first=live.on_first)
+                except Cancelled as exc:
+                    record(exc.record)
+                    return
+                finally:
+                    in_flight[0] -= 1
+                    live.in_flight = in_flight[0]
+                record(rec)
+                if not rec.ok:
+                    return
+                replies.append(text)
+                scheduled = time.perf_counter()
+
+        def due(i: int, when: float) -> bool:
+            if stop.is_set() or (total is not None and i >= total):
+                return False
+            if deadline is not None and when >= deadline:
+                halt("duration reached")
+                return False
+            return True
+
+        async def watch() -> None:
+            next_tick = time.perf_counter() + TICK_S
+            while True:
+                await asyncio.sleep(0.05)
+                if cancel is not None and cancel.is_set():
+                    halt("cancelled")
+                    for task in tasks:
+                        task.cancel()
+                    return
+                if stop.is_set() and stop_reason[0].startswith("error budget"):
+                    for task in tasks:
+                        task.cancel()
+                if time.perf_counter() >= next_tick:
+                    live.publish()
+                    next_tick += TICK_S
+
+        tasks: set[asyncio.Task[None]] = set()
+        watcher = asyncio.create_task(watch())
+        try:
+            if plan.mode == "closed":
+                counter = itertools.count()
+
+                async def worker() -> None:
+                    while True:
+                        i = next(counter)
+                        now = time.perf_counter()
+                        if not due(i, now):
+                            return
+                        await run_conversation(convs[i % len(convs)], now)
+
+                tasks.update(asyncio.create_task(worker()) for _ in range(plan.concurrency or 1))
+            else:
+                n = total if total is not None else int(math.ceil((plan.rate_rps or 1) * (rule.duration_s or 0) * 1.5)) + 16
+                offsets = arrival_offsets_s(plan, n, seed)
+                gate = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+
+                async def open_conversation(conv: Conversation, scheduled: float) -> None:
+                    if gate is None:
+                        await run_conversation(conv, scheduled)
+                        return
+                    async with gate:
+                        if not stop.is_set():
+                            await run_conversation(conv, scheduled)
+
+                for i in range(n):
+                    when = t0 + float(offsets[i])
+                    if not due(i, when):
+                        break
+                    delay = when - time.perf_counter()
+                    if delay > 0:
+                        try:
+                            await asyncio.wait_for(stop.wait(), delay)
+                            break  # stopped while waiting
+                        except TimeoutError:
+                            pass
+                    task = asyncio.create_task(open_conversation(convs[i % len(convs)], when))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+                tasks = {t for t in tasks if not t.done()}
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    duration = time.perf_counter() - t0
+    live.publish()
+    return LevelOutcome(records, duration, in_flight[1], stop_reason[0])

@@ -1,0 +1,263 @@
+"""What a request and a load level measured, and how figures are computed from it.
+
+Definitions are in ``docs/metrics.md``; they follow ``vllm bench serve`` (percentiles by linear
+interpolation, TPOT = (E2E - TTFT) / (output tokens - 1), goodput = requests meeting every SLO
+per second) and say where they differ (ITL is per token, not per chunk).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field
+
+ErrorKind = str  # connect | http | timeout | stream | malformed | cancelled
+
+
+class RequestRecord(BaseModel):
+    """One request as the client saw it. Times are milliseconds; ``*_s`` offsets are seconds from
+    the start of its level (monotonic clock), ``start_wall_s`` dates it."""
+
+    level: int
+    index: int
+    conversation: int = 0
+    turn: int = 0
+    scheduled_s: float
+    start_s: float
+    start_wall_s: float
+    queue_ms: float
+    ttft_ms: float | None = None
+    itl_ms: list[float] = Field(default_factory=list)
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    input_tokens: int | None = None  # the engine's prompt_tokens when it reports usage
+    input_tokens_counted: int = 0  # what the dataset counted (exact only with a local tokenizer)
+    output_tokens: int = 0
+    expected_output_tokens: int = 0
+    chunks: int = 0
+    tokens_source: str = "usage"  # usage = per-chunk usage counts; chunks = one token per chunk (fallback)
+    finish_reason: str | None = None
+    ok: bool = False
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    http_status: int | None = None
+
+
+class Stats(BaseModel):
+    """Distribution of one metric (milliseconds)."""
+
+    count: int = 0
+    mean: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    min: float | None = None
+    std: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float] | np.ndarray) -> Stats:
+        arr = np.asarray(values, dtype=float)
+        if arr.size == 0:
+            return cls()
+        p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
+        return cls(count=int(arr.size), mean=float(arr.mean()), median=float(p50), p90=float(p90),
+                   p95=float(p95), p99=float(p99), max=float(arr.max()), min=float(arr.min()),
+                   std=float(arr.std()))
+
+
+class EngineDeltas(BaseModel):
+    """Engine counters over one level (``/metrics`` after minus before); None = not exposed."""
+
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    spec_decode_drafts: float | None = None
+    spec_decode_draft_tokens: float | None = None
+    spec_decode_accepted_tokens: float | None = None
+    spec_acceptance_rate: float | None = None
+    spec_mean_acceptance_length: float | None = None
+    requests_finished: float | None = None
+    preemptions: float | None = None
+
+
+class LevelSummary(BaseModel):
+    """Figures of one load level (warm-up excluded)."""
+
+    requests: int = 0
+    completed: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    error_kinds: dict[str, int] = Field(default_factory=dict)
+    error_examples: list[str] = Field(default_factory=list)
+    duration_s: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    request_throughput_rps: float = 0.0
+    output_tok_per_s: float = 0.0
+    total_tok_per_s: float = 0.0
+    ttft_ms: Stats = Field(default_factory=Stats)
+    itl_ms: Stats = Field(default_factory=Stats)
+    tpot_ms: Stats = Field(default_factory=Stats)
+    e2e_ms: Stats = Field(default_factory=Stats)
+    queue_ms: Stats = Field(default_factory=Stats)
+    slo: str | None = None
+    good_requests: int | None = None
+    goodput_rps: float | None = None
+    peak_concurrency: int = 0
+    tokens_source: str = "usage"  # usage | chunks | mixed
+    lengths_exact: bool = True
+    engine: EngineDeltas = Field(default_factory=EngineDeltas)
+    tokens_match_engine: bool | None = None
+    stop_reason: str = "completed"
+
+    def flat(self) -> dict[str, float | int | str | bool | None]:
+        """One level as flat columns (``ttft_ms_p99``, ``engine_prefix_cache_hit_rate``...)."""
+        out: dict[str, float | int | str | bool | None] = {}
+        for key, value in self.model_dump().items():
+            if isinstance(value, dict) and key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+                base = key[: -len("_ms")]
+                for stat, v in value.items():
+                    out[f"{base}_{stat}" if stat == "count" else f"{base}_ms_{stat}"] = v
+            elif key == "engine":
+                out.update({f"engine_{k}": v for k, v in value.items()})
+            elif isinstance(value, (dict, list)):
+                continue
+            else:
+                out[key] = value
+        return out
+
+
+# --- SLOs and goodput ---------------------------------------------------------------------------
+
+SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
+_SLO_RE = re.compile(r"^\s*(?P<key>[a-z0-9_]+)\s*(?P<op><=|<)\s*(?P<value>[0-9]*\.?[0-9]+)\s*$")
+
+
+class SloError(ValueError):
+    """An SLO string that does not parse (message names the bad part)."""
+
+
+def parse_slo(text: str) -> list[tuple[str, str, float]]:
+    """``'ttft_ms<=500,tpot_ms<50'`` -> [(metric, op, limit)]."""
+    out = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        match = _SLO_RE.match(part)
+        if not match:
+            raise SloError(f"SLO '{part.strip()}' is not like 'ttft_ms<=500' (metric, <= or <, number)")
+        if match["key"] not in SLO_METRICS:
+            raise SloError(f"SLO metric '{match['key']}' is unknown (known: {', '.join(SLO_METRICS)})")
+        out.append((match["key"], match["op"], float(match["value"])))
+    if not out:
+        raise SloError("empty SLO")
+    return out
+
+
+def meets_slo(record: RequestRecord, slos: Sequence[tuple[str, str, float]]) -> bool:
+    """A completed request meets the SLOs when every bound holds (TPOT of a 1-token output is 0,
+    as in vllm bench serve)."""
+    if not record.ok:
+        return False
+    for key, op, limit in slos:
+        value = getattr(record, key)
+        if value is None:
+            value = 0.0 if key == "tpot_ms" else None
+        if value is None or not (value <= limit if op == "<=" else value < limit):
+            return False
+    return True
+
+
+# --- engine /metrics ----------------------------------------------------------------------------
+
+def parse_engine_counters(metrics_text: str, counters: Mapping[str, tuple[str, ...]]) -> dict[str, float]:
+    """Canonical counter -> value (summed over label sets) from Prometheus text; the first name
+    of each alias list that is present wins."""
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name.endswith(("_created", "_bucket")):
+                    continue
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return {}
+    out = {}
+    for key, names in counters.items():
+        for name in names:
+            if name in totals:
+                out[key] = totals[name]
+                break
+    return out
+
+
+def engine_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> EngineDeltas:
+    def delta(key: str) -> float | None:
+        return after[key] - before.get(key, 0.0) if key in after else None
+
+    d = EngineDeltas(**{k: delta(k) for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries",
+                                               "prefix_cache_hits", "spec_decode_drafts",
+                                               "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+                                               "requests_finished", "preemptions")})
+    if d.prefix_cache_queries:
+        d.prefix_cache_hit_rate = (d.prefix_cache_hits or 0.0) / d.prefix_cache_queries
+    if d.spec_decode_draft_tokens:
+        d.spec_acceptance_rate = (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_draft_tokens
+    if d.spec_decode_drafts:
+        d.spec_mean_acceptance_length = 1.0 + (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_drafts
+    return d
+
+
+# --- a level ------------------------------------------------------------------------------------
+
+def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str | None = None,
+              peak_concurrency: int = 0, lengths_exact: bool = True,
+              engine: EngineDeltas | None = None, stop_reason: str = "completed") -> LevelSummary:
+    """The figures of one level from its request records (see docs/metrics.md)."""
+    recs = list(records)
+    done = [r for r in recs if r.ok]
+    cancelled = [r for r in recs if r.error_kind == "cancelled"]
+    failed = [r for r in recs if not r.ok and r.error_kind != "cancelled"]
+    kinds: dict[str, int] = {}
+    examples: list[str] = []
+    for r in failed:
+        kinds[r.error_kind or "error"] = kinds.get(r.error_kind or "error", 0) + 1
+        if r.error and r.error not in examples and len(examples) < 5:
+            examples.append(r.error)
+    # Tokens are counted for every request, failed ones too: the engine generated them.
+    out_tokens = sum(r.output_tokens for r in recs)
+    in_tokens = sum((r.input_tokens if r.input_tokens is not None else r.input_tokens_counted) for r in done)
+    done_out = sum(r.output_tokens for r in done)
+    sources = {r.tokens_source for r in recs if r.output_tokens}
+    dur = max(duration_s, 1e-9)
+    summary = LevelSummary(
+        requests=len(recs), completed=len(done), errors=len(failed), cancelled=len(cancelled),
+        error_kinds=kinds, error_examples=examples, duration_s=duration_s,
+        input_tokens=in_tokens, output_tokens=out_tokens,
+        request_throughput_rps=len(done) / dur, output_tok_per_s=done_out / dur,
+        total_tok_per_s=(done_out + in_tokens) / dur,
+        ttft_ms=Stats.of([r.ttft_ms for r in done if r.ttft_ms is not None]),
+        itl_ms=Stats.of([x for r in done for x in r.itl_ms]),
+        tpot_ms=Stats.of([r.tpot_ms for r in done if r.tpot_ms is not None]),
+        e2e_ms=Stats.of([r.e2e_ms for r in done if r.e2e_ms is not None]),
+        queue_ms=Stats.of([r.queue_ms for r in recs if r.error_kind != "cancelled"]),
+        peak_concurrency=peak_concurrency,
+        tokens_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage"),
+        lengths_exact=lengths_exact,
+        engine=engine or EngineDeltas(),
+        stop_reason=stop_reason,
+    )
+    if slo:
+        slos = parse_slo(slo)
+        good = sum(1 for r in done if meets_slo(r, slos))
+        summary.slo, summary.good_requests, summary.goodput_rps = slo, good, good / dur
+    if engine is not None and engine.generation_tokens is not None:
+        summary.tokens_match_engine = int(round(engine.generation_tokens)) == out_tokens
+    return summary

@@ -1,0 +1,79 @@
+"""Load patterns: the levels a run goes through and, for open loops, when each request is due.
+
+Arrivals are seeded, so a rerun schedules the same requests at the same offsets. Poisson is
+gamma with shape 1; gamma's shape is the burstiness (below 1 burstier, above 1 more regular),
+with scale 1 / (rate x burstiness) so the mean rate stays the asked one, as in vllm bench serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from app.workload import LoadConfig
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """One load level: closed (``concurrency``) or open (arrivals at ``rate_rps``)."""
+
+    index: int
+    label: str
+    mode: Literal["closed", "open"]
+    concurrency: int | None = None  # closed: in flight; open: optional cap
+    rate_rps: float | None = None
+    arrival: Literal["constant", "poisson", "gamma", "ramp"] = "poisson"
+    burstiness: float = 1.0
+    ramp_start_rps: float | None = None
+
+    def event_fields(self) -> dict[str, object]:
+        """What ``level_started`` carries."""
+        return {"index": self.index, "label": self.label, "mode": self.mode, "concurrency": self.concurrency,
+                "rate_rps": self.rate_rps, "arrival": self.arrival if self.mode == "open" else None,
+                "burstiness": self.burstiness if self.mode == "open" else None}
+
+
+def plan_levels(load: LoadConfig) -> list[LevelPlan]:
+    if load.pattern == "closed":
+        return [LevelPlan(0, f"concurrency {load.concurrency}", "closed", concurrency=load.concurrency)]
+    if load.pattern == "sweep":
+        plans = []
+        for i, value in enumerate(load.levels):
+            if load.sweep_of == "concurrency":
+                plans.append(LevelPlan(i, f"concurrency {int(value)}", "closed", concurrency=int(value)))
+            else:
+                arrival: Literal["poisson", "gamma"] = "poisson" if load.burstiness == 1.0 else "gamma"
+                plans.append(LevelPlan(i, f"{value:g} req/s", "open", concurrency=load.max_concurrency,
+                                       rate_rps=value, arrival=arrival, burstiness=load.burstiness))
+        return plans
+    assert load.rate_rps is not None
+    if load.pattern == "ramp":
+        return [LevelPlan(0, f"ramp {load.ramp_start_rps:g}->{load.rate_rps:g} req/s", "open",
+                          concurrency=load.max_concurrency, rate_rps=load.rate_rps, arrival="ramp",
+                          ramp_start_rps=load.ramp_start_rps)]
+    arrival2: Literal["constant", "poisson", "gamma"] = load.pattern  # type: ignore[assignment]
+    if arrival2 == "poisson" and load.burstiness != 1.0:
+        arrival2 = "gamma"
+    return [LevelPlan(0, f"{load.rate_rps:g} req/s {arrival2}", "open", concurrency=load.max_concurrency,
+                      rate_rps=load.rate_rps, arrival=arrival2, burstiness=load.burstiness)]
+
+
+def arrival_offsets_s(plan: LevelPlan, n: int, seed: int) -> np.ndarray:
+    """Send times (seconds from the level start) of ``n`` requests; the first is at 0."""
+    assert plan.rate_rps is not None
+    if n <= 0:
+        return np.zeros(0)
+    rng = np.random.default_rng([seed, plan.index, 2])
+    if plan.arrival == "constant":
+        gaps = np.full(n, 1.0 / plan.rate_rps)
+    elif plan.arrival == "ramp":
+        start = plan.ramp_start_rps or plan.rate_rps
+        rates = np.linspace(start, plan.rate_rps, n)
+        gaps = rng.exponential(1.0 / rates)
+    else:
+        shape = 1.0 if plan.arrival == "poisson" else plan.burstiness
+        gaps = rng.gamma(shape, 1.0 / (plan.rate_rps * shape), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
