@@ -1,0 +1,107 @@
+"""Telemetry against the real vLLM CPU engine: the token-rate and KV-usage series move with load
+and return to idle after it; the engine's process tree shows up in the host series; without a
+GPU the GPU source says so once and everything else works."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from app.bus import Bus, Event, Sample
+from app.telemetry import TelemetryCollector
+from engine_adapters.launcher import EngineProcess
+
+pytestmark = pytest.mark.e2e
+
+CONCURRENCY, MAX_TOKENS = 16, 1024  # ~16k tokens: 5-10 s at 1,600-3,200 tok/s on this CPU
+
+
+async def _drive_load(base_url: str, api_key: str | None) -> int:
+    """CONCURRENCY streaming completions with ignore_eos; returns the tokens received."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+        async with session.get(base_url + "/v1/models") as resp:
+            model = (await resp.json())["data"][0]["id"]
+
+        async def one(i: int) -> int:
+            body = {"model": model, "prompt": f"request {i}: the quick brown fox", "max_tokens": MAX_TOKENS,
+                    "stream": True, "ignore_eos": True, "temperature": 0.0,
+                    "stream_options": {"include_usage": True}}
+            tokens = 0
+            async with session.post(base_url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            tokens = chunk["usage"]["completion_tokens"]
+            return tokens
+
+        return sum(await asyncio.gather(*(one(i) for i in range(CONCURRENCY))))
+
+
+def _engine_series(items: list, name: str, t0: float, t1: float) -> list[float]:
+    return [s.values[name] for s in items
+            if isinstance(s, Sample) and s.source == "engine" and t0 <= s.t_mono <= t1 and name in s.values]
+
+
+def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess) -> None:
+    bus = Bus()
+    sub = bus.subscribe()
+    collector = TelemetryCollector(bus, metrics_url=demo_engine.base_url, api_key=demo_engine.api_key,
+                                   engine_pid=demo_engine.pid, engine_interval_s=0.25, host_interval_s=0.25)
+    collector.start()
+    try:
+        time.sleep(1.5)
+        idle_end = time.monotonic()
+        tokens = asyncio.run(_drive_load(demo_engine.base_url, demo_engine.api_key))
+        load_end = time.monotonic()
+        time.sleep(2.0)
+        after_start = load_end + 1.0
+    finally:
+        started = time.monotonic()
+        collector.stop()
+        stop_s = time.monotonic() - started
+    end = time.monotonic()
+    items = sub.drain()
+    assert tokens == CONCURRENCY * MAX_TOKENS
+    assert stop_s < 1.0, f"stop took {stop_s:.2f} s"
+
+    events = [i for i in items if isinstance(i, Event)]
+    support = {e.payload["source"]: e.payload for e in events if e.kind == "telemetry_support"}
+    assert support["engine"]["available"]
+    for name in ("generation_tok_per_s", "kv_cache_usage_pct", "requests_running", "prefix_cache_hit_rate_pct"):
+        assert name in support["engine"]["supported"], support["engine"]
+    assert "spec_acceptance_rate_pct" in support["engine"]["unsupported"]  # no speculative decoding here
+    assert support["gpu"]["state"] == "no NVIDIA GPU" and not support["gpu"]["available"]
+    assert sum(1 for e in events if e.kind == "telemetry_support") == len(support)  # once per source
+
+    first = min(i.t_mono for i in items if isinstance(i, Sample))
+    idle_rate = _engine_series(items, "generation_tok_per_s", first, idle_end)
+    # a scrape that ends just after the last token still averages the load: allow a short tail
+    load_rate = _engine_series(items, "generation_tok_per_s", idle_end, load_end + 0.5)
+    after_rate = _engine_series(items, "generation_tok_per_s", after_start, end)
+    load_kv = _engine_series(items, "kv_cache_usage_pct", idle_end, load_end)
+    after_kv = _engine_series(items, "kv_cache_usage_pct", after_start, end)
+    running = _engine_series(items, "requests_running", idle_end, load_end)
+    assert idle_rate and max(idle_rate) == 0.0, idle_rate
+    assert load_rate and max(load_rate) > 300, load_rate  # ~1,600 tok/s at 16 streams here
+    assert after_rate and max(after_rate) == 0.0, after_rate
+    assert load_kv and 0 < max(load_kv) <= 100, load_kv
+    assert after_kv and max(after_kv) == 0.0, after_kv
+    assert running and max(running) >= CONCURRENCY / 2, running
+    every_rate = [v for s in items if isinstance(s, Sample) and s.source == "engine"
+                  for k, v in s.values.items() if k.endswith("_per_s")]
+    assert min(every_rate) >= 0.0
+
+    host = [s for s in items if isinstance(s, Sample) and s.source == "host"]
+    assert host and all(s.values["engine_rss_bytes"] > 50 * 2**20 for s in host if "engine_rss_bytes" in s.values)
+    load_cpu = [s.values["engine_cpu_pct"] for s in host if idle_end < s.t_mono <= load_end and "engine_cpu_pct" in s.values]
+    assert load_cpu and max(load_cpu) > 50, load_cpu  # the engine works hard under load
+    assert collector.stats()["engine"]["errors"] == 0
