@@ -113,7 +113,7 @@ class EngineAdapter(Protocol):
     metric_names: MetricNames
     phase_patterns: Sequence[PhasePattern]
 
-    def base_command(self, engine: EngineConfig) -> list[str]:
+    def base_command(self, engine: EngineConfig, port: int | None = None) -> list[str]:
         """argv prefix that starts the server from the configured runtime."""
         ...
 

@@ -8,12 +8,22 @@ configuration (workload, load) lives in ``app.config`` and embeds these models, 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEMO_MODEL = "tunebench:demo"
 """Model id that resolves to the tiny, locally generated demo model in the user cache."""
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (it cannot be passed as a command-line argument)")
+    return value
+
+
+ArgStr = Annotated[str, AfterValidator(_no_nul)]
+"""A string that ends up in an engine's argv or environment."""
 
 
 class StrictModel(BaseModel):
@@ -31,10 +41,10 @@ class RuntimeConfig(StrictModel):
 
     kind: RuntimeKind = "managed"
     managed: str = Field("vllm-cpu", description="Name of a tunebench-managed runtime (kind=managed).")
-    python: str | None = Field(None, description="Interpreter of a venv that has the engine installed (kind=python).")
-    executable: str | None = Field(None, description="Engine executable on PATH or a path, e.g. 'vllm' (kind=executable).")
-    docker_image: str = Field("vllm/vllm-openai:latest", description="Image for kind=docker.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine process.")
+    python: ArgStr | None = Field(None, description="Interpreter of a venv that has the engine installed (kind=python).")
+    executable: ArgStr | None = Field(None, description="Engine executable on PATH or a path, e.g. 'vllm' (kind=executable).")
+    docker_image: ArgStr = Field("vllm/vllm-openai:latest", description="Image for kind=docker.")
+    env: dict[ArgStr, ArgStr] = Field(default_factory=dict, description="Extra environment for the engine process.")
 
     @model_validator(mode="after")
     def _needs_its_field(self) -> RuntimeConfig:
@@ -53,9 +63,9 @@ class EngineConfig(StrictModel):
 
     kind: EngineKind = "vllm"
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    model: str = Field(DEMO_MODEL, min_length=1, description="Model path or hub id ('tunebench:demo' = the local demo model).")
-    served_model_name: str | None = None
-    tokenizer: str | None = None
+    model: ArgStr = Field(DEMO_MODEL, min_length=1, description="Model path or hub id ('tunebench:demo' = the local demo model).")
+    served_model_name: ArgStr | None = None
+    tokenizer: ArgStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0 = pick a free port at launch.")
     require_api_key: bool = Field(True, description="Protect the server with a per-run API key.")
@@ -79,7 +89,7 @@ class SpeculativeConfig(StrictModel):
     """Speculative decoding: a cheap drafter proposes tokens, the model verifies them in one pass."""
 
     method: SpecMethod = "off"
-    draft_model: str | None = Field(None, description="Draft/EAGLE head model (eagle, eagle3, draft_model).")
+    draft_model: ArgStr | None = Field(None, description="Draft/EAGLE head model (eagle, eagle3, draft_model).")
     num_speculative_tokens: int = Field(3, ge=1, le=16)
     ngram_prompt_lookup_min: int = Field(1, ge=1, le=16)
     ngram_prompt_lookup_max: int = Field(4, ge=1, le=32)
@@ -113,4 +123,4 @@ class Features(StrictModel):
     chunked_prefill: bool | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[ArgStr] = Field(default_factory=list)

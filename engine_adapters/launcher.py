@@ -153,14 +153,15 @@ def _alive(pid: int, create_time: float) -> bool:
     return actual is not None and abs(actual - create_time) < 1.0
 
 
-def reap_orphans(log: LogCallback | None = None) -> list[EngineRecord]:
+def reap_orphans(log: LogCallback | None = None,
+                 grace_s: tuple[float, float, float] = STOP_GRACE_S) -> list[EngineRecord]:
     """Stop engines whose owning tunebench process is gone; return what was stopped."""
     stopped = []
     for record in registered_engines():
         if _alive(record.owner_pid, record.owner_create_time):
             continue
         if group_members(record.pgid, not_before=record.create_time):
-            how = stop_group(record.pgid, not_before=record.create_time)
+            how = stop_group(record.pgid, grace_s, not_before=record.create_time)
             stopped.append(record)
             if log:
                 log(f"stopped orphaned engine pid {record.pid} (port {record.port}) left by a tunebench "
@@ -218,6 +219,7 @@ class EngineProcess:
         self.started_monotonic = 0.0
         self.ready_info: ReadyInfo | None = None
         self.exit_code: int | None = None
+        self.exited_monotonic: float | None = None
         self.diagnosis: Diagnosis | None = None
         self._stopping = False
         self._reader: threading.Thread | None = None
@@ -305,6 +307,7 @@ class EngineProcess:
         """Wait for the leader to exit; if nobody asked it to, end the group and explain why."""
         assert self.proc is not None
         code = self.proc.wait()
+        self.exited_monotonic = time.monotonic()
         self.exit_code = code
         if not self._stopping:
             # Children (engine core, workers) may outlive the leader and hold the log pipe open.

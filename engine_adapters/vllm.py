@@ -269,7 +269,8 @@ class VllmAdapter:
 
     # -- launch ---------------------------------------------------------------------------------
 
-    def base_command(self, engine: EngineConfig) -> list[str]:
+    def base_command(self, engine: EngineConfig, port: int | None = None) -> list[str]:
+        """argv prefix that starts the server; ``port`` is needed to publish a docker port."""
         runtime = engine.runtime
         if runtime.kind in ("managed", "python"):
             python = resolve_python(engine)
@@ -277,12 +278,12 @@ class VllmAdapter:
             return [python, "-m", API_SERVER_MODULE]
         if runtime.kind == "executable":
             return [resolve_executable(engine), "serve"]
-        return self._docker_prefix(engine)
+        return self._docker_prefix(engine, engine.port if port is None else port)
 
-    def _docker_prefix(self, engine: EngineConfig) -> list[str]:
+    def _docker_prefix(self, engine: EngineConfig, port: int) -> list[str]:
         """``docker run`` for the official image, whose entrypoint is ``vllm serve``."""
         argv = ["docker", "run", "--rm", "--init", "--ipc=host", "--gpus", "all",
-                "-p", f"{engine.host}:{engine.port}:{engine.port}", "-e", self.api_key_env]
+                "-p", f"{engine.host}:{port}:{port}", "-e", self.api_key_env]
         for name in sorted(engine.runtime.env):
             argv += ["-e", name]
         model = Path(engine.model).expanduser()
@@ -304,7 +305,7 @@ class VllmAdapter:
         return ["--host", host, "--port", str(port)]
 
     def build_argv(self, engine: EngineConfig, features: Features, port: int) -> list[str]:
-        argv = [*self.base_command(engine), *self.model_args(engine), *self.server_args(engine, port)]
+        argv = [*self.base_command(engine, port), *self.model_args(engine), *self.server_args(engine, port)]
         for flags in feature_flags(features).values():
             argv += flags
         return argv

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from app.cli import engine_cmds
 from app.errors import UserError
+from engine_adapters.launcher import reap_orphans
 
 EXIT_OK, EXIT_USAGE_OR_INPUT, EXIT_ENGINE_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 
@@ -49,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE_OR_INPUT
     try:
+        # An engine left running by a tunebench that died is stopped at the next start.
+        reap_orphans(log=lambda message: print(f"tunebench: {message}", file=sys.stderr))
         return int(handler(args) or 0)
     except UserError as exc:
         print(f"tunebench: error: {exc}", file=sys.stderr)

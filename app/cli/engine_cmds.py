@@ -12,7 +12,7 @@ from app.engines import check_config, launch_engine
 from app.errors import EngineFailed, UserError
 from app.profiles import ProfileError, load_profile, resolve_profile
 from engine_adapters.base import Phase
-from engine_adapters.launcher import EngineStartError, reap_orphans, stop_registered
+from engine_adapters.launcher import EngineStartError, stop_registered
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, ensure_demo_model, install_managed
 
@@ -28,8 +28,6 @@ def cmd_engine_start(args: argparse.Namespace) -> int:
     config = _load(args.profile)
     if args.port is not None:
         config.engine.port = args.port
-    for note in reap_orphans(log=lambda m: print(f"tunebench: {m}", file=sys.stderr)):
-        del note
 
     def on_phase(phase: Phase, detail: str) -> None:
         print(f"[{phase.value}] {detail}", flush=True)

@@ -1,0 +1,168 @@
+"""The real vLLM CPU engine's whole life: ready, a streamed completion, feature verification,
+a diagnosed startup failure, Ctrl-C from the CLI, and an orphan found after tunebench is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine_adapters.config import EngineConfig, Features, RuntimeConfig
+from engine_adapters.hardware import probe_hardware
+from engine_adapters.launcher import EngineProcess, EngineStartError, group_members, registry_dir
+
+pytestmark = pytest.mark.e2e
+TUNEBENCH = [sys.executable, "-m", "app.cli"]
+
+
+def stream_completion(base_url: str, api_key: str | None, max_tokens: int = 12) -> list[dict]:
+    """A streamed completion; returns the parsed SSE chunks."""
+    models = json.loads(urllib.request.urlopen(urllib.request.Request(
+        base_url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"}), timeout=30).read())
+    body = {"model": models["data"][0]["id"], "prompt": "def add(a, b):", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    request = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(), headers={
+        "Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+    chunks = []
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def test_demo_engine_serves_a_streamed_completion(demo_engine: EngineProcess) -> None:
+    chunks = stream_completion(demo_engine.base_url, demo_engine.api_key, max_tokens=12)
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts[-1] == 12
+    assert counts == sorted(counts) and counts[0] >= 1  # cumulative per chunk: a chunk may carry several tokens
+    assert any(c["choices"] and c["choices"][0]["text"] for c in chunks)
+    assert demo_engine.ready_info is not None and demo_engine.ready_info.kv_cache["kv_cache_tokens"] > 0
+
+
+def test_demo_engine_requires_its_api_key_and_listens_on_loopback(demo_engine: EngineProcess) -> None:
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(demo_engine.base_url + "/v1/models", timeout=10)
+    assert info.value.code == 401
+    listening = set()
+    for proc in group_members(demo_engine.pid or 0):
+        for conn in proc.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == demo_engine.port:
+                listening.add(conn.laddr.ip)
+    assert listening == {"127.0.0.1"}
+
+
+def test_prefix_caching_verified_active(demo_engine: EngineProcess) -> None:
+    checks = {c.key: c for c in demo_engine.verify_features()}
+    assert checks["prefix_caching"].active is True, checks["prefix_caching"].evidence
+    assert "enable_prefix_caching=True" in checks["prefix_caching"].evidence
+
+
+def _expect_diagnosed_failure(engine: EngineProcess, code: str) -> EngineStartError:
+    engine.start()
+    with pytest.raises(EngineStartError) as info:
+        engine.wait_ready(timeout_s=600)
+    assert engine.exited_monotonic is not None
+    noticed_after_s = time.monotonic() - engine.exited_monotonic
+    assert noticed_after_s < 10, f"the failure was reported {noticed_after_s:.1f} s after the engine exited"
+    assert info.value.diagnosis is not None and info.value.diagnosis.code == code, engine.snapshot_log()[-10:]
+    assert group_members(engine.pid or 0) == []
+    return info.value
+
+
+def test_fp8_kv_cache_outcome_matches_this_cpu() -> None:
+    """vLLM's CPU build stores an FP8 KV cache only with AVX-512 or AMX (it asks torch): on a
+    CPU without them the start fails and must be explained; with them it must verifiably work."""
+    engine = EngineProcess(EngineConfig(), Features(kv_cache_dtype="fp8"))
+    if not probe_hardware().cpu_has_avx512_or_amx:
+        error = _expect_diagnosed_failure(engine, "fp8_kv_cpu")
+        assert str(error) == ("This CPU cannot keep the KV cache in FP8 (vLLM's CPU build needs AVX-512 or AMX for "
+                              "it): set KV-cache precision to 'auto'.")
+        return
+    engine.start()
+    try:
+        engine.wait_ready(timeout_s=600)
+        checks = {c.key: c for c in engine.verify_features()}
+        assert checks["kv_cache_dtype"].active is True, checks["kv_cache_dtype"].evidence
+    finally:
+        engine.stop()
+    assert group_members(engine.pid or 0) == []
+
+
+def test_missing_model_is_diagnosed_within_seconds() -> None:
+    engine = EngineProcess(EngineConfig(model="/nonexistent/model", runtime=RuntimeConfig(env={"HF_HUB_OFFLINE": "1"})),
+                           Features())
+    error = _expect_diagnosed_failure(engine, "model_missing")
+    assert str(error).startswith("The model was not found")
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> tuple[re.Match[str], list[str]]:
+    """Read the CLI's stdout until a line matches (the CLI flushes each line)."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"CLI exited ({proc.poll()}) before {pattern!r}:\n" + "".join(seen[-30:]))
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match, seen
+    raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n" + "".join(seen[-30:]))
+
+
+def test_cli_engine_start_then_ctrl_c_stops_the_whole_group(repo_root: Path) -> None:
+    cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo", "--port", "0"], cwd=repo_root,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        ready, seen = _read_until(cli, r"engine ready at (http://127\.0\.0\.1:\d+) \(pid (\d+)", 600)
+        key, _ = _read_until(cli, r"API key: (\S+)", 10)
+        verified, _ = _read_until(cli, r"feature prefix_caching=True: (\w+)", 30)
+        assert verified.group(1) == "active"
+        assert any("[loading weights]" in line for line in seen)
+        engine_pid = int(ready.group(2))
+        assert stream_completion(ready.group(1), key.group(1), max_tokens=4)[-1]["usage"]["completion_tokens"] == 4
+        cli.send_signal(signal.SIGINT)  # what Ctrl-C does to the CLI
+        rest = cli.communicate(timeout=60)[0]
+        assert cli.returncode == 0, rest
+        assert "engine stopped (SIGINT)" in rest
+        assert group_members(engine_pid) == []
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_engine_orphaned_by_sigkill_is_stopped_at_next_start(repo_root: Path) -> None:
+    cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo"], cwd=repo_root,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _read_until(cli, r"\[loading weights\]", 300)
+        records = [json.loads(p.read_text()) for p in registry_dir().glob("*.json")]
+        mine = [r for r in records if r["owner_pid"] == cli.pid]
+        assert len(mine) == 1, records
+        engine_pid = mine[0]["pid"]
+        os.kill(cli.pid, signal.SIGKILL)
+        cli.wait(timeout=10)
+        time.sleep(1.0)
+        assert group_members(engine_pid), "the engine should have outlived the killed tunebench"
+        again = subprocess.run([*TUNEBENCH, "profile", "check", "cpu-demo", "--no-discover"], cwd=repo_root,
+                               capture_output=True, text=True, timeout=120)
+        assert f"stopped orphaned engine pid {engine_pid}" in again.stderr
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert group_members(engine_pid) == []
+        assert not (registry_dir() / f"{engine_pid}.json").exists()
+    finally:
+        if cli.poll() is None:
+            cli.kill()

@@ -1,0 +1,171 @@
+"""The launcher's process handling, on real (small) process trees: group stop escalation,
+startup failure diagnosed at once, port in use, and orphans left by a killed owner.
+
+The "engine" here is a short Python script standing in for the server binary; the vLLM engine
+itself is exercised by tests/e2e/test_engine_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_adapters.base import Phase
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.launcher import (
+    EngineProcess,
+    EngineStartError,
+    group_members,
+    reap_orphans,
+    registered_engines,
+    stop_group,
+)
+from engine_adapters.vllm import VllmAdapter
+
+FAKE_SERVER = textwrap.dedent('''
+    import http.server, os, signal, subprocess, sys, threading, time
+    mode, port = sys.argv[1], int(sys.argv[2])
+    if mode in ("stubborn", "deaf"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if mode == "deaf":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a child in the same group, like vLLM's engine core, holding the output pipe
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)"])
+    print("Starting to load model /fake", flush=True)
+    if mode == "fail":
+        print("Traceback (most recent call last):", flush=True)
+        print("NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.", flush=True)
+        os._exit(1)
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        def log_message(self, *a): pass
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    print("Application startup complete.", flush=True)
+    server.serve_forever()
+''')
+
+
+class ScriptAdapter(VllmAdapter):
+    """vLLM's knowledge (phases, diagnosis) with a stand-in server binary."""
+
+    def __init__(self, script: Path, mode: str) -> None:
+        self.script, self.mode = script, mode
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int) -> list[str]:
+        return [sys.executable, str(self.script), self.mode, str(port)]
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "fake_server.py"
+    path.write_text(FAKE_SERVER)
+    return path
+
+
+def launch(script: Path, mode: str, **kwargs: object) -> EngineProcess:
+    phases: list[Phase] = []
+    engine = EngineProcess(EngineConfig(**kwargs), Features(), ScriptAdapter(script, mode),  # type: ignore[arg-type]
+                           on_phase=lambda p, _d: phases.append(p))
+    engine.phases_seen = phases  # type: ignore[attr-defined]
+    engine.start()
+    return engine
+
+
+def test_ready_then_clean_stop_leaves_no_process(script: Path) -> None:
+    engine = launch(script, "polite")
+    ready = engine.wait_ready(timeout_s=30)
+    assert ready.base_url == f"http://127.0.0.1:{engine.port}"
+    assert engine.api_key and len(engine.api_key) >= 24
+    assert [r.pid for r in registered_engines()] == [engine.pid]
+    pgid = engine.pid
+    assert os.getpgid(pgid) == pgid != os.getpgid(0)  # its own process group
+    assert len(group_members(pgid)) == 2
+    how = engine.stop(grace_s=(1.0, 3.0, 3.0))
+    assert how == "SIGTERM"  # the child ignores SIGINT: TERM ends it
+    assert group_members(pgid) == []
+    assert registered_engines() == []
+    assert engine.phases_seen[:3] == [Phase.LAUNCHING, Phase.LOADING_WEIGHTS, Phase.READY]  # type: ignore[attr-defined]
+    assert engine.phase == Phase.STOPPED
+
+
+def test_stop_escalates_to_sigkill_for_a_deaf_group(script: Path) -> None:
+    engine = launch(script, "deaf")
+    engine.wait_ready(timeout_s=30)
+    pgid = engine.pid
+    how = engine.stop(grace_s=(0.5, 0.5, 3.0))
+    assert how == "SIGKILL"
+    assert group_members(pgid) == []
+
+
+def test_startup_failure_is_diagnosed_at_once(script: Path) -> None:
+    engine = launch(script, "fail")
+    started = time.monotonic()
+    with pytest.raises(EngineStartError) as info:
+        engine.wait_ready(timeout_s=300)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"diagnosis took {elapsed:.1f} s: it waited instead of noticing the exit"
+    assert info.value.diagnosis is not None and info.value.diagnosis.code == "fp8_kv_cpu"
+    assert "AVX-512 or AMX" in str(info.value)
+    assert group_members(engine.pid) == []  # the lingering child was ended too
+    assert engine.phase == Phase.FAILED
+    assert registered_engines() == []
+
+
+def test_busy_port_is_refused_before_launch(script: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        engine = EngineProcess(EngineConfig(port=port), Features(), ScriptAdapter(script, "polite"))
+        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is already in use"):
+            engine.start()
+        assert engine.proc is None
+
+
+OWNER = textwrap.dedent('''
+    import json, sys, time
+    sys.path.insert(0, sys.argv[3])
+    from tests.unit.test_launcher import ScriptAdapter
+    from engine_adapters.config import EngineConfig, Features
+    from engine_adapters.launcher import EngineProcess
+    from pathlib import Path
+    engine = EngineProcess(EngineConfig(), Features(), ScriptAdapter(Path(sys.argv[1]), "stubborn"))
+    engine.start()
+    engine.wait_ready(timeout_s=30)
+    print(json.dumps({"pid": engine.pid}), flush=True)
+    time.sleep(600)
+''')
+
+
+def test_orphan_of_a_killed_owner_is_found_and_stopped(script: Path, tmp_path: Path) -> None:
+    owner_script = tmp_path / "owner.py"
+    owner_script.write_text(OWNER)
+    root = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen([sys.executable, str(owner_script), str(script), "x", str(root)],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        engine_pid = json.loads(line)["pid"]
+        assert group_members(engine_pid), "the engine should be running"
+        reap_orphans()  # owner alive: not an orphan, left alone
+        assert group_members(engine_pid)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        assert group_members(engine_pid), "the engine survives its owner: an orphan"
+        stopped = reap_orphans(grace_s=(0.5, 3.0, 3.0))
+        assert [r.pid for r in stopped] == [engine_pid]
+        assert group_members(engine_pid) == []
+        assert registered_engines() == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        stop_group(owner.pid, grace_s=(0.1, 0.1, 1.0))
