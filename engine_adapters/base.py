@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -15,7 +15,7 @@ from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     """Startup phases, in the order an engine goes through them."""
 
     LAUNCHING = "launching"

@@ -9,10 +9,10 @@ same keys (paths into :class:`engine_adapters.config.Features`) to its flags and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Family(str, Enum):
+class Family(StrEnum):
     """The three families of acceleration from the seeds, plus the knobs that bound them."""
 
     MOVE_FEWER_BYTES = "Move fewer bytes"
@@ -21,7 +21,7 @@ class Family(str, Enum):
     SCALE_AND_LIMITS = "Scale out and limits"
 
 
-class Capability(str, Enum):
+class Capability(StrEnum):
     """What the hardware or the engine build must offer for a feature to work."""
 
     CUDA_GPU = "an NVIDIA GPU"

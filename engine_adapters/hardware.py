@@ -89,9 +89,11 @@ def probe_gpus(nvml: Any | None = None) -> tuple[list[GpuInfo], str | None, str 
     """Return (gpus, driver version, error) from NVML; ``nvml`` may be a fake for tests."""
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[no-redef]
+            import pynvml
         except ImportError as exc:  # pragma: no cover - dependency is declared
             return [], None, f"nvidia-ml-py not installed: {exc}"
+        nvml = pynvml
+    assert nvml is not None
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
