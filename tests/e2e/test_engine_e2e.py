@@ -166,3 +166,22 @@ def test_engine_orphaned_by_sigkill_is_stopped_at_next_start(repo_root: Path) ->
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+def test_docker_runtime_failure_is_explained_not_hung() -> None:
+    """Where docker is installed without a reachable daemon, the launch fails with plain advice."""
+    import shutil
+
+    if shutil.which("docker") is None:
+        pytest.skip("docker is not installed on this machine")
+    if subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=30).returncode == 0:
+        pytest.skip("a docker daemon runs here: a real vLLM image launch is out of scope for the suite")
+    engine = EngineProcess(EngineConfig(model="org/model", runtime=RuntimeConfig(kind="docker")), Features())
+    engine.start()
+    try:
+        with pytest.raises(EngineStartError) as info:
+            engine.wait_ready(timeout_s=60)
+    finally:
+        engine.stop()
+    assert info.value.diagnosis is not None
+    assert info.value.diagnosis.code in {"docker_daemon", "docker_gpu", "docker_image"}, engine.snapshot_log()[-5:]

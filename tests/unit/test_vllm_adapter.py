@@ -314,6 +314,10 @@ def test_verify_reports_active_and_inactive_features() -> None:
         ("OSError: [Errno 98] Address already in use", "port_in_use", "port is already in use"),
         ("OSError: /nope does not appear to have a file named config.json.", "model_missing", "model was not found"),
         ("api_server.py: error: unrecognized arguments: --turbo", "unknown_flag", "--turbo"),
+        ("docker: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
+         "docker_daemon", "daemon is not running"),
+        ("docker: Error response from daemon: could not select device driver \"\" with capabilities: [[gpu]].",
+         "docker_gpu", "NVIDIA Container Toolkit"),
     ],
 )
 def test_diagnosis_catalogue(line: str, code: str, words: str) -> None:
