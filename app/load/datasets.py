@@ -144,10 +144,11 @@ def _generated(workload: WorkloadConfig, counter: TokenCounter, rng: np.random.G
                     return _code(rng, max(4, m // 4))
                 text, count = fit_to_tokens(counter, source, in_lens[k])
             elif workload.kind == "long_context":
-                question = "\n\nQuestion: summarise the document above in detail.\nAnswer:"
-                q_tokens = counter.count(question)
-                body, count = fit_to_tokens(counter, lambda m: _words(rng, m), max(1, in_lens[k] - q_tokens))
-                text, count = "Document:\n" + body + question, counter.count("Document:\n" + body + question)
+                head, question = "Document:\n", "\n\nQuestion: summarise the document above in detail.\nAnswer:"
+                frame = counter.count(head) + counter.count(question)
+                body, _ = fit_to_tokens(counter, lambda m: _words(rng, m), max(1, in_lens[k] - frame))
+                text = head + body + question
+                count = counter.count(text)
             else:
                 text, count = fit_to_tokens(counter, lambda m: _words(rng, m), in_lens[k])
             conv_turns.append(Turn(text, out_lens[k], count))

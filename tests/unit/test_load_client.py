@@ -1,0 +1,173 @@
+"""The streaming client against a local fake server: token counting per chunk, per-token ITL,
+and every kind of bad server ending as an error record, never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.load.client import ClientOptions, StreamClient, _StreamState, build_payload, make_session
+from app.load.datasets import Conversation, Turn
+from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer, encode_stream
+from app.load.metrics import RequestRecord
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(FakeBehaviour(tokens_per_chunk=3, delay_s=0.002)) as srv:
+        yield srv
+
+
+def send(base_url: str, prompt: str, max_tokens: int = 10, **opts: object) -> RequestRecord:
+    conv = Conversation(0, [Turn(prompt, max_tokens, 5)])
+
+    async def go() -> RequestRecord:
+        async with make_session(1) as session:
+            options = ClientOptions(base_url=base_url, model="m", **opts)  # type: ignore[arg-type]
+            client = StreamClient(session, options)
+            import time
+
+            now = time.perf_counter()
+            rec, _ = await client.send(conv, 0, [], level=0, index=0, level_t0=now, scheduled=now)
+            return rec
+
+    return asyncio.run(go())
+
+
+def test_tokens_counted_from_usage(server: FakeOpenAIServer) -> None:
+    rec = send(server.base_url, "fake:ok", 25)
+    assert rec.ok and rec.error is None
+    assert rec.output_tokens == 25 and rec.chunks == 25 and rec.tokens_source == "usage"
+    assert len(rec.itl_ms) == 24 and rec.finish_reason == "length" and rec.input_tokens == 8
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_multi_token_chunks_spread_itl_per_token(server: FakeOpenAIServer, api: str) -> None:
+    rec = send(server.base_url, "fake:multi", 10, api=api)
+    assert rec.ok and rec.output_tokens == 10 and rec.chunks == 4  # 3 + 3 + 3 + 1
+    assert len(rec.itl_ms) == rec.output_tokens - 1
+    assert rec.ttft_ms is not None and rec.e2e_ms is not None and rec.tpot_ms is not None
+    assert sum(rec.itl_ms) == pytest.approx(rec.e2e_ms - rec.ttft_ms, abs=1e-6)
+    assert rec.tpot_ms == pytest.approx((rec.e2e_ms - rec.ttft_ms) / 9)
+
+
+def test_slow_stream_itl_reflects_gaps(server: FakeOpenAIServer) -> None:
+    rec = send(server.base_url, "fake:slow", 6)
+    assert rec.ok and len(rec.itl_ms) == 5
+    assert min(rec.itl_ms) > 1.0  # 2 ms between chunks on the server
+
+
+def test_without_per_chunk_usage_falls_back_to_chunks_flagged(server: FakeOpenAIServer) -> None:
+    rec = send(server.base_url, "fake:no_usage", 12)
+    assert rec.ok and rec.tokens_source == "chunks" and rec.output_tokens == 12
+
+
+def test_multi_token_chunks_without_usage_are_corrected_by_the_final_usage() -> None:
+    chunks = encode_stream(9, "multi", chat=False, tokens_per_chunk=3, usage=False)
+    state = _feed(chunks)
+    rec = _finish(state)
+    assert rec.tokens_source == "chunks" and rec.chunks == 3
+    assert rec.output_tokens == 9  # 3 chunks counted, the closing usage says 9
+
+
+@pytest.mark.parametrize("mode, kind, text", [
+    ("http_500", "http", "HTTP 500: fake internal error"),
+    ("http_400", "http", "HTTP 400: max_tokens is too large"),
+    ("error_midstream", "stream", "engine error mid-stream after 3 tokens: fake engine failure"),
+    ("malformed", "malformed", "malformed SSE data after 3 tokens"),
+    ("disconnect", "stream", "after 3 tokens"),
+])
+def test_bad_servers_become_error_records(server: FakeOpenAIServer, mode: str, kind: str, text: str) -> None:
+    rec = send(server.base_url, f"fake:{mode}", 20)
+    assert not rec.ok and rec.error_kind == kind, rec.error
+    assert text in (rec.error or "")
+    if mode in ("error_midstream", "malformed", "disconnect"):
+        assert rec.output_tokens == 3 and rec.ttft_ms is not None  # partial results kept
+
+
+def test_unreachable_endpoint_is_a_connect_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rec = send(f"http://127.0.0.1:{port}", "hello")
+    assert not rec.ok and rec.error_kind == "connect" and "cannot connect" in (rec.error or "")
+
+
+def test_timeout_is_an_error(server: FakeOpenAIServer) -> None:
+    rec = send(server.base_url, "fake:slow", 200, request_timeout_s=0.1)
+    assert not rec.ok and rec.error_kind == "timeout" and rec.output_tokens > 0
+
+
+def test_api_key_is_sent_as_bearer() -> None:
+    with FakeOpenAIServer(FakeBehaviour(api_key="s3cret")) as srv:
+        assert send(srv.base_url, "hi", headers={"Authorization": "Bearer s3cret"}).ok
+        denied = send(srv.base_url, "hi")
+        assert not denied.ok and denied.http_status == 401 and "Unauthorized" in (denied.error or "")
+
+
+def test_payloads_for_completions_and_chat_with_history() -> None:
+    conv = Conversation(1, [Turn("first question", 5, 2), Turn("second question", 6, 2)], system="SYS", system_tokens=1)
+    chat = build_payload(ClientOptions(base_url="", model="m", api="chat"), conv, 1, ["first answer"])
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "user"]
+    assert chat["messages"][2]["content"] == "first answer" and chat["max_tokens"] == 6
+    assert chat["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert chat["ignore_eos"] is True
+    comp = build_payload(ClientOptions(base_url="", model="m", ignore_eos=False, continuous_usage=False), conv, 1,
+                         ["first answer"])
+    assert comp["prompt"].startswith("SYS\n\nUser: first question\nAssistant:first answer\nUser: second question")
+    assert "ignore_eos" not in comp and comp["stream_options"] == {"include_usage": True}
+
+
+# --- the parser alone: arbitrary network splits give the same result ------------------------------
+
+def _feed(chunks: list[bytes], splits: list[int] | None = None) -> _StreamState:
+    blob = b"".join(chunks)
+    cuts = sorted(set(splits or []))
+    pieces = [blob[a:b] for a, b in zip([0, *cuts], [*cuts, len(blob)], strict=True) if blob[a:b]]
+
+    class Content:
+        async def iter_any(self):  # type: ignore[no-untyped-def]
+            for p in pieces:
+                yield p
+
+    state = _StreamState(0.0, chat=False, keep_text=True, on_tokens=None, on_first=None)
+    asyncio.run(state.consume(Content()))  # type: ignore[arg-type]
+    return state
+
+
+def _finish(state: _StreamState) -> RequestRecord:
+    rec = RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0)
+    state.finish(rec)
+    if rec.error is None and not state.done:
+        rec.ok = False
+    return rec
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), per=st.integers(1, 4), crlf=st.booleans(),
+       splits=st.lists(st.integers(0, 4000), max_size=30))
+def test_any_network_split_parses_the_same(n: int, per: int, crlf: bool, splits: list[int]) -> None:
+    chunks = encode_stream(n, "multi", chat=False, tokens_per_chunk=per)
+    if crlf:
+        chunks = [c.replace(b"\n", b"\r\n") for c in chunks]
+    chunks.insert(1, b": keep-alive comment\n\n")
+    state = _feed(chunks, [s % max(1, len(b"".join(chunks))) for s in splits])
+    assert state.done and state.error is None
+    assert state.tokens == n and state.chunks == -(-n // per)
+    assert "".join(state.text) == " tok" * n
+    assert len(state.itl) == n - 1
+
+
+def test_non_object_json_and_error_objects() -> None:
+    state = _feed([b"data: [1, 2]\n\n"])
+    assert state.error_kind == "malformed" and "expected a JSON object" in (state.error or "")
+    state = _feed([encode_stream(2, "ok", chat=False)[0], b'data: {"error": "boom"}\n\n'])
+    assert state.error_kind == "stream" and "boom" in (state.error or "") and state.tokens == 1
+    body = json.loads(encode_stream(1, "ok", chat=True)[0][6:])
+    assert body["choices"][0]["delta"]["content"] == " tok"

@@ -1,0 +1,136 @@
+"""Load patterns and the level executor, against a local fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from app.bus import Bus, Event, Sample
+from app.load.client import ClientOptions
+from app.load.datasets import Conversation, Dataset, Turn
+from app.load.executor import LiveStats, StopRule, run_level
+from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer
+from app.load.patterns import LevelPlan, arrival_offsets_s, plan_levels
+from app.workload import LoadConfig
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(FakeBehaviour(delay_s=0.005)) as srv:
+        yield srv
+
+
+def dataset(n: int, prompt: str = "fake:ok", out: int = 8, turns: int = 1) -> Dataset:
+    return Dataset([Conversation(i, [Turn(prompt, out, 3) for _ in range(turns)]) for i in range(n)], True, "test")
+
+
+def run(plan: LevelPlan, ds: Dataset, server: FakeOpenAIServer, rule: StopRule | None = None,
+        cancel: threading.Event | None = None, bus: Bus | None = None, keep_text: bool = False):  # type: ignore[no-untyped-def]
+    opts = ClientOptions(base_url=server.base_url, model="m", keep_text=keep_text)
+    return asyncio.run(run_level(plan, ds, opts, rule or StopRule(), live=LiveStats(bus, "r1"), cancel=cancel))
+
+
+def test_plans() -> None:
+    assert [p.concurrency for p in plan_levels(LoadConfig(pattern="sweep", levels=[1, 4, 16]))] == [1, 4, 16]
+    rates = plan_levels(LoadConfig(pattern="sweep", sweep_of="rate", levels=[2, 8], burstiness=0.5))
+    assert [(p.mode, p.rate_rps, p.arrival) for p in rates] == [("open", 2, "gamma"), ("open", 8, "gamma")]
+    (p,) = plan_levels(LoadConfig(pattern="poisson", rate_rps=5, max_concurrency=3))
+    assert (p.mode, p.arrival, p.concurrency) == ("open", "poisson", 3)
+    (r,) = plan_levels(LoadConfig(pattern="ramp", rate_rps=10, ramp_start_rps=1))
+    assert r.arrival == "ramp" and r.ramp_start_rps == 1
+
+
+def test_arrivals_are_seeded_and_have_the_asked_rate_and_burstiness() -> None:
+    poisson = LevelPlan(0, "p", "open", rate_rps=20.0, arrival="poisson")
+    a, b = arrival_offsets_s(poisson, 4000, seed=3), arrival_offsets_s(poisson, 4000, seed=3)
+    assert np.array_equal(a, b) and a[0] == 0
+    gaps = np.diff(a)
+    assert np.mean(gaps) == pytest.approx(1 / 20, rel=0.06)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, rel=0.1)  # exponential: CV 1
+    bursty = np.diff(arrival_offsets_s(LevelPlan(0, "g", "open", rate_rps=20.0, arrival="gamma", burstiness=0.25),
+                                       4000, seed=3))
+    assert np.mean(bursty) == pytest.approx(1 / 20, rel=0.1)
+    assert np.std(bursty) / np.mean(bursty) == pytest.approx(2.0, rel=0.15)  # gamma shape k: CV 1/sqrt(k)
+    constant = np.diff(arrival_offsets_s(LevelPlan(0, "c", "open", rate_rps=4.0, arrival="constant"), 10, seed=0))
+    assert np.allclose(constant, 0.25)
+    ramp = np.diff(arrival_offsets_s(LevelPlan(0, "r", "open", rate_rps=50.0, arrival="ramp", ramp_start_rps=2.0),
+                                     2000, seed=0))
+    assert np.mean(ramp[:200]) > 5 * np.mean(ramp[-200:])
+
+
+def test_closed_loop_keeps_concurrency_in_flight(server: FakeOpenAIServer) -> None:
+    out = run(LevelPlan(0, "c4", "closed", concurrency=4), dataset(20), server)
+    assert len(out.records) == 20 and all(r.ok for r in out.records)
+    assert out.peak_concurrency == 4 and out.stop_reason == "completed"
+    assert sorted(r.index for r in out.records) == list(range(20))
+    assert max(r.queue_ms for r in out.records) < 50
+
+
+def test_open_loop_sends_on_schedule(server: FakeOpenAIServer) -> None:
+    plan = LevelPlan(0, "const", "open", rate_rps=40.0, arrival="constant")
+    out = run(plan, dataset(12), server)
+    assert len(out.records) == 12 and all(r.ok for r in out.records)
+    scheduled = sorted(r.scheduled_s for r in out.records)
+    assert np.allclose(np.diff(scheduled), 0.025, atol=1e-6)
+    assert all(0 <= r.start_s - r.scheduled_s < 0.05 for r in out.records)
+    assert out.duration_s >= 11 * 0.025
+
+
+def test_client_side_queue_is_measured_apart_from_ttft(server: FakeOpenAIServer) -> None:
+    # 20 req/s offered, one at a time allowed, each ~40 ms on the server: requests wait in the client.
+    plan = LevelPlan(0, "capped", "open", concurrency=1, rate_rps=100.0, arrival="constant")
+    out = run(plan, dataset(8, "fake:slow", out=8), server)
+    by_start = sorted(out.records, key=lambda r: r.scheduled_s)
+    assert by_start[-1].queue_ms > 100  # waited behind the others
+    assert all(r.ttft_ms is not None and r.ttft_ms < 30 for r in out.records)  # TTFT excludes the wait
+    assert out.peak_concurrency == 1
+
+
+def test_duration_stops_sending(server: FakeOpenAIServer) -> None:
+    out = run(LevelPlan(0, "c2", "closed", concurrency=2), dataset(3, "fake:slow", out=10), server,
+              StopRule(duration_s=0.4))
+    assert out.stop_reason == "duration reached"
+    assert all(r.start_s < 0.4 for r in out.records) and len(out.records) >= 4  # cycles the 3 conversations
+
+
+def test_error_budget_stops_the_level(server: FakeOpenAIServer) -> None:
+    out = run(LevelPlan(0, "c2", "closed", concurrency=2), dataset(50, "fake:http_500"), server,
+              StopRule(max_error_fraction=0.5))
+    assert out.stop_reason.startswith("error budget exceeded") and "HTTP 500" in out.stop_reason
+    assert 5 <= len(out.records) < 10
+
+
+def test_cancel_keeps_partial_results(server: FakeOpenAIServer) -> None:
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    out = run(LevelPlan(0, "c3", "closed", concurrency=3), dataset(100, "fake:slow", out=30), server, cancel=cancel)
+    assert out.stop_reason == "cancelled"
+    done = [r for r in out.records if r.ok]
+    cut = [r for r in out.records if r.error_kind == "cancelled"]
+    assert done and cut and len(out.records) < 100
+    assert all(r.output_tokens > 0 for r in cut)  # what streamed before the cancel is kept
+
+
+def test_multi_turn_resends_history(server: FakeOpenAIServer) -> None:
+    out = run(LevelPlan(0, "c2", "closed", concurrency=2), dataset(3, "hello", out=4, turns=3), server, keep_text=True)
+    assert len(out.records) == 9 and all(r.ok for r in out.records)
+    assert sorted((r.conversation, r.turn) for r in out.records) == [(c, t) for c in range(3) for t in range(3)]
+
+
+def test_live_progress_and_client_samples(server: FakeOpenAIServer) -> None:
+    bus = Bus()
+    sub = bus.subscribe()
+    run(LevelPlan(0, "c2", "closed", concurrency=2), dataset(16, "fake:slow", out=20), server, bus=bus)
+    items = sub.drain()
+    progress = [i for i in items if isinstance(i, Event) and i.kind == "progress"]
+    samples = [i for i in items if isinstance(i, Sample) and i.source == "client"]
+    assert len(progress) >= 2 and len(samples) == len(progress)
+    last = samples[-1].values
+    assert last["requests_done"] == 16 and last["errors"] == 0
+    assert {"output_tok_per_s", "requests_in_flight", "ttft_ms_p50", "itl_ms_p50"} <= set(last)
+    assert any(s.values["output_tok_per_s"] > 0 for s in samples)
+    assert progress[-1].payload["done"] == 16 and progress[-1].payload["run_id"] == "r1"

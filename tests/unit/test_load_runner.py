@@ -1,0 +1,139 @@
+"""The Runner's event contract and failure handling, and `tunebench run`, against a fake server
+(the real engine is exercised in tests/e2e/test_load_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.bus import Bus, Event
+from app.cli import main
+from app.config import RunConfig
+from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer
+from app.runner import Runner, RunResult, mask_env
+from app.workload import LengthSpec, LoadConfig, WorkloadConfig
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(FakeBehaviour(delay_s=0.003, api_key="k1")) as srv:
+        yield srv
+
+
+def config(**load: object) -> RunConfig:
+    return RunConfig(name="unit", workload=WorkloadConfig(num_requests=6, input_len=LengthSpec(mean=16),
+                                                          output_len=LengthSpec(mean=12)),
+                     load=LoadConfig(**load))  # type: ignore[arg-type]
+
+
+def events(bus_items: list[object]) -> list[Event]:
+    return [i for i in bus_items if isinstance(i, Event)]
+
+
+def test_event_order_and_result(server: FakeOpenAIServer) -> None:
+    bus = Bus()
+    sub = bus.subscribe()
+    runner = Runner(config(pattern="sweep", levels=[1, 2], slo="ttft_ms<=1000", warmup_requests=2), bus,
+                    endpoint=server.base_url, api_key="k1", telemetry=False)
+    result = runner.run()
+    assert result.status == "completed", result.reason
+    evs = events(sub.drain())
+    kinds = [e.kind for e in evs]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    assert kinds.index("engine_ready") < kinds.index("level_started")
+    assert kinds.count("level_started") == kinds.count("level_finished") == 2
+    assert kinds.count("request") == 12  # warm-up requests are not published
+    assert all(e.payload["run_id"] == runner.run_id for e in evs)
+    started = evs[0].payload
+    assert started["endpoint"] == server.base_url and started["argv"] is None and started["config"]["name"] == "unit"
+    first_level = kinds.index("level_started")
+    assert all(k != "request" for k in kinds[:first_level])
+    finished = evs[-1].payload
+    assert finished["status"] == "completed" and len(finished["summary"]["levels"]) == 2
+    req = next(e.payload for e in evs if e.kind == "request")
+    assert {"ttft_ms", "itl_ms", "e2e_ms", "output_tokens", "error", "level", "queue_ms"} <= set(req)
+    # The result: two levels, the fake's generation counter matches the client's count exactly.
+    assert [lv.summary.completed for lv in result.levels] == [6, 6]
+    assert all(lv.summary.tokens_match_engine for lv in result.levels)
+    assert result.levels[0].summary.goodput_rps is not None and result.model == "fake-model"
+    assert any("warm-up: 2 requests" in n for n in result.notes)
+    assert RunResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_unreachable_endpoint_fails_with_reason_and_keeps_records() -> None:
+    bus = Bus()
+    sub = bus.subscribe(kinds=["run_finished", "request"])
+    result = Runner(config(concurrency=2), bus, endpoint="http://127.0.0.1:9", telemetry=False).run()
+    assert result.status == "failed" and "cannot connect" in (result.reason or "")
+    assert result.levels and result.levels[0].summary.errors >= 5
+    evs = events(sub.drain())
+    assert evs[-1].kind == "run_finished" and evs[-1].payload["status"] == "failed"
+
+
+def test_bad_dataset_fails_cleanly(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text("{\"not\": \"sharegpt\"}")
+    cfg = config()
+    cfg.workload = WorkloadConfig(kind="sharegpt", dataset_path=str(bad))
+    result = Runner(cfg, Bus(), endpoint=server.base_url, api_key="k1", telemetry=False).run()
+    assert result.status == "failed" and "not a ShareGPT JSON file" in (result.reason or "")
+
+
+def test_cancel_mid_level() -> None:
+    cfg = config(concurrency=2)
+    cfg.workload.num_requests = 200
+    cfg.workload.output_len = LengthSpec(mean=20)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    with FakeOpenAIServer(FakeBehaviour(mode="slow", delay_s=0.005)) as slow:
+        result = Runner(cfg, Bus(), endpoint=slow.base_url, telemetry=False).run(cancel)
+    assert result.status == "cancelled"
+    summary = result.levels[0].summary
+    assert 0 < summary.completed < 200 and summary.cancelled == 2
+
+
+def test_workers_split_a_level_over_processes(server: FakeOpenAIServer) -> None:
+    cfg = config(concurrency=4, workers=2)
+    cfg.workload.num_requests = 10
+    result = Runner(cfg, Bus(), endpoint=server.base_url, api_key="k1", telemetry=False).run()
+    assert result.status == "completed", result.reason
+    recs = result.levels[0].requests
+    assert len(recs) == 10 and all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(10))
+    assert result.levels[0].summary.tokens_match_engine
+
+
+def test_mask_env() -> None:
+    assert mask_env({"VLLM_API_KEY": "x", "HF_TOKEN": "y", "VLLM_CPU_KVCACHE_SPACE": "1"}) == {
+        "VLLM_API_KEY": "***", "HF_TOKEN": "***", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_cli_run_writes_json_and_prints_table(server: FakeOpenAIServer, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "p.toml"
+    profile.write_text('name = "cli"\n[workload]\nnum_requests = 4\n[workload.output_len]\nmean = 5\n'
+                       '[load]\nconcurrency = 2\n')
+    out = tmp_path / "r.json"
+    code = main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
+                 "--no-telemetry"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "concurrency 2" in text and "out tok/s" in text and "engine 20: equal" in text
+    data = json.loads(out.read_text())
+    assert data["status"] == "completed" and len(data["levels"][0]["requests"]) == 4
+
+
+def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "p.toml"
+    profile.write_text('[load]\nslo = "fast please"\n')
+    assert main(["run", str(profile), "--endpoint", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not like" in err and "Traceback" not in err
+    assert main(["run", "no-such-profile.toml"]) == 2
+    good = tmp_path / "g.toml"
+    good.write_text("name = 'x'\n")
+    assert main(["run", str(good), "--json", str(tmp_path / "missing" / "r.json")]) == 2
+    assert "folder does not exist" in capsys.readouterr().err
