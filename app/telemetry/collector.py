@@ -223,7 +223,7 @@ class TelemetryCollector:
     async def _engine_loop(self) -> None:
         assert self.metrics_url is not None and self.metric_names is not None
         scraper = EngineScraper(self.metrics_url, self.metric_names, self.api_key, self.scrape_timeout_s)
-        deriver = RateDeriver()
+        deriver = RateDeriver(min_interval_s=min(0.5, self.engine_interval_s / 2))
         reported_support, failing = False, False
         interval = self.engine_interval_s
         async with aiohttp.ClientSession() as session:

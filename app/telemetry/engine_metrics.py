@@ -169,7 +169,7 @@ class RateDeriver:
     """Turns successive scrapes into published values: gauges, raw ``*_total`` counters, rates
     and interval means. Keeps only the previous scrape (bounded memory)."""
 
-    def __init__(self, min_interval_s: float = 0.2) -> None:
+    def __init__(self, min_interval_s: float = 0.05) -> None:
         self.min_interval_s = min_interval_s
         self._prev: _Previous | None = None
         self.resets = 0
@@ -187,10 +187,10 @@ class RateDeriver:
             if self._restarted(prev.scrape, scrape):
                 self.resets += 1
                 notice = "engine counters went back (engine restarted?): rates restart from the next interval"
+            elif t_mono - prev.t_mono < self.min_interval_s:
+                return values, None  # too close to the last scrape: keep the older baseline
             else:
-                dt = t_mono - prev.t_mono
-                if dt >= self.min_interval_s:
-                    values.update(self._rates(prev.scrape, scrape, dt))
+                values.update(self._rates(prev.scrape, scrape, t_mono - prev.t_mono))
         self._prev = _Previous(t_mono, scrape)
         return values, notice
 

@@ -214,3 +214,12 @@ def test_metrics_url_from_endpoint() -> None:
 
 def test_scrape_equality_is_by_value() -> None:
     assert Scrape(gauges={"a": 1.0}) == Scrape(gauges={"a": 1.0})
+
+
+def test_a_scrape_too_close_to_the_last_keeps_the_older_baseline() -> None:
+    mapping, deriver = MetricMap(vllm.METRIC_NAMES), RateDeriver(min_interval_s=0.5)
+    deriver.update(mapping.parse(vllm_text(0, 0)), 0.0)
+    close, _ = deriver.update(mapping.parse(vllm_text(100, 0)), 0.1)
+    assert "generation_tok_per_s" not in close and close["generation_tokens_total"] == 100
+    later, _ = deriver.update(mapping.parse(vllm_text(1000, 0)), 1.0)
+    assert later["generation_tok_per_s"] == 1000.0  # over the whole second, not the last 0.9 s
