@@ -51,8 +51,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=36_000)
     parser.add_argument("--duration-s", type=float, default=900.0, help="simulated run length (one batch per second)")
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=10, help="runs to write and compare (at least 2)")
     args = parser.parse_args()
+    args.runs = max(2, args.runs)
     with tempfile.TemporaryDirectory() as tmp:
         store = RunStore(Path(tmp) / "bench.db")
         ids, times = [], []

@@ -204,14 +204,14 @@ def _first(rec: Mapping[str, Any], *keys: str) -> Any:
 
 
 _REQUEST_ALIASES = {
-    "start_wall": ("t_start_wall", "started_at", "start_time", "t_wall"),
+    "start_wall": ("start_wall_s", "t_start_wall", "started_at", "start_time", "t_wall"),
     "e2e_ms": ("latency_ms",),
     "input_tokens": ("prompt_tokens",),
     "output_tokens": ("completion_tokens", "tokens"),
     "level": ("level_index",),
 }
 _KNOWN_REQUEST_KEYS = frozenset({"level", "start_wall", "ttft_ms", "e2e_ms", "input_tokens", "output_tokens",
-                                 "itl_ms", "error", "seq"} | {k for keys in _REQUEST_ALIASES.values() for k in keys})
+                                 "itl_ms", "error", "seq", "ok", "run_id"} | {k for keys in _REQUEST_ALIASES.values() for k in keys})
 _NUMBER_TYPES = (float, int)
 
 
@@ -253,6 +253,8 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
             counts.append(len(itl))
             values.extend(itl.tolist() if isinstance(itl, np.ndarray) else itl)
         error = rec.get("error")
+        if not error and rec.get("ok") is False:
+            error = rec.get("error_kind") or "failed"
         extra = {k: v for k, v in rec.items() if k not in _KNOWN_REQUEST_KEYS}
         level = _get(rec, "level")
         in_tok = _get(rec, "input_tokens")
@@ -537,12 +539,13 @@ class RunStore:
 
     def finish_run(self, run_id: int, status: str, reason: str | None = None,
                    summary: Mapping[str, Any] | None = None, finished_at: float | None = None,
-                   *, only_if_running: bool = False) -> None:
-        """Final status; derives metrics from the stored requests and compacts telemetry."""
+                   *, only_if_running: bool = False, extra_metrics: Mapping[str, float] | None = None) -> None:
+        """Final status; derives metrics from the stored requests and compacts telemetry.
+        ``extra_metrics`` (e.g. an imported file's own figures) fill what the requests cannot give."""
         if status not in FINAL_STATUSES:
             raise StoreError(f"a run cannot finish as '{status}' (expected one of {', '.join(FINAL_STATUSES)})")
         self.compact_samples(run_id)
-        metrics = self.compute_metrics(run_id)
+        metrics = {**dict(extra_metrics or {}), **self.compute_metrics(run_id)}
         with self.engine.begin() as conn:
             row = conn.execute(select(Run.status, Run.summary).where(Run.id == run_id)).first()
             if row is None or (only_if_running and row.status != "running"):
