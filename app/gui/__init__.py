@@ -1,0 +1,34 @@
+"""The Qt workbench (PySide6 + pyqtgraph): the only package that imports Qt.
+
+``main(profile)`` opens the main window; see :mod:`app.gui.main_window` for the threading rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from app.errors import UserError
+
+
+def main(profile: str | None = "cpu-demo", db_path: str | None = None) -> int:
+    """Open the workbench on a profile (a path or a shipped profile's name)."""
+    from app.profiles import ProfileError, load_profile, resolve_profile
+
+    try:
+        path = resolve_profile(profile) if profile else None
+        config = load_profile(path) if path else None
+    except ProfileError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        from PySide6.QtWidgets import QApplication
+    except ImportError as exc:  # pragma: no cover - the gui extra is missing
+        raise UserError(f"the workbench needs PySide6 and pyqtgraph (pip install 'tunebench[gui]'): {exc}") from None
+    from app.gui.main_window import MainWindow
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    window = MainWindow(config, Path(path) if path else None, db_path=db_path)
+    window.show()
+    return int(app.exec())

@@ -1,0 +1,93 @@
+"""Which feature toggles this machine and installed engine can honour, and why not.
+
+Nothing here restates engine facts: each candidate value is put to the adapter's own
+``validate`` (hardware and installed flags), and the catalogue's declared requirements
+(``FeatureInfo.requires``) are checked against the hardware fingerprint. Pure Python; the GUI
+runs it in a worker because flag discovery may start the engine's interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.config import RunConfig
+from app.gui.fields import FieldSpec, field_spec, get_path, with_value
+from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.features import FEATURES, Capability
+from engine_adapters.hardware import HardwareInfo
+from engine_adapters.registry import get_adapter
+
+
+@dataclass
+class Availability:
+    """Per feature path (``features.x``): a reason the whole toggle is off, or reasons per choice."""
+
+    disabled: dict[str, str] = field(default_factory=dict)
+    disabled_choices: dict[str, dict[str, str]] = field(default_factory=dict)
+    cautions: dict[str, dict[str, str]] = field(default_factory=dict)
+    engine_version: str | None = None
+    hardware_summary: str = ""
+
+
+def _candidates(spec: FieldSpec, current: Any) -> list[Any]:
+    """Values that switch a feature on, to ask the adapter about."""
+    if spec.kind == "choice":
+        return [c for c in spec.choices if c != current]
+    if spec.kind in ("bool", "tristate"):
+        return [True, False]
+    if spec.kind == "int" and spec.name.endswith("parallel_size"):
+        return [2]
+    if spec.kind == "float" and spec.name.endswith("_gib"):
+        return [1.0]
+    if spec.kind == "float" and spec.name == "gpu_memory_utilization":
+        return [0.9]
+    return []
+
+
+def _missing(cap: Capability, hardware: HardwareInfo) -> bool:
+    if cap is Capability.CUDA_GPU:
+        return not hardware.has_gpu
+    if cap is Capability.MULTI_GPU:
+        return len(hardware.gpus) < 2
+    return False  # FP8 capabilities depend on the chosen value: the adapter's validate judges them
+
+
+def _key_issues(issues: list[ValidationIssue], key: str) -> list[ValidationIssue]:
+    return [i for i in issues if i.field == key]
+
+
+def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagSet | None) -> Availability:
+    adapter = get_adapter(config.engine.kind)
+    base = RunConfig.model_validate(config.model_dump())
+    base = base.model_copy(update={"features": type(base.features)()})  # judge each toggle from defaults
+    out = Availability(engine_version=flags.version if flags else None, hardware_summary=hardware.summary())
+    baseline = {str(i) for i in adapter.validate(base.engine, base.features, flags, hardware)}
+    for info in FEATURES:
+        path = f"features.{info.key}"
+        missing = [cap for cap in info.requires if _missing(cap, hardware)]
+        if missing:
+            out.disabled[path] = (f"needs {missing[0].value}; none is visible here"
+                                  if missing[0] is Capability.CUDA_GPU
+                                  else f"needs {missing[0].value} ({len(hardware.gpus)} visible)")
+            continue
+        spec = field_spec(path)
+        current = get_path(base, path)
+        for value in _candidates(spec, current):
+            try:
+                trial = with_value(base, path, value)
+            except ValueError:
+                continue
+            issues = [i for i in adapter.validate(trial.engine, trial.features, flags, hardware)
+                      if str(i) not in baseline]
+            mine = _key_issues(issues, info.key)
+            errors = [i for i in mine if i.severity == "error"]
+            if errors:
+                out.disabled_choices.setdefault(path, {})[str(value)] = errors[0].message
+            elif mine:
+                out.cautions.setdefault(path, {})[str(value)] = mine[0].message
+        bad = out.disabled_choices.get(path, {})
+        candidates = _candidates(spec, current)
+        if candidates and spec.kind in ("int", "float") and len(bad) == len(candidates):
+            out.disabled[path] = next(iter(bad.values()))
+    return out

@@ -1,0 +1,280 @@
+"""The live dashboard: big-number tiles and time-series plots over the shared ring buffers.
+
+Views never own data: they read :class:`app.gui.series.SeriesStore` and only call ``setData``
+on curves whose ring buffer changed since the last refresh. Plots downsample to the screen
+width and clip to the visible range, so panning and zooming an hour of history stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from app.gui.series import TILES, PlotSpec, SeriesKey, SeriesStore, TileSpec, plots_for
+from app.gui.theme import LIGHT, Theme, stylesheet
+
+pg.setConfigOptions(antialias=False, useOpenGL=False)
+
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def peak_decimate(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep each block's min and max (so spikes survive) when there are more points than pixels."""
+    ds = len(t) // max(max_points // 2, 1)
+    if ds < 2:
+        return t, v
+    n = len(t) // ds * ds
+    blocks = v[len(t) - n:].reshape(-1, ds)
+    out_v = np.empty(2 * blocks.shape[0])
+    out_v[0::2] = blocks.min(axis=1)
+    out_v[1::2] = blocks.max(axis=1)
+    out_t = np.repeat(t[len(t) - n::ds], 2)
+    return out_t, out_v
+
+
+def nice_ceil(value: float) -> float:
+    """The next 'round' number at or above ``value`` (at most 25% above): axis limits that move
+    in steps, so the axes are not redrawn on every refresh."""
+    if value <= 0 or not np.isfinite(value):
+        return 1.0
+    magnitude = 10.0 ** np.floor(np.log10(value))
+    for step in _NICE:
+        if step * magnitude >= value:
+            return float(step * magnitude)
+    return float(10 * magnitude)
+
+
+class Tile(QFrame):
+    """One big number with its caption."""
+
+    def __init__(self, spec: TileSpec, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.spec = spec
+        self.setObjectName("tile")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 6, 12, 6)
+        self.value_label = QLabel("–")
+        self.value_label.setObjectName("tileValue")
+        self.value_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.caption = QLabel(spec.label)
+        self.caption.setObjectName("tileLabel")
+        self.caption.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        layout.addWidget(self.value_label)
+        layout.addWidget(self.caption)
+        self._shown: float | None = None
+
+    def set_value(self, value: float | None) -> None:
+        if value == self._shown:
+            return
+        self._shown = value
+        self.value_label.setText("–" if value is None or not np.isfinite(value) else self.spec.fmt.format(value))
+
+    def text(self) -> str:
+        return self.value_label.text()
+
+
+class TileRow(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.tiles = {spec.key: Tile(spec) for spec in TILES}
+        for tile in self.tiles.values():
+            layout.addWidget(tile)
+
+    def refresh(self, latest: dict[SeriesKey, float]) -> None:
+        for tile in self.tiles.values():
+            tile.set_value(latest.get((tile.spec.source, tile.spec.name)))
+
+
+class PlotPanel(pg.PlotWidget):
+    """One plot of a :class:`PlotSpec`; curves appear when their first sample arrives."""
+
+    def __init__(self, spec: PlotSpec, theme: Theme = LIGHT, parent: QWidget | None = None) -> None:
+        super().__init__(parent=parent, background=theme.background)
+        self.spec, self.theme = spec, theme
+        item = self.getPlotItem()
+        title = spec.title + (f" ({spec.unit})" if spec.unit else "")
+        item.setTitle(title, color=theme.foreground, size=f"{theme.plot_title_pt}pt")
+        font = pg.QtGui.QFont()
+        font.setPointSize(theme.axis_pt)
+        for side in ("left", "bottom"):
+            axis = item.getAxis(side)
+            axis.setPen(theme.muted)
+            axis.setTextPen(theme.foreground)
+            axis.setTickFont(font)
+            # Text is the costly part of a plot; cache each axis as a pixmap until its range moves.
+            axis.setCacheMode(pg.QtWidgets.QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        item.showGrid(x=True, y=True, alpha=0.15)
+        # While following the live run, curves get data already decimated to the plot's width;
+        # once the user zooms or pans, pyqtgraph clips and downsamples the full history itself.
+        item.setClipToView(False)
+        item.setDownsampling(auto=False)
+        item.setMenuEnabled(False)
+        item.setLabel("bottom", "s", color=theme.muted)
+        self.legend = item.addLegend(offset=(-4, 4), labelTextColor=theme.foreground,
+                                     labelTextSize=f"{max(theme.axis_pt, 8)}pt")
+        self.curves: dict[SeriesKey, tuple[pg.PlotDataItem, float, int]] = {}
+        self.follow = True  # keep the whole run in view until the user pans or zooms
+        self._range: tuple[float, float, float, float] | None = None
+        self._extent: dict[SeriesKey, tuple[float, float, float]] = {}  # t_end, min, max shown
+        view = item.getViewBox()
+        view.disableAutoRange()
+        view.sigRangeChangedManually.connect(self._user_moved)
+        item.autoBtn.clicked.connect(self._follow_again)  # the "A" button brings the live view back
+
+    def _user_moved(self, *_: object) -> None:
+        if self.follow:
+            self.follow = False
+            item = self.getPlotItem()
+            item.setClipToView(True)
+            item.setDownsampling(auto=True, mode="peak")
+            for curve, _, _ in self.curves.values():
+                curve.setClipToView(True)
+                curve.setDownsampling(auto=True, method="peak")
+            self._range = None
+            for key, (curve, scale, _) in list(self.curves.items()):
+                self.curves[key] = (curve, scale, -1)  # push full-resolution data on next refresh
+
+    def _follow_again(self) -> None:
+        self.follow = True
+        self._range = None
+        item = self.getPlotItem()
+        item.setClipToView(False)
+        item.setDownsampling(auto=False)
+        for key, (curve, scale, _) in list(self.curves.items()):
+            curve.setClipToView(False)
+            curve.setDownsampling(ds=1, auto=False)
+            self.curves[key] = (curve, scale, -1)
+        self.getPlotItem().getViewBox().disableAutoRange()
+        self.getPlotItem().autoBtn.show()
+
+    def _curve(self, key: SeriesKey, label: str, scale: float) -> tuple[pg.PlotDataItem, float, int]:
+        color = self.theme.curves[len(self.curves) % len(self.theme.curves)]
+        curve = self.getPlotItem().plot(pen=pg.mkPen(color, width=self.theme.line_width), name=label,
+                                        skipFiniteCheck=True)
+        entry = (curve, scale, -1)
+        self.curves[key] = entry
+        return entry
+
+    def refresh(self, store: SeriesStore) -> int:
+        """Push changed series to their curves; returns how many were updated."""
+        updated = 0
+        for trace in self.spec.traces:
+            sources = store.gpu_sources() if trace.source == "gpu*" else [trace.source]
+            for source in sources:
+                ring = store.series.get((source, trace.name))
+                if ring is None:
+                    continue
+                key = (source, trace.name)
+                curve, scale, seen = self.curves.get(key) or self._curve(
+                    key, trace.label if trace.source != "gpu*" or len(sources) == 1 else f"{source} {trace.label}",
+                    trace.scale)
+                if ring.version == seen:
+                    continue
+                t, v = ring.view()
+                if self.follow:
+                    t, v = peak_decimate(t, v, max(self.width(), 200))
+                shown = v * scale if scale != 1.0 else v
+                curve.setData(t, shown)
+                self.curves[key] = (curve, scale, ring.version)
+                if len(t):
+                    lo, hi = np.nanmin(shown), np.nanmax(shown)
+                    self._extent[key] = (float(t[-1]), float(lo) if np.isfinite(lo) else 0.0,
+                                         float(hi) if np.isfinite(hi) else 0.0)
+                updated += 1
+        if updated and self.follow:
+            self._follow()
+        return updated
+
+    def _follow(self) -> None:
+        """Show the whole run; limits move in round steps so axes repaint rarely."""
+        t_end, y_lo, y_hi = 0.0, 0.0, 0.0
+        for end, lo, hi in self._extent.values():
+            t_end, y_lo, y_hi = max(t_end, end), min(y_lo, lo), max(y_hi, hi)
+        wanted = (0.0, nice_ceil(max(t_end, 10.0)), -nice_ceil(-y_lo) if y_lo < 0 else 0.0, nice_ceil(y_hi * 1.05))
+        if wanted != self._range:
+            self._range = wanted
+            self.getPlotItem().getViewBox().setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0)
+
+    def reset(self) -> None:
+        for curve, _, _ in self.curves.values():
+            self.getPlotItem().removeItem(curve)
+        self.legend.clear()
+        self.curves.clear()
+        self._extent.clear()
+        self._range = None
+        self.follow = True
+
+
+class PlotGrid(QWidget):
+    """The plots of one layout (desk dashboard or presentation), rebuilt when GPU mode changes."""
+
+    def __init__(self, theme: Theme = LIGHT, columns: int = 3, only: Sequence[str] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.theme, self.columns, self.only = theme, columns, list(only) if only else None
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.panels: dict[str, PlotPanel] = {}
+        self.has_gpu: bool | None = None
+        self.set_gpu_mode(False)
+
+    def set_gpu_mode(self, has_gpu: bool) -> None:
+        if has_gpu == self.has_gpu:
+            return
+        self.has_gpu = has_gpu
+        for panel in self.panels.values():
+            self.grid.removeWidget(panel)
+            panel.deleteLater()
+        self.panels.clear()
+        specs = plots_for(has_gpu)
+        if self.only is not None:
+            specs = [s for s in specs if s.key in self.only]
+        for i, spec in enumerate(specs):
+            panel = PlotPanel(spec, self.theme)
+            self.panels[spec.key] = panel
+            self.grid.addWidget(panel, i // self.columns, i % self.columns)
+
+    def refresh(self, store: SeriesStore) -> int:
+        return sum(panel.refresh(store) for panel in self.panels.values())
+
+    def reset(self) -> None:
+        for panel in self.panels.values():
+            panel.reset()
+
+
+class Dashboard(QWidget):
+    """Tiles over a grid of plots, with a line saying what is (not) measured."""
+
+    def __init__(self, theme: Theme = LIGHT, columns: int = 3, only: Sequence[str] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        self.tiles = TileRow()
+        self.tiles.setStyleSheet(stylesheet(theme))
+        self.banner = QLabel("")
+        self.banner.setObjectName("banner")
+        self.banner.setWordWrap(True)
+        self.plots = PlotGrid(theme, columns, only)
+        layout.addWidget(self.tiles)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.plots, 1)
+
+    def set_support(self, has_gpu: bool, note: str) -> None:
+        self.plots.set_gpu_mode(has_gpu)
+        self.banner.setText(note)
+        self.banner.setVisible(bool(note))
+
+    def refresh(self, store: SeriesStore, latest: dict[SeriesKey, float]) -> int:
+        self.tiles.refresh(latest)
+        return self.plots.refresh(store)
+
+    def reset(self) -> None:
+        self.plots.reset()
+        self.tiles.refresh({})

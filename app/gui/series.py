@@ -1,0 +1,177 @@
+"""Live time series for the dashboard: preallocated NumPy ring buffers fed from bus Samples,
+and the plot layout (which sample values go on which plot). No Qt here, so the data side is
+unit-tested and benchmarked on its own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.bus import Sample
+
+HISTORY_S = 3600.0
+RATE_HZ = 10.0
+DEFAULT_CAPACITY = int(HISTORY_S * RATE_HZ)
+
+
+class Ring:
+    """A fixed-capacity (t, v) series. Every point is written twice (at i and i + capacity), so
+    the last ``n`` points are always one contiguous slice: ``view`` never copies."""
+
+    __slots__ = ("capacity", "_t", "_v", "_head", "_n", "version")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._t = np.zeros(2 * capacity, dtype=np.float64)
+        self._v = np.zeros(2 * capacity, dtype=np.float64)
+        self._head = 0
+        self._n = 0
+        self.version = 0
+
+    def append(self, t: float, v: float) -> None:
+        i = self._head
+        self._t[i] = self._t[i + self.capacity] = t
+        self._v[i] = self._v[i + self.capacity] = v
+        self._head = (i + 1) % self.capacity
+        self._n = min(self._n + 1, self.capacity)
+        self.version += 1
+
+    def extend(self, t: np.ndarray, v: np.ndarray) -> None:
+        """Append many points at once (vectorised; keeps only the newest ``capacity``)."""
+        t = np.asarray(t, dtype=np.float64)[-self.capacity:]
+        v = np.asarray(v, dtype=np.float64)[-self.capacity:]
+        idx = (self._head + np.arange(len(t))) % self.capacity
+        self._t[idx] = self._t[idx + self.capacity] = t
+        self._v[idx] = self._v[idx + self.capacity] = v
+        self._head = (self._head + len(t)) % self.capacity
+        self._n = min(self._n + len(t), self.capacity)
+        self.version += 1
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        start = self._head - self._n if self._n < self.capacity else self._head
+        return self._t[start:start + self._n], self._v[start:start + self._n]
+
+    def last(self) -> float | None:
+        return float(self._v[(self._head - 1) % self.capacity]) if self._n else None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def clear(self) -> None:
+        self._head = self._n = 0
+        self.version += 1
+
+
+SeriesKey = tuple[str, str]  # (source, value name), e.g. ("engine", "kv_cache_usage_pct")
+
+
+class SeriesStore:
+    """Every (source, value) seen on the bus, as a ring buffer on one time axis (seconds since
+    the first sample of the run)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self.series: dict[SeriesKey, Ring] = {}
+        self.t0: float | None = None
+
+    def ingest(self, samples: Iterable[Sample]) -> int:
+        n = 0
+        for sample in samples:
+            if self.t0 is None:
+                self.t0 = sample.t_mono
+            t = sample.t_mono - self.t0
+            for name, value in sample.values.items():
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    continue
+                ring = self.series.get((sample.source, name))
+                if ring is None:
+                    ring = self.series[(sample.source, name)] = Ring(self.capacity)
+                ring.append(t, number)
+                n += 1
+        return n
+
+    def last(self, source: str, name: str) -> float | None:
+        ring = self.series.get((source, name))
+        return ring.last() if ring is not None else None
+
+    def clear(self) -> None:
+        self.series.clear()
+        self.t0 = None
+
+    def gpu_sources(self) -> list[str]:
+        return sorted({s for s, _ in self.series if GPU_SOURCE.fullmatch(s)})
+
+
+GPU_SOURCE = re.compile(r"gpu\d+")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One curve: a sample value, its legend label and the factor to display units.
+    ``source`` ``"gpu*"`` means one curve per GPU."""
+
+    source: str
+    name: str
+    label: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    key: str
+    title: str
+    unit: str
+    traces: tuple[Trace, ...]
+    gpu: bool | None = None  # True: only with a GPU; False: only without; None: always
+
+
+GIB = 2.0**30
+PLOTS: tuple[PlotSpec, ...] = (
+    PlotSpec("gpu_memory", "GPU memory", "GiB", (Trace("gpu*", "memory_used_bytes", "used", 1 / GIB),), gpu=True),
+    PlotSpec("bandwidth", "Memory bandwidth", "GB/s",
+             (Trace("gpu*", "dram_bw_bytes_per_s", "DRAM", 1e-9),), gpu=True),
+    PlotSpec("gpu_util", "GPU utilization", "%", (Trace("gpu*", "gpu_util_pct", "util"),), gpu=True),
+    PlotSpec("host_memory", "Host memory", "GiB",
+             (Trace("host", "memory_used_bytes", "host used", 1 / GIB),
+              Trace("host", "engine_rss_bytes", "engine RSS", 1 / GIB)), gpu=False),
+    PlotSpec("cpu", "CPU", "%", (Trace("host", "cpu_pct", "host"), Trace("host", "engine_cpu_pct", "engine")),
+             gpu=False),
+    PlotSpec("tokens", "Token rate", "tok/s",
+             (Trace("engine", "generation_tok_per_s", "engine"), Trace("client", "output_tok_per_s", "client"))),
+    PlotSpec("kv", "KV cache", "%",
+             (Trace("engine", "kv_cache_usage_pct", "usage"), Trace("engine", "prefix_cache_hit_rate_pct", "prefix hits"),
+              Trace("engine", "spec_acceptance_rate_pct", "spec accepted"))),
+    PlotSpec("requests", "Requests", "",
+             (Trace("engine", "requests_running", "running"), Trace("engine", "requests_waiting", "waiting"),
+              Trace("client", "requests_in_flight", "in flight"))),
+    PlotSpec("latency", "Latency (p50)", "ms",
+             (Trace("client", "ttft_ms_p50", "TTFT"), Trace("client", "itl_ms_p50", "ITL"))),
+)
+PLOTS_BY_KEY = {p.key: p for p in PLOTS}
+
+
+def plots_for(has_gpu: bool) -> list[PlotSpec]:
+    return [p for p in PLOTS if p.gpu is None or p.gpu == has_gpu]
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    key: str
+    label: str
+    source: str
+    name: str
+    fmt: str
+
+
+TILES: tuple[TileSpec, ...] = (
+    TileSpec("tok_s", "tok/s", "client", "output_tok_per_s", "{:,.0f}"),
+    TileSpec("ttft", "TTFT p50 (ms)", "client", "ttft_ms_p50", "{:,.0f}"),
+    TileSpec("itl", "ITL p50 (ms)", "client", "itl_ms_p50", "{:,.1f}"),
+    TileSpec("done", "requests done", "client", "requests_done", "{:,.0f}"),
+    TileSpec("errors", "errors", "client", "errors", "{:,.0f}"),
+)

@@ -1,0 +1,45 @@
+"""The workbench's own small memory: recent profiles and models (a JSON file in the user's
+config directory). Read and written from workers, never on the GUI thread."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from engine_adapters.paths import config_dir
+
+MAX_RECENT = 10
+
+
+class GuiSettings(BaseModel):
+    recent_profiles: list[str] = Field(default_factory=list)
+    recent_models: list[str] = Field(default_factory=list)
+
+    def remember(self, kind: str, value: str) -> GuiSettings:
+        items = [value, *[v for v in getattr(self, kind) if v != value]][:MAX_RECENT]
+        return self.model_copy(update={kind: items})
+
+
+def settings_path() -> Path:
+    return config_dir() / "gui.json"
+
+
+def load_settings(path: Path | None = None) -> GuiSettings:
+    """A missing or damaged file gives defaults (the damaged one is kept aside, not lost)."""
+    path = path or settings_path()
+    try:
+        return GuiSettings.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return GuiSettings()
+    except (OSError, ValueError, ValidationError, json.JSONDecodeError):
+        path.replace(path.with_suffix(".json.bad"))
+        return GuiSettings()
+
+
+def save_settings(settings: GuiSettings, path: Path | None = None) -> None:
+    path = path or settings_path()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(settings.model_dump_json(indent=2), encoding="utf-8")
+    tmp.replace(path)

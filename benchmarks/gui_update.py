@@ -1,0 +1,95 @@
+"""Time per dashboard refresh with 12 live series holding one hour of 10 Hz history (offscreen).
+
+Each refresh is what the GUI timer does every 50-100 ms: ingest one new sample per series from the
+bus, push changed ring buffers to their curves (``setData``), update the tiles, and paint the
+window. Target: under 5 ms per refresh on the development machines.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/gui_update.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from app.bus import Sample  # noqa: E402
+from app.gui.dashboard import Dashboard  # noqa: E402
+from app.gui.series import DEFAULT_CAPACITY, Ring, SeriesStore  # noqa: E402
+
+TARGET_MS = 5.0
+RATE_HZ = 10.0
+HISTORY_S = 3600.0
+SERIES: dict[str, tuple[str, ...]] = {
+    "host": ("cpu_pct", "memory_used_bytes", "engine_rss_bytes", "engine_cpu_pct"),
+    "engine": ("requests_running", "requests_waiting", "kv_cache_usage_pct", "generation_tok_per_s"),
+    "client": ("output_tok_per_s", "requests_in_flight", "ttft_ms_p50", "itl_ms_p50"),
+}
+
+
+def fill(store: SeriesStore, points: int, rng: np.random.Generator) -> None:
+    t = np.arange(points) / RATE_HZ
+    for source, names in SERIES.items():
+        for name in names:
+            ring = store.series[(source, name)] = Ring(store.capacity)
+            ring.extend(t, 50 + np.cumsum(rng.normal(0, 1, points)))  # a wandering signal
+    store.t0 = 0.0
+
+
+def measure(dashboard: Dashboard, store: SeriesStore, app: QApplication, rounds: int, paint: bool) -> list[float]:
+    rng = np.random.default_rng(1)
+    t = HISTORY_S
+    times = []
+    for _ in range(rounds):
+        t += 1 / RATE_HZ
+        samples = [Sample(src, t, t, {n: float(rng.random()) for n in names}) for src, names in SERIES.items()]
+        start = time.perf_counter()
+        store.ingest(samples)
+        latest = {(s.source, k): v for s in samples for k, v in s.values.items()}
+        dashboard.refresh(store, latest)
+        if paint:
+            dashboard.repaint()  # synchronous paint of every plot, as the event loop would do
+        app.processEvents()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> int:
+    app = QApplication.instance() or QApplication(sys.argv)
+    assert isinstance(app, QApplication)
+    store = SeriesStore(DEFAULT_CAPACITY)
+    points = int(HISTORY_S * RATE_HZ)
+    fill(store, points, np.random.default_rng(0))
+    store.t0 = 0.0
+    dashboard = Dashboard(columns=3)
+    dashboard.set_support(False, "")
+    dashboard.resize(1600, 900)
+    dashboard.show()
+    app.processEvents()
+    n_series = sum(len(v) for v in SERIES.values())
+    measure(dashboard, store, app, 10, paint=True)  # warm-up: first paint, font caches
+    data_only = measure(dashboard, store, app, 100, paint=False)
+    painted = measure(dashboard, store, app, 100, paint=True)
+    dashboard.close()
+    print(f"dashboard refresh, {n_series} live series x {points:,} points ({HISTORY_S / 3600:.0f} h at "
+          f"{RATE_HZ:.0f} Hz), 1600x900 offscreen")
+    for label, times in (("ingest + setData + tiles", data_only), ("... + full repaint", painted)):
+        p95 = sorted(times)[int(len(times) * 0.95) - 1]
+        print(f"  {label:28s} mean {statistics.mean(times):6.2f} ms  median {statistics.median(times):6.2f} ms  "
+              f"p95 {p95:6.2f} ms")
+    mean_painted = statistics.mean(painted)
+    verdict = "meets" if mean_painted < TARGET_MS else "MISSES"
+    print(f"  target < {TARGET_MS:.0f} ms per refresh (with repaint): {verdict} ({mean_painted:.2f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
