@@ -268,7 +268,8 @@ class GpuSampler:
             _Reader("power", ("power_w",), power),
             _Reader("sm_clock", ("sm_clock_mhz",), sm_clock),
             _Reader("mem_clock", ("mem_clock_mhz",), mem_clock),
-            _Reader("temperature", ("temperature_c",), temperature),
+            # Slow-moving: read once a second, repeated in between (each NVML call is an ioctl).
+            _Reader("temperature", ("temperature_c",), temperature, min_interval_s=1.0),
         ]
         if self._engine_pids is not None:
             engine_pids = self._engine_pids
@@ -281,7 +282,7 @@ class GpuSampler:
                         used += float(proc.usedGpuMemory)
                 return {"engine_memory_used_bytes": used}
 
-            readers.append(_Reader("engine_memory", ("engine_memory_used_bytes",), engine_memory))
+            readers.append(_Reader("engine_memory", ("engine_memory_used_bytes",), engine_memory, min_interval_s=0.5))
         return readers
 
     def _probe(self, device: _Device) -> None:
