@@ -1,0 +1,241 @@
+"""The SQLite store: migrations, crash consistency, queries, editing, comparison."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from db.compare import compare_runs
+from db.store import RunStore, SampleIn, StoreError, create_at_revision, default_db_path
+
+
+def _requests(n: int, ttft_ms: float, start: float = 1.9e9) -> list[dict[str, object]]:
+    return [{"level": i % 2, "start_wall": start + i * 0.1, "ttft_ms": ttft_ms, "e2e_ms": ttft_ms + 70.0,
+             "input_tokens": 32, "output_tokens": 8, "itl_ms": [10.0] * 7} for i in range(n)]
+
+
+def _run(store: RunStore, name: str, ttft_ms: float, prefix: bool, **kw: object) -> int:
+    run_id = store.create_run(name=name, engine_kind="vllm", model="tunebench:demo", engine_version="0.32.0",
+                              config={"name": name, "features": {"prefix_caching": prefix, "max_num_seqs": 8}},
+                              t0_mono=100.0, started_at=1.9e9, **kw)
+    samples = [SampleIn("client", 100.0 + t, 1.9e9 + t, {"output_tok_per_s": 100.0 * (2 if prefix else 1)})
+               for t in np.arange(0, 10, 0.5)]
+    store.write_batch(run_id, requests=_requests(20, ttft_ms), samples=samples)
+    store.finish_run(run_id, "completed", None, {"runner_metric": 1.0})
+    return run_id
+
+
+def test_default_path_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBENCH_DB", str(tmp_path / "x.db"))
+    assert default_db_path() == tmp_path / "x.db"
+    monkeypatch.delenv("TUNEBENCH_DB")
+    monkeypatch.setenv("TUNEBENCH_DATA_DIR", str(tmp_path / "data"))
+    assert default_db_path() == tmp_path / "data" / "runs.db"
+
+
+def test_opens_in_wal_mode_at_the_newest_revision(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        assert store.schema_revision() == "0002"
+    conn = sqlite3.connect(tmp_path / "r.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_migration_from_the_first_schema_keeps_runs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    create_at_revision(path, "0001")
+    conn = sqlite3.connect(path)
+    assert "imported_from" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+    conn.execute("INSERT INTO runs (uid, name, notes, status, created_at, started_at, finished_at, engine_kind, "
+                 "model, config, env, hardware, engine_info, summary, metrics, imported, dropped_items) VALUES "
+                 "('old-1', 'from 0001', '', 'completed', 1.0, 1.0, 2.0, 'vllm', 'm', '{}', '{}', '{}', '{}', "
+                 "'{}', '{\"output_tok_per_s\": 12.5}', 0, 0)")
+    conn.execute("INSERT INTO requests (run_id, seq, level, ttft_ms) VALUES (1, 0, 0, 42.0)")
+    conn.commit()
+    conn.close()
+    with RunStore(path) as store:
+        assert store.schema_revision() == "0002"
+        (run,) = store.list_runs()
+        assert (run.uid, run.name, run.metrics, run.imported_from) == ("old-1", "from 0001", {"output_tok_per_s": 12.5},
+                                                                       None)
+        assert store.get_run("old-1").n_requests == 1
+        new = store.create_run(name="after upgrade", imported_from="x.json")
+        assert store.get_run(new).imported_from == "x.json"
+    indexes = {r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(requests)")}
+    assert "ix_requests_run_level" in indexes
+
+
+def test_not_a_database_is_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open the run database .*bad.db"):
+        RunStore(bad)
+    assert bad.read_bytes().startswith(b"this is not sqlite")  # left untouched
+
+
+_WRITER = """
+import sys, time
+from db.store import RunStore, SampleIn
+store = RunStore(sys.argv[1])
+run_id = store.create_run(name="doomed", t0_mono=0.0, started_at=1.9e9)
+store.write_batch(run_id, samples=[SampleIn("host", float(i), 1.9e9 + i, {"x": float(i)}) for i in range(5)],
+                  requests=[{"ttft_ms": 5.0, "e2e_ms": 9.0, "start_wall": 1.9e9 + 4, "output_tokens": 3}])
+print(run_id, flush=True)
+time.sleep(60)
+"""
+
+
+def test_run_of_a_killed_writer_is_interrupted_at_next_open(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        run_id = int(proc.stdout.readline())  # type: ignore[union-attr]
+        with RunStore(path) as store:  # the writer is alive: its run stays running
+            assert store.get_run(run_id).status == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with RunStore(path) as store:
+        run = store.get_run(run_id)
+        assert store.interrupted_on_open == [run_id]
+        assert run.status == "interrupted" and f"pid {proc.pid}" in (run.reason or "")
+        assert run.n_samples == 5 and run.n_requests == 1
+        assert run.finished_at == pytest.approx(1.9e9 + 4.009)  # its last activity, not the time we noticed
+        assert run.metrics["requests_total"] == 1
+
+
+def _append(path: str, name: str, n: int) -> None:
+    store = RunStore(path)
+    run_id = store.create_run(name=name)
+    for i in range(n):
+        store.write_batch(run_id, requests=_requests(50, float(i)), samples=[SampleIn("host", float(i), 0.0, {"x": 1.0})])
+    store.finish_run(run_id, "completed")
+    store.close()
+
+
+def test_two_processes_write_the_same_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    RunStore(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append, args=(path, f"p{i}", 40)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with RunStore(path) as store:
+        runs = store.list_runs()
+        assert sorted(r.name for r in runs) == ["p0", "p1"]
+        assert all(store.get_run(r.id).n_requests == 2000 for r in runs)
+
+
+def test_list_filters_resolve_edit_delete(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        a = _run(store, "off", 50.0, False, tags=["cpu", "baseline"])
+        b = _run(store, "on", 30.0, True, tags=["cpu"])
+        c = store.create_run(name="other", engine_kind="sglang", model="llama-70b", started_at=1.0)
+        store.finish_run(c, "failed", "the engine exited: out of memory")
+        assert [r.id for r in store.list_runs(tag="baseline")] == [a]
+        assert {r.id for r in store.list_runs(engine="vllm")} == {a, b}
+        assert [r.id for r in store.list_runs(model="70b")] == [c]
+        assert [r.id for r in store.list_runs(status="failed")] == [c]
+        assert {r.id for r in store.list_runs(since=1.5e9)} == {a, b}
+        assert [r.id for r in store.list_runs(until=1.5e9)] == [c]
+        assert [r.id for r in store.list_runs(model="%")] == []  # LIKE wildcards are literal
+        assert store.resolve(str(b)) == b and store.resolve("on") == b
+        assert store.resolve(store.get_run(a).uid[:8]) == a
+        with pytest.raises(StoreError, match="no run 'nope'"):
+            store.resolve("nope")
+        assert store.tag(a, add=["keep", "cpu"]) == ["baseline", "cpu", "keep"]
+        assert store.tag(a, remove=["baseline"]) == ["cpu", "keep"]
+        store.rename(a, "prefix off")
+        store.set_notes(a, "first try")
+        run = store.get_run(a)
+        assert (run.name, run.notes) == ("prefix off", "first try")
+        store.delete(b)
+        assert [r.id for r in store.list_runs(engine="vllm")] == [a]
+        with pytest.raises(StoreError):
+            store.get_run(b)
+        assert store.requests(b).ttft_ms.size == 0 and store.samples(b) == {}
+
+
+def test_metrics_per_level_and_itl_percentiles(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="m")
+        recs = _requests(10, 20.0)
+        recs[3] = dict(recs[3], itl_ms=[100.0] * 7)
+        recs.append({"level": 0, "error": "HTTP 500", "itl_ms": [1000.0]})  # failed: excluded from latencies
+        store.write_batch(run_id, requests=recs)
+        store.finish_run(run_id, "completed")
+        m = store.get_run(run_id).metrics
+        assert m["requests_total"] == 11 and m["requests_failed"] == 1
+        assert m["itl_ms_p50"] == 10.0 and m["itl_ms_mean"] == pytest.approx((9 * 7 * 10 + 7 * 100) / 70)
+        assert m["tpot_ms_mean"] == pytest.approx(10.0)
+        assert m["L0.requests_total"] == 6 and m["L1.requests_total"] == 5
+        assert m["L1.itl_ms_p99"] == pytest.approx(100.0, rel=0.1)
+
+
+def test_compare_diff_deltas_and_aligned_series(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        off = _run(store, "off", 50.0, False)
+        on = _run(store, "on", 30.0, True)
+        c = compare_runs(store, [off, on], baseline=off)
+        diff = dict(c.config_diff)
+        assert diff == {"features.prefix_caching": [False, True], "name": ["off", "on"]}  # only what differs
+        ttft = next(m for m in c.metrics if m.name == "ttft_ms_p50")
+        assert ttft.values == [50.0, 30.0] and ttft.delta == [0.0, -20.0]
+        assert ttft.delta_pct[1] == pytest.approx(-40.0) and ttft.verdict(1) == "better"
+        assert next(m for m in c.metrics if m.name == "runner_metric").values == [1.0, 1.0]
+        (series,) = c.series
+        assert series.key == "client.output_tok_per_s" and series.t_s[0] == 0.5
+        assert np.nanmax(series.values[0]) == 100.0 and np.nanmax(series.values[1]) == 200.0
+        c2 = compare_runs(store, [off, on], baseline=on)
+        assert next(m for m in c2.metrics if m.name == "ttft_ms_p50").delta_pct[0] == pytest.approx(66.666, rel=1e-3)
+        assert c.to_dict()["baseline_id"] == off
+        with pytest.raises(StoreError, match="at least two"):
+            compare_runs(store, [off])
+        with pytest.raises(StoreError, match="baseline"):
+            compare_runs(store, [off, on], baseline=store.create_run(name="x"))
+
+
+def test_secrets_are_masked_even_if_the_caller_forgot(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="s", env={"HF_TOKEN": "hf_abc", "VLLM_API_KEY": "k", "PATH": "/bin"},
+                                  argv=["vllm", "serve", "--api-key", "k", "--hf-token=hf_abc", "--port", "1"])
+        run = store.get_run(run_id)
+        assert run.env == {"HF_TOKEN": "***", "VLLM_API_KEY": "***", "PATH": "/bin"}
+        assert run.argv == ["vllm", "serve", "--api-key", "***", "--hf-token=***", "--port", "1"]
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("r.db*"))
+    assert raw and b"hf_abc" not in raw
+
+
+def test_samples_with_varying_keys_merge_by_name(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="s")
+        store.write_batch(run_id, samples=[SampleIn("gpu0", 1.0, 1.0, {"a_pct": 1.0})])
+        store.write_batch(run_id, samples=[SampleIn("gpu0", 2.0, 2.0, {"b_bytes": 5.0, "a_pct": 2.0}),
+                                           SampleIn("host", 2.0, 2.0, {"c": float("nan")})])
+        store.finish_run(run_id, "completed")
+        blocks = store.samples(run_id)
+        gpu = blocks["gpu0"]
+        assert gpu.names == ["a_pct", "b_bytes"] and gpu.column("a_pct").tolist() == [1.0, 2.0]
+        assert np.isnan(gpu.column("b_bytes")[0]) and gpu.column("b_bytes")[1] == 5.0
+        assert np.isnan(blocks["host"].column("c")[0])
+        assert store.get_run(run_id).n_samples == 3
+
+
+def test_finish_rejects_unknown_status(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="s")
+        with pytest.raises(StoreError, match="cannot finish as 'running'"):
+            store.finish_run(run_id, "running")
