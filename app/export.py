@@ -453,16 +453,28 @@ def _parse_date(text: Any) -> float | None:
 
 def _import_vllm_bench(store: RunStore, data: Mapping[str, Any], source: str, name: str | None) -> int:
     started = _parse_date(data.get("date")) or time.time()
-    ttfts = data.get("ttfts") or []
+
+    def column(key: str, default: Any) -> list[Any]:
+        value = data.get(key)
+        if value is None:
+            return [default] * n
+        if not isinstance(value, list) or len(value) != n:
+            raise ValueError(f"'{key}' must be a list with one entry per request ({n})")
+        return value
+
+    raw_ttfts = data.get("ttfts")
+    if raw_ttfts is not None and not isinstance(raw_ttfts, list):
+        raise ValueError("'ttfts' must be a list (one time to first token per request, in seconds)")
+    ttfts = raw_ttfts or []
     n = len(ttfts)
     requests = []
     if n:
-        itls = data.get("itls") or [[] for _ in range(n)]
-        lat = data.get("latencies") or [None] * n
-        ins = data.get("input_lens") or [None] * n
-        outs = data.get("output_lens") or [None] * n
-        errors = data.get("errors") or [""] * n
-        starts = data.get("start_times") or []
+        itls = column("itls", [])
+        lat = column("latencies", None)
+        ins = column("input_lens", None)
+        outs = column("output_lens", None)
+        errors = column("errors", "")
+        starts = column("start_times", None) if "start_times" in data else []
         first = min(starts) if starts else 0.0
         for i in range(n):
             ok = not errors[i] if i < len(errors) else True
