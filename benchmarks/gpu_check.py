@@ -1,0 +1,186 @@
+"""Check the GPU sampler against a known load: while PyTorch runs a large device-to-device copy,
+compare the DRAM bandwidth the sampler saw (GPM DRAM_BW_UTIL x peak) with the bandwidth the copy
+achieved (bytes read + written / time, timed with CUDA events).
+
+Needs an NVIDIA GPU, its driver, PyTorch with CUDA and nvidia-ml-py. Without them it says so and
+exits 0. On Hopper (e.g. an H200, where a copy moves ~4.3 TB/s) both figures should agree within
+~15%; before Hopper there is no GPM, and the script reports the busy-time figures only.
+
+    python benchmarks/gpu_check.py [--seconds 5] [--gib 4] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.bus import Bus, Event, Sample  # noqa: E402
+from app.telemetry import TelemetryCollector  # noqa: E402
+
+AGREEMENT = 0.15  # sampler vs copy, relative
+Copy = Callable[[float], tuple[float, float]]  # seconds wanted -> (bytes moved, seconds taken)
+
+
+def torch_copy(gib: float, device_index: int = 0) -> tuple[Copy, str | None]:
+    """A copy loop on CUDA device ``device_index``; returns it and the device's NVML UUID."""
+    import torch
+
+    n = int(gib * 2**30)
+    device = torch.device("cuda", device_index)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):  # warm up
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    uuid_text = f"GPU-{uuid}" if uuid is not None else None
+
+    def run(seconds: float) -> tuple[float, float]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        copies = 0
+        stop_at = time.monotonic() + seconds
+        start.record()
+        while time.monotonic() < stop_at:
+            for _ in range(20):
+                dst.copy_(src)
+            copies += 20
+            torch.cuda.synchronize(device)  # keep the queue short so the loop ends on time
+        end.record()
+        torch.cuda.synchronize(device)
+        taken_s = start.elapsed_time(end) / 1000.0
+        return 2.0 * n * copies, taken_s  # each copy reads n bytes and writes n bytes
+
+    return run, uuid_text
+
+
+def run_check(copy: Copy, *, seconds: float, nvml: object | None = None, uuid: str | None = None,
+              idle_s: float = 1.0) -> dict[str, Any]:
+    """Sample at 100 ms while idle, then while ``copy`` runs; return the figures."""
+    bus = Bus()
+    sub = bus.subscribe()
+    collector = TelemetryCollector(bus, gpu_interval_s=0.1, host_interval_s=0, engine_pid=os.getpid(), nvml=nvml)
+    collector.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not collector.support() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(idle_s)
+        idle_end = time.monotonic()
+        bytes_moved, copy_s = copy(seconds)
+        copy_end = time.monotonic()
+        time.sleep(0.3)
+    finally:
+        collector.stop()
+    items = sub.drain()
+    support = collector.support()
+    reports = [r for r in support.values() if r["source"].startswith("gpu") and r.get("available")]
+    if not reports:
+        return {"ok": None, "message": (support.get("gpu") or {}).get("detail", "no GPU report"), "support": support}
+    report = next((r for r in reports if uuid and r.get("uuid") == uuid), reports[0])
+    source = report["source"]
+    samples = [i for i in items if isinstance(i, Sample) and i.source == source]
+    # skip the edges: GPM and utilization average over their own windows
+    busy = [s.values for s in samples if idle_end + 0.3 <= s.t_mono <= copy_end - 0.1]
+    idle = [s.values for s in samples if s.t_mono < idle_end]
+
+    def mean(rows: list[dict[str, float]], key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return statistics.fmean(values) if values else None
+
+    achieved = bytes_moved / copy_s if copy_s > 0 else 0.0
+    seen = mean(busy, "dram_bw_bytes_per_s")
+    out: dict[str, Any] = {
+        "gpu": report.get("name"), "source": source, "samples_during_copy": len(busy),
+        "copy_bytes_per_s": achieved, "copy_s": copy_s,
+        "sampler_dram_bw_bytes_per_s": seen, "sampler_dram_bw_util_pct": mean(busy, "dram_bw_util_pct"),
+        "idle_dram_bw_bytes_per_s": mean(idle, "dram_bw_bytes_per_s"),
+        "memory_busy_pct": mean(busy, "memory_busy_pct"), "gpu_util_pct": mean(busy, "gpu_util_pct"),
+        "power_w": mean(busy, "power_w"), "sm_clock_mhz": mean(busy, "sm_clock_mhz"),
+        "mem_clock_mhz": mean(busy, "mem_clock_mhz"),
+        "engine_memory_used_bytes": mean(busy, "engine_memory_used_bytes"),
+        "peak_bandwidth": report.get("peak_bandwidth"), "unsupported": report.get("unsupported"),
+        "events": [i.payload for i in items if isinstance(i, Event) and i.kind == "notice"],
+    }
+    if seen is None:
+        out["ok"] = None
+        out["message"] = ("the sampler gives no DRAM bandwidth on this GPU: "
+                          + str((report.get("unsupported") or {}).get("dram_bw_bytes_per_s", "unknown reason")))
+    else:
+        ratio = seen / achieved if achieved else float("inf")
+        out["ratio"] = ratio
+        out["ok"] = abs(ratio - 1.0) <= AGREEMENT
+        out["message"] = f"sampler / copy = {ratio:.2f} ({'agree' if out['ok'] else 'DISAGREE'} within {AGREEMENT:.0%})"
+    return out
+
+
+def _tb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 1e12:.2f} TB/s"
+
+
+def print_result(result: dict[str, Any]) -> None:
+    if "copy_bytes_per_s" not in result:
+        print(f"gpu_check: {result['message']}")
+        return
+    peak = result.get("peak_bandwidth") or {}
+    print(f"GPU {result['gpu']} ({result['source']}), {result['samples_during_copy']} samples during a "
+          f"{result['copy_s']:.1f} s device-to-device copy")
+    print(f"  peak DRAM bandwidth      {_tb(peak.get('peak_bytes_per_s'))}  ({peak.get('note', '')})")
+    print(f"  copy achieved            {_tb(result['copy_bytes_per_s'])}  (bytes read + written / CUDA-event time)")
+    util = result["sampler_dram_bw_util_pct"]
+    print(f"  sampler saw (GPM)        {_tb(result['sampler_dram_bw_bytes_per_s'])}"
+          + (f"  ({util:.1f}% of peak)" if util is not None else ""))
+    print(f"  sampler idle baseline    {_tb(result['idle_dram_bw_bytes_per_s'])}")
+    for key, label, unit in (("memory_busy_pct", "memory busy (not bw)", "%"), ("gpu_util_pct", "GPU util", "%"),
+                             ("power_w", "power", " W"), ("sm_clock_mhz", "SM clock", " MHz"),
+                             ("mem_clock_mhz", "memory clock", " MHz")):
+        value = result.get(key)
+        print(f"  {label:<24} {'n/a' if value is None else f'{value:.0f}{unit}'}")
+    engine_mem = result.get("engine_memory_used_bytes")
+    print(f"  this process on the GPU  {'n/a' if engine_mem is None else f'{engine_mem / 2**30:.1f} GiB'}")
+    if result.get("unsupported"):
+        print(f"  unsupported here: {', '.join(sorted(result['unsupported']))}")
+    print(f"  {result['message']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the copy (default 5)")
+    parser.add_argument("--gib", type=float, default=4.0, help="size of each buffer in GiB (default 4)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check: PyTorch is not installed here: nothing to check (needs an NVIDIA GPU and PyTorch with CUDA)")
+        return 0
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU visible to PyTorch here: nothing to check")
+        return 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001
+        print(f"gpu_check: NVML is not usable here ({exc}): nothing to check")
+        return 0
+    copy, uuid = torch_copy(args.gib)
+    result = run_check(copy, seconds=args.seconds, uuid=uuid)
+    print_result(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    return 1 if result.get("ok") is False else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

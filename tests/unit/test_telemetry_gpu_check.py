@@ -1,0 +1,78 @@
+"""benchmarks/gpu_check.py without a GPU: it exits cleanly, and its measuring pipeline (sampler
+during a copy, windows, ratio) is right when driven through the pynvml fake."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.telemetry.fake_nvml import FakeGpu, FakeNvml
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def load_script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_exits_cleanly_without_gpu_or_torch() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gpu_check: ") and "nothing to check" in done.stdout
+    assert done.stderr == ""
+
+
+def _copy_on(gpu: FakeGpu, peak: float, util_pct: float):  # type: ignore[no-untyped-def]
+    def copy(seconds: float) -> tuple[float, float]:
+        gpu.state["dram_bw_util_pct"] = util_pct
+        time.sleep(seconds)
+        gpu.state["dram_bw_util_pct"] = 0.0
+        return util_pct / 100 * peak * seconds, seconds
+    return copy
+
+
+def test_sampler_and_copy_agree_when_gpm_sees_the_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    gpu_check = load_script()
+    gpu = FakeGpu.h200()
+    peak = 6144 / 8 * 3201e6 * 2
+    result = gpu_check.run_check(_copy_on(gpu, peak, 88.0), seconds=1.2, nvml=FakeNvml([gpu]), idle_s=0.4)
+    assert result["ok"] is True and result["ratio"] == pytest.approx(1.0, abs=0.01)
+    assert result["samples_during_copy"] >= 5 and result["idle_dram_bw_bytes_per_s"] == 0.0
+    gpu_check.print_result(result)
+    out = capsys.readouterr().out
+    assert "copy achieved            4.33 TB/s" in out and "agree within 15%" in out
+
+
+def test_disagreement_is_reported() -> None:
+    gpu_check = load_script()
+    gpu = FakeGpu.h200()
+    peak = 6144 / 8 * 3201e6 * 2
+
+    def copy(seconds: float) -> tuple[float, float]:  # the copy claims twice what the sampler sees
+        bytes_moved, taken = _copy_on(gpu, peak, 40.0)(seconds)
+        return 2 * bytes_moved, taken
+
+    result = gpu_check.run_check(copy, seconds=1.0, nvml=FakeNvml([gpu]), idle_s=0.2)
+    assert result["ok"] is False and result["ratio"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_pre_hopper_says_there_is_no_bandwidth_to_compare() -> None:
+    gpu_check = load_script()
+    gpu = FakeGpu.a100()
+    result = gpu_check.run_check(_copy_on(gpu, 2e12, 50.0), seconds=0.6, nvml=FakeNvml([gpu]), idle_s=0.2)
+    assert result["ok"] is None and "GPM not supported" in result["message"]
+
+
+def test_no_driver_result() -> None:
+    gpu_check = load_script()
+    result = gpu_check.run_check(lambda s: (0.0, s), seconds=0.1, nvml=FakeNvml(driver_missing=True), idle_s=0.0)
+    assert result["ok"] is None and "no NVIDIA GPU" in result["message"]
