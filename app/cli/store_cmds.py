@@ -293,9 +293,15 @@ def cmd_export(args: argparse.Namespace) -> int:
                         raise UserError(f"'{targets[0]}' is neither a stored run nor a profile") from None
         _write_output(render_launch(spec, fmt), args.output, executable=fmt in ("bash", "docker"))
         return 0
-    if any(_profile_target(t) for t in targets):
-        raise UserError(f"--format {fmt} needs runs (a profile has no results)")
     with open_store(args) as store:
+        for target in targets:
+            try:
+                store.resolve(target)
+            except StoreError:
+                if target.endswith(".toml") or Path(target).is_file() or _is_shipped_profile(target):
+                    raise UserError(f"--format {fmt} needs runs; '{target}' is a profile, which has no "
+                                    "results") from None
+                raise
         if fmt == "html":
             comparison = (compare_runs(store, targets, args.baseline) if len(targets) > 1
                           else _single(store, targets[0]))
@@ -308,6 +314,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             text = run_to_csv(store, targets[0])
     _write_output(text, args.output, executable=False)
     return 0
+
+
+def _is_shipped_profile(name: str) -> bool:
+    try:
+        resolve_profile(name)
+    except ProfileError:
+        return False
+    return True
 
 
 def _single(store: RunStore, ref: str) -> Comparison:
