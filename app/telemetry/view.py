@@ -86,6 +86,9 @@ def render(latest: Mapping[str, Mapping[str, float]], support: Mapping[str, Mapp
         lines.append(f"gpu   {support['gpu'].get('detail', 'no NVIDIA GPU')}")
     for source in gpu_sources:
         lines.append(gpu_line(source, latest.get(source, {}), support.get(source)))
+        missing = sorted((support.get(source) or {}).get("unsupported", {}))
+        if missing:
+            lines.append(f"      (not on this GPU: {', '.join(missing)})")
     if not gpu_sources and "gpu" not in support:
         lines.append("gpu   (probing...)")
     lines.append(host_line(latest.get("host", {})))

@@ -47,4 +47,7 @@ def test_render_states() -> None:
     assert lines[0] == "gpu   no NVIDIA GPU: driver missing" and "none" in lines[-1]
     lines = render({}, {}, {"engine": {"errors": 3, "last_error": "HTTP 500"}}, "http://x/metrics")
     assert "waiting for http://x/metrics" in lines[-1] and "scrape errors 3: HTTP 500" in lines[-1]
+    lines = render({"gpu0": {"gpu_util_pct": 5}}, {"gpu0": {"available": True, "name": "A100",
+                                                         "unsupported": {"dram_bw_util_pct": "GPM not supported"}}}, {}, None)
+    assert lines[0].startswith("gpu0  A100") and lines[1] == "      (not on this GPU: dram_bw_util_pct)"
     assert engine_line({"generation_tok_per_s": 1830.4, "kv_cache_usage_pct": 34.0}) == "engine  KV 34.0%  gen 1830 tok/s"
