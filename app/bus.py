@@ -15,6 +15,10 @@ Event kinds and payloads (JSON-able dicts) -- the contract between runner, store
 - ``level_finished``: index, summary (dict of metrics)
 - ``progress``: done, errors, output_tok_per_s, ...
 - ``run_finished``: run_id, status (completed|failed|cancelled|interrupted), reason, summary
+- ``telemetry_support``: once per telemetry source: source (``gpu<i>``, ``gpu`` when there is no
+  NVIDIA GPU, ``host``, ``engine``), available, supported (value names), unsupported
+  ({name: reason}), detail (see app.telemetry.collector)
+- ``notice``: source, message (a new condition, reported once: endpoint unreachable, counters reset)
 Sample sources: ``gpu<i>``, ``host``, ``engine``, ``client``; value names carry their units
 (``memory_used_bytes``, ``gpu_util_pct``, ``kv_cache_usage_pct``, ``generation_tok_per_s``).
 """
