@@ -22,6 +22,13 @@ from engine_adapters.base import MetricNames
 
 START_TIME_METRIC = "process_start_time_seconds"
 
+# The headline engine quantities (beside them: raw counters as ``<name>_total`` and interval
+# latency means as ``ttft_mean_ms``, ``itl_mean_ms``, ``e2e_mean_ms``, ``queue_mean_ms``).
+ENGINE_QUANTITIES: tuple[str, ...] = (
+    "requests_running", "requests_waiting", "kv_cache_usage_pct", "generation_tok_per_s", "prompt_tok_per_s",
+    "prefix_cache_hit_rate_pct", "spec_acceptance_rate_pct", "spec_mean_acceptance_length",
+)
+
 # Canonical gauge -> (published value name, scale). Ratios (0-1) become percentages.
 GAUGE_OUTPUTS: dict[str, tuple[str, float]] = {
     "requests_running": ("requests_running", 1.0),

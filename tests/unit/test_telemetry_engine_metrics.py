@@ -223,3 +223,12 @@ def test_a_scrape_too_close_to_the_last_keeps_the_older_baseline() -> None:
     assert "generation_tok_per_s" not in close and close["generation_tokens_total"] == 100
     later, _ = deriver.update(mapping.parse(vllm_text(1000, 0)), 1.0)
     assert later["generation_tok_per_s"] == 1000.0  # over the whole second, not the last 0.9 s
+
+
+def test_every_headline_quantity_can_be_produced_from_vllm_names() -> None:
+    from app.telemetry import ENGINE_QUANTITIES
+    from app.telemetry.engine_metrics import DERIVED_FROM_COUNTERS, gauge_output
+
+    producible = {gauge_output(g)[0] for g in vllm.METRIC_NAMES.gauges} | {
+        name for name, needs in DERIVED_FROM_COUNTERS.items() if all(c in vllm.METRIC_NAMES.counters for c in needs)}
+    assert set(ENGINE_QUANTITIES) <= producible
