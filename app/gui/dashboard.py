@@ -14,39 +14,19 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from app.gui.series import TILES, PlotSpec, SeriesKey, SeriesStore, TileSpec, plots_for
+from app.gui.series import (
+    TILES,
+    PlotSpec,
+    SeriesKey,
+    SeriesStore,
+    TileSpec,
+    nice_ceil,
+    peak_decimate,
+    plots_for,
+)
 from app.gui.theme import LIGHT, Theme, stylesheet
 
 pg.setConfigOptions(antialias=False, useOpenGL=False)
-
-_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-
-
-def peak_decimate(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep each block's min and max (so spikes survive) when there are more points than pixels."""
-    ds = len(t) // max(max_points // 2, 1)
-    if ds < 2:
-        return t, v
-    n = len(t) // ds * ds
-    blocks = v[len(t) - n:].reshape(-1, ds)
-    out_v = np.empty(2 * blocks.shape[0])
-    out_v[0::2] = blocks.min(axis=1)
-    out_v[1::2] = blocks.max(axis=1)
-    out_t = np.repeat(t[len(t) - n::ds], 2)
-    return out_t, out_v
-
-
-def nice_ceil(value: float) -> float:
-    """The next 'round' number at or above ``value`` (at most 25% above): axis limits that move
-    in steps, so the axes are not redrawn on every refresh."""
-    if value <= 0 or not np.isfinite(value):
-        return 1.0
-    magnitude = 10.0 ** np.floor(np.log10(value))
-    for step in _NICE:
-        if step * magnitude >= value:
-            return float(step * magnitude)
-    return float(10 * magnitude)
-
 
 class Tile(QFrame):
     """One big number with its caption."""
@@ -140,7 +120,7 @@ class PlotPanel(pg.PlotWidget):
             for key, (curve, scale, _) in list(self.curves.items()):
                 self.curves[key] = (curve, scale, -1)  # push full-resolution data on next refresh
 
-    def _follow_again(self) -> None:
+    def _follow_again(self, *_: object) -> None:
         self.follow = True
         self._range = None
         item = self.getPlotItem()

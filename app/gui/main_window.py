@@ -226,20 +226,34 @@ class MainWindow(QMainWindow):
 
     def _startup_checks(self) -> None:
         run_in_worker(load_settings, self._settings_loaded, self._error, name="settings", parent=self)
+        self.phase_bar.set_text("Checking hardware and the installed engine…")
+        self._probe_engine()
+        self.refresh_history()
+        self.state.changed.connect(self._config_changed)
+
+    def _probe_engine(self) -> None:
+        """Hardware fingerprint and the configured runtime's flags (the first discovery runs the
+        engine's --help, ~10 s; then it is cached by version)."""
         engine = self.state.config.engine
+        self._probed_runtime = engine.runtime.model_dump_json() + engine.kind
 
         def probe() -> tuple[HardwareInfo, FlagSet | None, str | None]:
             hardware = probe_hardware()
+            if engine.runtime.kind == "docker":
+                return hardware, None, "flags are not checked for docker images"
             try:
                 flags = get_adapter(engine.kind).discover_flags(engine)
                 note = None
-            except (RuntimeErrorMessage, OSError) as exc:
+            except (RuntimeErrorMessage, OSError, ValueError) as exc:
                 flags, note = None, f"flags not checked against the installed engine: {exc}"
             return hardware, flags, note
 
-        self.phase_bar.set_text("Checking hardware and the installed engine…")
         run_in_worker(probe, self._probed, self._error, name="probe", parent=self)
-        self.refresh_history()
+
+    def _config_changed(self, path: str) -> None:
+        engine = self.state.config.engine
+        if engine.runtime.model_dump_json() + engine.kind != getattr(self, "_probed_runtime", None):
+            self._probe_engine()
 
     def _settings_loaded(self, settings: GuiSettings) -> None:
         self.settings = settings
@@ -248,7 +262,7 @@ class MainWindow(QMainWindow):
 
     def _probed(self, result: tuple[HardwareInfo, FlagSet | None, str | None]) -> None:
         self.hardware, self.flags, note = result
-        self.has_gpu = self.hardware.has_gpu
+        self.has_gpu = self.has_gpu or self.hardware.has_gpu
         self._apply_support()
         engine_text = f"{get_adapter(self.state.config.engine.kind).display_name} {self.flags.version}" \
             if self.flags else "engine version unknown"

@@ -65,6 +65,35 @@ class Ring:
         self.version += 1
 
 
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def peak_decimate(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep each block's min and max (so spikes survive) when there are more points than pixels."""
+    ds = len(t) // max(max_points // 2, 1)
+    if ds < 2:
+        return t, v
+    n = len(t) // ds * ds
+    blocks = v[len(t) - n:].reshape(-1, ds)
+    out_v = np.empty(2 * blocks.shape[0])
+    out_v[0::2] = blocks.min(axis=1)
+    out_v[1::2] = blocks.max(axis=1)
+    out_t = np.repeat(t[len(t) - n::ds], 2)
+    return out_t, out_v
+
+
+def nice_ceil(value: float) -> float:
+    """The next 'round' number at or above ``value`` (at most 25% above): axis limits that move
+    in steps, so the axes are not redrawn on every refresh."""
+    if value <= 0 or not np.isfinite(value):
+        return 1.0
+    magnitude = 10.0 ** np.floor(np.log10(value))
+    for step in _NICE:
+        if step * magnitude >= value:
+            return float(step * magnitude)
+    return float(10 * magnitude)
+
+
 SeriesKey = tuple[str, str]  # (source, value name), e.g. ("engine", "kv_cache_usage_pct")
 
 

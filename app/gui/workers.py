@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import shiboken6
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.errors import UserError
@@ -36,7 +37,10 @@ class Worker(QThread):
     live: ClassVar[set[Worker]] = set()
 
     def __init__(self, fn: Callable[[], Any], name: str = "worker", parent: QObject | None = None) -> None:
-        super().__init__(parent)
+        # No Qt parent on purpose: a thread must not be destroyed with its window while running;
+        # the ``live`` set keeps it until it has finished. ``parent`` is accepted for readability.
+        super().__init__()
+        del parent
         self.fn = fn
         self.setObjectName(name)
         self.error: BaseException | None = None
@@ -90,4 +94,4 @@ def run_in_worker(fn: Callable[[], Any], on_ok: Callable[[Any], None] | None = N
 
 
 def busy_workers() -> list[Worker]:
-    return [w for w in Worker.live if w.isRunning()]
+    return [w for w in list(Worker.live) if shiboken6.isValid(w) and w.isRunning()]

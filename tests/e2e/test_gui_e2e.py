@@ -1,0 +1,119 @@
+"""The workbench on the real vLLM CPU engine, driven like a user: choose the demo profile,
+toggle prefix caching, start a run, watch series and tiles, stop it, run again on the same warm
+engine, find both runs in history, compare them and export a launch script.
+
+One engine start for the whole test (the "keep engine running" switch), a few dozen short
+requests; closing the window must stop the engine (the fixture fails otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QCheckBox, QSpinBox
+
+from app.gui.main_window import MainWindow
+from tests.conftest import engine_available
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gui]
+
+ENGINE_START_MS = 300_000
+
+
+def _set_spin(window: MainWindow, path: str, value: int) -> None:
+    spin = window.config_panel.editor(path).widget
+    assert isinstance(spin, QSpinBox)
+    spin.setValue(value)
+    assert window.config_panel.editor(path).message_text == ""
+
+
+def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWindow]) -> None:
+    if not engine_available():
+        pytest.fail("vLLM CPU runtime or demo model missing: run `make engine`")
+    window = make_window("qwen3-27b-fp8-h100")
+
+    # choose the demo profile in the picker
+    picker = window.profile_picker
+    index = picker.findText("cpu-demo (shipped)")
+    assert index > 0
+    picker.setCurrentIndex(index)
+    picker.activated.emit(index)
+    qtbot.waitUntil(lambda: window.state.config.name == "CPU demo", timeout=10_000)
+
+    # toggle prefix caching (the demo profile turns it on) and keep the run short
+    prefix = window.config_panel.editor("features.prefix_caching").widget
+    assert isinstance(prefix, QCheckBox)
+    qtbot.mouseClick(prefix, Qt.MouseButton.LeftButton, pos=QPoint(8, prefix.height() // 2))
+    assert window.state.config.features.prefix_caching is False
+    _set_spin(window, "workload.num_requests", 400)
+    _set_spin(window, "workload.output_len.mean", 32)
+    _set_spin(window, "load.concurrency", 4)
+    window.keep_engine.setChecked(True)
+    qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
+
+    # start: phases, then series and tiles
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    assert window.running and window.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: window.phase_bar.phase == "ready", timeout=ENGINE_START_MS)
+    assert any("Application startup complete" in line for line in window.log_view.lines)
+    tiles = window.dashboard.tiles.tiles
+    qtbot.waitUntil(lambda: tiles["done"].text() not in ("–", "0"), timeout=60_000)
+    qtbot.waitUntil(lambda: tiles["tok_s"].text() not in ("–", "0"), timeout=30_000)
+    tokens = window.dashboard.plots.panels["tokens"]
+    qtbot.waitUntil(lambda: ("engine", "generation_tok_per_s") in tokens.curves
+                    and len(tokens.curves[("client", "output_tok_per_s")][0].getData()[0]) >= 3, timeout=30_000)
+    cpu = window.dashboard.plots.panels.get("cpu") or window.dashboard.plots.panels["gpu_util"]
+    qtbot.waitUntil(lambda: bool(cpu.curves), timeout=30_000)
+    done_seen = int(tiles["done"].text().replace(",", ""))
+    qtbot.waitUntil(lambda: int(tiles["done"].text().replace(",", "") or 0) > done_seen, timeout=30_000)
+
+    # stop: the run ends cancelled, the engine stays warm
+    qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running, timeout=60_000)
+    assert window.last_result is not None and window.last_result.status == "cancelled"
+    engine = window.session.engine
+    assert engine is not None and engine.is_running()
+
+    # a second, complete run on the same engine
+    _set_spin(window, "workload.num_requests", 12)
+    qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    assert window.last_result is not None and window.last_result.status == "completed", window.banner.text()
+    assert window.session.engine is engine  # reused, not restarted
+    assert "Run completed" in window.banner.text()
+
+    # history: both runs are there
+    window.tabs.setCurrentWidget(window.history)
+    qtbot.waitUntil(lambda: len(window.history.runs) == 2, timeout=20_000)
+    statuses = sorted(r.status for r in window.history.runs)
+    assert statuses == ["cancelled", "completed"]
+    completed = next(r for r in window.history.runs if r.status == "completed")
+    assert completed.metrics.get("output_tok_per_s", 0) > 0
+    window.history.filter.setText("CPU demo")
+    window.history.table.selectAll()
+    assert sorted(window.history.selected_ids()) == sorted(r.id for r in window.history.runs)
+
+    # compare the two runs
+    qtbot.mouseClick(window.history.compare_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=30_000)
+    comparison = window.compare.comparison
+    assert comparison is not None and len(comparison.runs) == 2
+    diff_keys = [window.compare.diff.item(r, 0).text() for r in range(window.compare.diff.rowCount())]
+    assert "workload.num_requests" in diff_keys
+    assert window.compare.metrics.rowCount() > 3
+    assert window.compare.series_choice.count() > 0
+
+    # export a launch script of the completed run
+    dialog = window.open_export([completed.id])
+    qtbot.waitUntil(lambda: bool(dialog.text), timeout=20_000)
+    assert dialog.fmt == "bash"
+    assert "--no-enable-prefix-caching" in dialog.text and "VLLM_API_KEY" in dialog.text
+    assert dialog.copy_button.isEnabled()
+    dialog.copy()
+    from PySide6.QtGui import QGuiApplication
+    assert QGuiApplication.clipboard().text() == dialog.text
+    dialog.close()
+    # closing the window (fixture) must stop the kept engine: checked by the leak fixture

@@ -1,0 +1,88 @@
+"""GUI fixtures: an offscreen workbench window that must leave nothing running behind it.
+
+``window`` closes the window at the end of the test the way a user does, waits (without
+blocking the event loop) until it has really closed, and then fails the test if any worker
+QThread is still running or any engine process the test started is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+from PySide6.QtCore import QThread  # noqa: E402
+
+from app.gui.main_window import MainWindow  # noqa: E402
+from app.gui.workers import busy_workers  # noqa: E402
+from app.profiles import load_profile, resolve_profile  # noqa: E402
+from engine_adapters.launcher import registered_engines  # noqa: E402
+
+CLOSE_TIMEOUT_MS = 90_000
+
+
+def live_children() -> set[int]:
+    """Processes this test process started (engines run in their own session but stay children)."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.add(child.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def leftovers(children_before: set[int], engines_before: set[int]) -> list[str]:
+    """What is still running that was not before: worker threads, child processes, engines."""
+    problems = [f"QThread {w.objectName()!r} still running" for w in busy_workers()]
+    problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)]
+    problems += [f"engine pid {r.pid} still registered" for r in registered_engines() if r.pid not in engines_before]
+    return problems
+
+
+def _name(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()[:3])
+    except psutil.Error:
+        return "?"
+
+
+def close_window(qtbot, window: MainWindow, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:  # type: ignore[no-untyped-def]
+    window.close()
+    qtbot.waitUntil(lambda: window._close_ready and not window.isVisible(), timeout=timeout_ms)
+    qtbot.waitUntil(lambda: not busy_workers(), timeout=10_000)
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path: Path) -> Iterator[Callable[..., MainWindow]]:  # type: ignore[no-untyped-def]
+    """Build windows on the cpu-demo profile with a private run database; on teardown close
+    each one and fail if a QThread, child process or engine is left running."""
+    children_before = live_children()
+    engines_before = {r.pid for r in registered_engines()}
+    windows: list[MainWindow] = []
+
+    def make(profile: str = "cpu-demo", db_path: Path | None = None) -> MainWindow:
+        path = resolve_profile(profile)
+        window = MainWindow(load_profile(path), path, db_path=str(db_path or tmp_path / "runs.db"))
+        window.show()
+        qtbot.waitUntil(lambda: window.hardware is not None and window.availability is not None, timeout=60_000)
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        if not window._close_ready:
+            close_window(qtbot, window)
+    problems = leftovers(children_before, engines_before)
+    assert not problems, "left running after the window closed: " + "; ".join(problems)
+    assert QThread.currentThread() is not None
+
+
+@pytest.fixture
+def window(make_window: Callable[..., MainWindow]) -> MainWindow:
+    return make_window()

@@ -1,0 +1,241 @@
+"""The workbench driven like a user, without an engine: configuration, profiles, validation,
+live dashboard from bus events, log, presentation mode, closing, and errors as messages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QMessageBox, QSpinBox
+
+from app.bus import Bus
+from app.config import RunConfig
+from app.gui.main_window import MainWindow
+from app.gui.workers import Worker, busy_workers, run_in_worker
+from app.profiles import load_profile
+from app.runner import RunResult
+from tests.gui.conftest import close_window, leftovers, live_children
+
+pytestmark = pytest.mark.gui
+
+
+def test_profile_edit_save_and_reopen_round_trips(qtbot, window: MainWindow, tmp_path: Path) -> None:
+    panel = window.config_panel
+    prefix = panel.editor("features.prefix_caching").widget
+    assert isinstance(prefix, QCheckBox) and prefix.checkState() == Qt.CheckState.Checked  # cpu-demo turns it on
+    qtbot.mouseClick(prefix, Qt.MouseButton.LeftButton, pos=QPoint(8, prefix.height() // 2))  # on the box
+    assert window.state.config.features.prefix_caching is False
+    spin = panel.editor("load.concurrency").widget
+    assert isinstance(spin, QSpinBox)
+    spin.setValue(3)
+    combo = panel.editor("features.speculative.method").widget
+    assert isinstance(combo, QComboBox)
+    combo.setCurrentIndex(combo.findData("ngram"))
+    combo.activated.emit(combo.currentIndex())
+    assert window.state.config.load.concurrency == 3
+    assert window.state.config.features.speculative.method == "ngram"
+
+    target = tmp_path / "mine.toml"
+    window.save_profile_to(target)
+    qtbot.waitUntil(lambda: target.exists() and window.profile_path == target, timeout=10_000)
+    saved = window.state.config
+    assert load_profile(target) == saved
+
+    window.open_profile(Path(str(window.profile_picker.itemData(window.profile_picker.findText("cpu-demo (shipped)")))))
+    qtbot.waitUntil(lambda: window.state.config.features.prefix_caching is True, timeout=10_000)
+    assert window.state.config.load.concurrency == 8
+    window.open_profile(target)
+    qtbot.waitUntil(lambda: window.state.config == saved, timeout=10_000)
+    assert isinstance(prefix, QCheckBox) and prefix.checkState() == Qt.CheckState.Unchecked
+    assert spin.value() == 3
+    assert window.profile_picker.findData(str(target)) >= 0  # now a recent profile
+
+
+def test_a_broken_profile_is_one_line_message_and_keeps_the_config(qtbot, window: MainWindow, tmp_path: Path) -> None:
+    before = window.state.config
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[features]\nprefix_caching = 'yes please'\n")
+    window.open_profile(bad)
+    qtbot.waitUntil(window.banner.isVisible, timeout=10_000)
+    text = window.banner.text()
+    assert "bad.toml" in text and "prefix_caching" in text
+    assert "Traceback" not in text and "\n" not in text
+    assert window.state.config == before
+
+
+def test_validation_messages_appear_inline_and_block_start(qtbot, window: MainWindow) -> None:
+    panel = window.config_panel
+    combo = panel.editor("features.speculative.method").widget
+    assert isinstance(combo, QComboBox)
+    combo.setCurrentIndex(combo.findData("eagle"))
+    combo.activated.emit(combo.currentIndex())
+    draft = panel.editor("features.speculative.draft_model")
+    qtbot.waitUntil(lambda: "draft model" in draft.message_text, timeout=10_000)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    assert not window.running
+    assert "Cannot start" in window.banner.text()
+
+    # A value pydantic rejects is explained under its editor and not applied.
+    lo = panel.editor("features.speculative.ngram_prompt_lookup_min").widget
+    assert isinstance(lo, QSpinBox)
+    lo.setValue(9)
+    assert "must not exceed" in panel.editor("features.speculative.ngram_prompt_lookup_min").message_text
+    assert window.state.config.features.speculative.ngram_prompt_lookup_min == 1
+
+
+def test_features_this_machine_cannot_run_are_disabled_with_the_reason(window: MainWindow) -> None:
+    assert window.hardware is not None
+    editor = window.config_panel.editor("features.cuda_graphs")
+    if window.hardware.has_gpu:
+        assert editor.widget.isEnabled()
+    else:
+        assert not editor.widget.isEnabled()
+        assert "NVIDIA GPU" in editor.message_text and "NVIDIA GPU" in editor.widget.toolTip()
+    prefix = window.config_panel.editor("features.prefix_caching")
+    assert prefix.widget.isEnabled()
+    assert "prefill" in prefix.widget.toolTip()  # the catalogue's explanation is the tooltip
+    titles = {box.title() for box in window.config_panel.findChildren(QGroupBox)}
+    assert {"Move fewer bytes", "Use idle compute", "Manage the KV cache"} <= titles
+
+
+def _feed(bus: Bus, seconds: int, rate_hz: int = 10) -> None:
+    t0 = time.monotonic()
+    for i in range(seconds * rate_hz):
+        t = t0 + i / rate_hz
+        bus.sample("client", {"output_tok_per_s": 100.0 + i, "ttft_ms_p50": 50.0, "itl_ms_p50": 2.5,
+                              "requests_done": float(i), "errors": 0.0, "requests_in_flight": 4.0}, (t, time.time()))
+        bus.sample("engine", {"kv_cache_usage_pct": 10.0, "requests_running": 4.0, "requests_waiting": 1.0,
+                              "generation_tok_per_s": 120.0 + i}, (t, time.time()))
+        bus.sample("host", {"cpu_pct": 50.0, "memory_used_bytes": 4 * 2.0**30, "engine_rss_bytes": 2.0**30,
+                            "engine_cpu_pct": 80.0}, (t, time.time()))
+
+
+def test_dashboard_plots_and_tiles_follow_the_bus(qtbot, window: MainWindow) -> None:
+    window.bus.event("telemetry_support", {"source": "gpu", "available": False, "state": "no NVIDIA GPU"})
+    _feed(window.bus, seconds=3)
+    window.bus.event("log", {"line": "INFO loading"})
+    window.bus.event("log", {"line": "ERROR something broke: ValueError: bad"})
+    window.bus.event("phase", {"phase": "loading weights", "detail": "Loading safetensors"})
+    tokens = window.dashboard.plots.panels["tokens"]
+    qtbot.waitUntil(lambda: len(tokens.curves) == 2, timeout=5000)
+    curve = tokens.curves[("client", "output_tok_per_s")][0]
+    x, y = curve.getData()
+    assert len(x) == 30 and y[-1] == pytest.approx(129.0)
+    assert window.dashboard.tiles.tiles["tok_s"].text() == "129"
+    assert window.dashboard.tiles.tiles["done"].text() == "29"
+    assert "No NVIDIA GPU" in window.dashboard.banner.text()
+    assert set(window.dashboard.plots.panels) == {"host_memory", "cpu", "tokens", "kv", "requests", "latency"}
+    mem = window.dashboard.plots.panels["host_memory"].curves[("host", "memory_used_bytes")][0]
+    assert mem.getData()[1][-1] == pytest.approx(4.0)  # shown in GiB
+    assert window.phase_bar.bar.value() == 20 and "loading weights" in window.phase_bar.label.text()
+    # the log: errors highlighted, filter and errors-only
+    html = window.log_view.text.document().toHtml()
+    assert "#d93025" in html
+    window.log_view.errors_only.setChecked(True)
+    assert window.log_view.visible_lines() == ["ERROR something broke: ValueError: bad"]
+    window.log_view.errors_only.setChecked(False)
+    window.log_view.filter.setText("loading")
+    assert window.log_view.visible_lines() == ["INFO loading"]
+
+    # a GPU appearing switches the layout to GPU plots
+    window.bus.sample("gpu0", {"memory_used_bytes": 2.0**33, "gpu_util_pct": 90.0, "dram_bw_bytes_per_s": 3e12})
+    qtbot.waitUntil(lambda: "gpu_memory" in window.dashboard.plots.panels, timeout=5000)
+    qtbot.waitUntil(lambda: bool(window.dashboard.plots.panels["gpu_memory"].curves), timeout=5000)
+    assert window.dashboard.banner.text() == ""
+
+
+def test_zooming_a_plot_stops_following_until_the_auto_button(qtbot, window: MainWindow) -> None:
+    _feed(window.bus, seconds=2)
+    panel = window.dashboard.plots.panels["tokens"]
+    qtbot.waitUntil(lambda: bool(panel.curves), timeout=5000)
+    view = panel.getPlotItem().getViewBox()
+    view.sigRangeChangedManually.emit([True, True])
+    assert not panel.follow
+    _feed(window.bus, seconds=1)
+    qtbot.wait(200)
+    x, _ = panel.curves[("client", "output_tok_per_s")][0].getData()
+    assert len(x) == 30  # full resolution once the user takes over
+    button = panel.getPlotItem().autoBtn
+    button.clicked.emit(button)
+    assert panel.follow
+
+
+def test_presentation_mode_toggles_with_f11_and_ctrl_p(qtbot, window: MainWindow) -> None:
+    _feed(window.bus, seconds=1)
+    qtbot.keyClick(window, Qt.Key.Key_F11)
+    assert window.presenting and window.isFullScreen()
+    assert not window.toolbar.isVisible()
+    qtbot.waitUntil(lambda: window.presentation.tiles.tiles["tok_s"].text() == "109", timeout=5000)
+    assert set(window.presentation.plots.panels) == {"tokens", "latency", "kv"}
+    big = window.presentation.tiles.tiles["tok_s"].value_label.font().pointSize()
+    desk = window.dashboard.tiles.tiles["tok_s"].value_label.font().pointSize()
+    assert big >= 2 * desk
+    qtbot.keyClick(window, Qt.Key.Key_P, Qt.KeyboardModifier.ControlModifier)
+    assert not window.presenting and not window.isFullScreen()
+    assert window.toolbar.isVisible()
+
+
+def _blocking_run(started: threading.Event):  # type: ignore[no-untyped-def]
+    """Stands in for EngineSession.run: blocks until cancelled, like a run waiting on an engine."""
+    def run(config: RunConfig, bus: Bus, cancel: threading.Event, *, keep_engine: bool,
+            db_path: str | None = None) -> RunResult:
+        started.set()
+        cancel.wait(30)
+        return RunResult(run_id="x", name=config.name, config=config, status="cancelled", reason="cancelled by user",
+                         started_wall_s=time.time())
+    return run
+
+
+def test_closing_during_a_run_asks_and_no_keeps_it_running(qtbot, window: MainWindow, monkeypatch) -> None:
+    started = threading.Event()
+    monkeypatch.setattr(window.session, "run", _blocking_run(started))
+    asked: list[str] = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: (asked.append(a[1]), QMessageBox.StandardButton.No)[1])
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(started.is_set, timeout=5000)
+    window.close()
+    assert asked == ["Stop the run?"]
+    assert window.isVisible() and window.running
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    close_window(qtbot, window, timeout_ms=20_000)
+    assert window.last_result is not None and window.last_result.status == "cancelled"
+
+
+def test_errors_in_workers_reach_the_user_as_one_line(qtbot, window: MainWindow, monkeypatch) -> None:
+    def explode(*_a: object, **_k: object) -> RunResult:
+        raise KeyError("no such thing")
+    monkeypatch.setattr(window.session, "run", explode)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running and window.banner.isVisible(), timeout=5000)
+    assert window.banner.text() == "Run failed: KeyError: 'no such thing'"
+    assert window.start_button.isEnabled()
+
+
+def test_the_leak_check_sees_a_running_worker_and_a_child_process(qtbot) -> None:
+    children, engines = live_children(), set()
+    gate = threading.Event()
+    worker = run_in_worker(lambda: gate.wait(10), name="sleeper")
+    qtbot.waitUntil(worker.isRunning, timeout=2000)
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        problems = leftovers(children, engines)
+        assert any("sleeper" in p for p in problems)
+        assert any(str(child.pid) in p for p in problems)
+    finally:
+        child.kill()
+        child.wait()
+        gate.set()
+        qtbot.waitUntil(lambda: not busy_workers(), timeout=5000)
+    assert not leftovers(children, engines)
+    assert not Worker.live or all(not w.isRunning() for w in Worker.live)
+
+
+def test_ring_buffers_keep_an_hour_at_ten_hz(window: MainWindow) -> None:
+    assert window.series.capacity >= 36_000
+    assert np.dtype(np.float64).itemsize * 4 * window.series.capacity < 2_000_000  # per series, preallocated

@@ -1,0 +1,80 @@
+"""Editors are derived from the pydantic models, and availability from the adapter (no Qt)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import RunConfig
+from app.gui.availability import compute_availability
+from app.gui.fields import field_spec, get_path, humanize, with_value
+from engine_adapters.config import Features
+from engine_adapters.features import FEATURES
+from engine_adapters.hardware import GpuInfo, HardwareInfo
+
+
+def test_every_catalogue_feature_has_an_editor() -> None:
+    for info in FEATURES:
+        spec = field_spec(f"features.{info.key}")
+        assert spec.kind in ("choice", "bool", "tristate", "int", "float", "text", "list")
+
+
+def test_field_kinds_follow_the_types() -> None:
+    assert field_spec("features.weights_dtype").choices == ("auto", "bf16", "fp16", "fp8", "awq", "gptq")
+    assert field_spec("features.prefix_caching").kind == "tristate"
+    assert field_spec("features.cuda_graphs").kind == "bool"
+    spec = field_spec("features.max_model_len")
+    assert (spec.kind, spec.optional, spec.minimum) == ("int", True, 16)
+    assert field_spec("features.kv_offload_backend").kind == "choice"
+    assert field_spec("features.kv_offload_backend").optional
+    assert field_spec("features.extra_args").kind == "list"
+    assert field_spec("load.levels").item_type == "float"
+    assert field_spec("workload.shared_prefix_fraction").maximum == 1.0
+    assert humanize("request_timeout_s") == "Request timeout (s)"
+
+
+def test_with_value_validates_and_never_mutates() -> None:
+    config = RunConfig()
+    changed = with_value(config, "features.prefix_caching", True)
+    assert changed.features.prefix_caching is True and config.features.prefix_caching is None
+    assert get_path(changed, "features.speculative.method") == "off"
+    with pytest.raises(ValidationError):
+        with_value(config, "features.max_model_len", 3)
+    with pytest.raises(ValidationError):
+        with_value(config, "features.speculative.ngram_prompt_lookup_min", 10)  # > max (4)
+
+
+def _hardware(gpus: list[GpuInfo], flags: list[str] | None = None) -> HardwareInfo:
+    return HardwareInfo(gpus=gpus, cpu_flags=flags or [], nvml_error=None if gpus else "no NVIDIA GPU")
+
+
+def test_without_a_gpu_gpu_only_features_are_disabled_with_the_reason() -> None:
+    availability = compute_availability(RunConfig(), _hardware([]), None)
+    assert "NVIDIA GPU" in availability.disabled["features.cuda_graphs"]
+    assert "features.tensor_parallel_size" in availability.disabled
+    assert "features.prefix_caching" not in availability.disabled
+
+
+def test_cpu_without_avx512_cannot_pick_an_fp8_kv_cache() -> None:
+    availability = compute_availability(RunConfig(), _hardware([], ["avx2"]), None)
+    assert "AVX-512" in availability.disabled_choices["features.kv_cache_dtype"]["fp8"]
+    with_avx512 = compute_availability(RunConfig(), _hardware([], ["avx512f"]), None)
+    assert "fp8" not in with_avx512.disabled_choices.get("features.kv_cache_dtype", {})
+
+
+def test_a_gpu_without_fp8_disables_only_the_fp8_weights() -> None:
+    config = RunConfig.model_validate({"engine": {"runtime": {"kind": "executable", "executable": "vllm"}}})
+    a100 = GpuInfo(index=0, name="A100", compute_capability=(8, 0))
+    availability = compute_availability(config, _hardware([a100]), None)
+    assert "features.cuda_graphs" not in availability.disabled
+    assert "8.9" in availability.disabled_choices["features.weights_dtype"]["fp8"]
+    assert "bf16" not in availability.disabled_choices["features.weights_dtype"]
+    assert "needs" in availability.disabled["features.tensor_parallel_size"]  # one GPU only
+    h100s = [GpuInfo(index=i, name="H100", compute_capability=(9, 0)) for i in range(2)]
+    assert "features.tensor_parallel_size" not in compute_availability(config, _hardware(h100s), None).disabled
+
+
+def test_availability_judges_toggles_from_defaults_not_the_current_setting() -> None:
+    config = RunConfig(features=Features(kv_cache_dtype="fp8"))
+    availability = compute_availability(config, _hardware([], ["avx2"]), None)
+    assert "fp8" in availability.disabled_choices["features.kv_cache_dtype"]
