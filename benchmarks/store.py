@@ -29,9 +29,14 @@ def synthetic_run(store: RunStore, seed: int, n_requests: int, n_samples: int, d
     sources = ("gpu0", "host", "engine", "client")
     spent = 0.0
     for second in range(flushes):
-        requests = [{"level": 0, "start_wall": t_wall0 + second + i / req_per_flush,
-                     "ttft_ms": float(rng.gamma(4, 20)), "e2e_ms": float(rng.gamma(9, 150)),
-                     "input_tokens": 128, "output_tokens": 64, "itl_ms": rng.gamma(8, 2, 63).tolist(), "error": None}
+        # the runner's `request` payload: app.load.metrics.RequestRecord as JSON, plus the run id
+        requests = [{"run_id": "bench", "level": 0, "index": second * req_per_flush + i, "conversation": 0, "turn": 0,
+                     "scheduled_s": second + i / req_per_flush, "start_s": second + i / req_per_flush,
+                     "start_wall_s": t_wall0 + second + i / req_per_flush, "queue_ms": 0.1,
+                     "ttft_ms": float(rng.gamma(4, 20)), "itl_ms": rng.gamma(8, 2, 63).tolist(), "tpot_ms": 15.0,
+                     "e2e_ms": float(rng.gamma(9, 150)), "input_tokens": 128, "input_tokens_counted": 128,
+                     "output_tokens": 64, "expected_output_tokens": 64, "chunks": 64, "tokens_source": "usage",
+                     "finish_reason": "length", "ok": True, "error": None, "error_kind": None, "http_status": 200}
                     for i in range(req_per_flush)]
         samples = [SampleIn(sources[j % 4], t_mono0 + second + j / smp_per_flush, t_wall0 + second + j / smp_per_flush,
                             {"util_pct": float(rng.uniform(0, 100)), "memory_used_bytes": 7e10,
