@@ -229,6 +229,7 @@ class TelemetryCollector:
         async with aiohttp.ClientSession() as session:
             next_t = time.monotonic()
             while not self._stop.is_set():
+                sent = now()
                 try:
                     scrape = await scraper.fetch(session)
                 except ScrapeError as exc:
@@ -238,7 +239,10 @@ class TelemetryCollector:
                         failing = True
                         self._notice("engine", f"engine metrics unreachable, retrying: {exc}")
                 else:
-                    t = now()
+                    # The engine read its counters somewhere between our request and its answer,
+                    # which under load can be far apart: the midpoint is the best estimate.
+                    received = now()
+                    t = ((sent[0] + received[0]) / 2, (sent[1] + received[1]) / 2)
                     values, reset_notice = deriver.update(scrape, t[0])
                     if failing:
                         failing = False
