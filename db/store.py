@@ -31,7 +31,18 @@ from alembic.script import ScriptDirectory
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, select, update
 
-from db.models import RUN_STATUSES, ItlChunk, Level, LogChunk, Request, Run, RunEvent, RunTag, SampleChunk
+from db.models import (
+    RUN_STATUSES,
+    Base,
+    ItlChunk,
+    Level,
+    LogChunk,
+    Request,
+    Run,
+    RunEvent,
+    RunTag,
+    SampleChunk,
+)
 from db.summary import RequestArrays, summarize_requests
 
 DB_ENV = "TUNEBENCH_DB"
@@ -291,10 +302,10 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
     return RequestBatch(rows, counts, values)
 
 
-_ITL_INSERT = ItlChunk.__table__.insert()
-_SAMPLE_INSERT = SampleChunk.__table__.insert()
-_LOG_INSERT = LogChunk.__table__.insert()
-_EVENT_INSERT = RunEvent.__table__.insert()
+_ITL_INSERT = Base.metadata.tables["itl_chunks"].insert()  # Core: no ORM bulk overhead
+_SAMPLE_INSERT = Base.metadata.tables["sample_chunks"].insert()  # Core: no ORM bulk overhead
+_LOG_INSERT = Base.metadata.tables["log_chunks"].insert()  # Core: no ORM bulk overhead
+_EVENT_INSERT = Base.metadata.tables["run_events"].insert()  # Core: no ORM bulk overhead
 _INSERT_REQUEST = ("INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, "
                    "error, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -462,7 +473,9 @@ class RunStore:
         with self.engine.begin() as conn:
             if conn.execute(select(Run.id).where(Run.uid == values["uid"])).first() is not None:
                 raise StoreError(f"a run with id {values['uid']} is already stored")
-            run_id = int(conn.execute(insert(Run).values(**values)).inserted_primary_key[0])
+            key = conn.execute(insert(Run).values(**values)).inserted_primary_key
+            assert key is not None
+            run_id = int(key[0])
             unique_tags = sorted({t for t in tags if t})
             if unique_tags:
                 conn.execute(insert(RunTag), [{"run_id": run_id, "tag": t} for t in unique_tags])
@@ -602,7 +615,7 @@ class RunStore:
         """Store-side metrics from the request rows, overall and per level (``L<idx>.<name>``)."""
         req = self.requests(run_id)
         metrics = summarize_requests(req)
-        levels = np.unique(req.level[np.isfinite(req.level)]) if len(req) else []
+        levels = np.unique(req.level[np.isfinite(req.level)]) if len(req) else np.empty(0)
         if len(levels) > 1:
             for lv in levels:
                 for key, value in summarize_requests(req.select(req.level == lv)).items():

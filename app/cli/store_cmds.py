@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,12 @@ def parse_when(text: str) -> float:
     except ValueError:
         raise UserError(f"'{text}' is not a date (YYYY-MM-DD[THH:MM]) or an age like 36h or 7d") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return when.timestamp()
 
 
 def _when(ts: float | None) -> str:
-    return "-" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _num(value: Any, fmt: str = "{:,.1f}") -> str:
