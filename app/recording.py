@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.5
 """Pending items are written at least this often (the contract is at least once a second)."""
+PRE_RUN_LOG_LINES = 50_000
 
 
 def _jsonable(value: Any) -> Any:
@@ -56,6 +58,9 @@ class RunRecorder:
         self._samples: list[Sample] = []
         self._log: list[str] = []
         self._events: list[tuple[float, str, dict[str, Any] | None]] = []
+        # An engine warmed before the run (the GUI keeps engines) logs before run_started: keep it.
+        self._pre_log: deque[str] = deque(maxlen=PRE_RUN_LOG_LINES)
+        self._pre_events: deque[tuple[float, str, dict[str, Any] | None]] = deque(maxlen=1000)
         self._last_flush = time.monotonic()
         self._stop = threading.Event()
         self._flush_now = threading.Event()
@@ -128,6 +133,10 @@ class RunRecorder:
         if kind == "run_started":
             self._start(item, payload)
         elif not self._open:
+            if kind == "log":
+                self._pre_log.append(str(payload.get("line", "")))
+            elif kind == "phase":
+                self._pre_events.append((item.t_wall, kind, _jsonable(dict(payload))))
             return
         elif kind == "request":
             self._requests.append(payload)
@@ -181,6 +190,9 @@ class RunRecorder:
             self.run_id = self.store.create_run(uid=None, **kwargs)
         self.recorded.append(self.run_id)
         self._open = True
+        self._log[:0], self._events[:0] = list(self._pre_log), list(self._pre_events)
+        self._pre_log.clear()
+        self._pre_events.clear()
 
     def _finish(self, status: str, reason: Any, summary: Mapping[str, Any] | None, t_wall: float) -> None:
         try:

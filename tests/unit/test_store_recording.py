@@ -129,3 +129,19 @@ def test_two_runs_in_a_row_and_duplicate_ids(store: RunStore) -> None:
     assert len(recorder.recorded) == 2
     runs = store.list_runs()
     assert sorted(r.status for r in runs) == ["cancelled", "completed"]
+
+
+def test_engine_log_from_before_the_run_is_kept(store: RunStore) -> None:
+    """The GUI warms its engine before the runner publishes run_started."""
+    bus = Bus()
+    recorder = RunRecorder(bus, store)
+    bus.event("phase", {"phase": "loading weights", "detail": "Loading safetensors"})
+    bus.event("log", {"line": "INFO warming up"})
+    _start(bus)
+    bus.event("log", {"line": "INFO serving"})
+    bus.event("run_finished", {"status": "completed"})
+    bus.event("log", {"line": "after the run: belongs to no run yet"})
+    recorder.close()
+    run = store.get_run(recorder.run_id)
+    assert store.log_lines(run.id) == ["INFO warming up", "INFO serving"]
+    assert [e["kind"] for e in run.events] == ["phase"]
