@@ -83,7 +83,8 @@ class Level(Base):
 
 class Request(Base):
     """One request as the client saw it; ``seq`` numbers it within its run. Its inter-token
-    latencies live in :class:`ItlChunk` (packed per batch: 100,000 small blobs are slow)."""
+    latencies and the rest of its record live in :class:`RequestChunk` (packed per batch:
+    100,000 small blobs or JSON documents are slow to write and large)."""
 
     __tablename__ = "requests"
 
@@ -97,7 +98,6 @@ class Request(Base):
     input_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    extra: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         Index("ix_requests_run_seq", "run_id", "seq", unique=True),
@@ -105,17 +105,20 @@ class Request(Base):
     )
 
 
-class ItlChunk(Base):
-    """Inter-token latencies of requests ``seq_start .. seq_start + n - 1``: ``counts`` (int32,
-    one per request) and ``values`` (float32 ms, back to back)."""
+class RequestChunk(Base):
+    """What one batch of requests ``seq_start .. seq_start + n - 1`` carried besides the columns:
+    inter-token latencies as ``counts`` (int32, one per request) and ``values`` (float32 ms, back
+    to back), and ``extras``: the other record fields, a zlib-compressed JSON list (one object per
+    request), or NULL when there were none."""
 
-    __tablename__ = "itl_chunks"
+    __tablename__ = "request_chunks"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     seq_start: Mapped[int] = mapped_column(Integer, primary_key=True)
     n: Mapped[int] = mapped_column(Integer)
     counts: Mapped[bytes] = mapped_column(LargeBinary)
     values: Mapped[bytes] = mapped_column(LargeBinary)
+    extras: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class SampleChunk(Base):

@@ -34,10 +34,10 @@ from sqlalchemy import Connection, Engine, create_engine, delete, event, func, i
 from db.models import (
     RUN_STATUSES,
     Base,
-    ItlChunk,
     Level,
     LogChunk,
     Request,
+    RequestChunk,
     Run,
     RunEvent,
     RunTag,
@@ -243,11 +243,12 @@ def _get(rec: Mapping[str, Any], key: str) -> Any:
 
 @dataclass
 class RequestBatch:
-    """Request records as ``requests`` rows plus one packed ITL chunk."""
+    """Request records as ``requests`` rows plus one packed chunk (ITLs, other fields)."""
 
     rows: list[tuple[Any, ...]]
     counts: array
     values: array
+    extras: list[dict[str, Any]]
 
 
 _EXTRA_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))  # json.dumps(default=) builds one per call
@@ -261,10 +262,10 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
     """Request records (the bus payload; a few key aliases accepted) as rows and an ITL chunk.
     This runs for every request of every run, so it avoids per-field function calls where it can."""
     rows = []
+    extras = []
     counts = array("i")
     values = array("f")
     known = _KNOWN_REQUEST_KEYS
-    encode = _EXTRA_ENCODER.encode
     num_types = _NUMBER_TYPES
     for offset, rec in enumerate(records):
         get = rec.get
@@ -277,7 +278,7 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
         error = get("error")
         if not error and get("ok") is False:
             error = get("error_kind") or "failed"
-        extra = {k: v for k, v in rec.items() if k not in known}
+        extras.append({k: v for k, v in rec.items() if k not in known})
         start = get("start_wall")
         if start is None:
             start = _get(rec, "start_wall")
@@ -297,17 +298,16 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
             _int_or_none(in_tok if in_tok is not None else _get(rec, "input_tokens")),
             _int_or_none(out_tok if out_tok is not None else _get(rec, "output_tokens")),
             None if error in (None, "", False) else str(error),
-            encode(extra) if extra else None,
         ))
-    return RequestBatch(rows, counts, values)
+    return RequestBatch(rows, counts, values, extras)
 
 
-_ITL_INSERT = Base.metadata.tables["itl_chunks"].insert()  # Core: no ORM bulk overhead
+_CHUNK_INSERT = Base.metadata.tables["request_chunks"].insert()  # Core: no ORM bulk overhead
 _SAMPLE_INSERT = Base.metadata.tables["sample_chunks"].insert()  # Core: no ORM bulk overhead
 _LOG_INSERT = Base.metadata.tables["log_chunks"].insert()  # Core: no ORM bulk overhead
 _EVENT_INSERT = Base.metadata.tables["run_events"].insert()  # Core: no ORM bulk overhead
 _INSERT_REQUEST = ("INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, "
-                   "error, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                   "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def pack_samples(samples: Sequence[SampleIn | Any]) -> list[dict[str, Any]]:
@@ -497,8 +497,11 @@ class RunStore:
                 seq_start = self._next_seq(conn, run_id, "requests", Request.seq)
                 batch = pack_requests(run_id, seq_start, requests)
                 conn.exec_driver_sql(_INSERT_REQUEST, batch.rows)
-                conn.execute(_ITL_INSERT, {"run_id": run_id, "seq_start": seq_start, "n": len(batch.rows),
-                                           "counts": batch.counts.tobytes(), "values": batch.values.tobytes()})
+                extras = (zlib.compress(_EXTRA_ENCODER.encode(batch.extras).encode(), 1)
+                          if any(batch.extras) else None)
+                conn.execute(_CHUNK_INSERT, {"run_id": run_id, "seq_start": seq_start, "n": len(batch.rows),
+                                             "counts": batch.counts.tobytes(), "values": batch.values.tobytes(),
+                                             "extras": extras})
                 self._seq[(run_id, "requests")] = seq_start + len(batch.rows)
             if samples:
                 conn.execute(_SAMPLE_INSERT, [{"run_id": run_id, **row} for row in pack_samples(samples)])
@@ -644,7 +647,7 @@ class RunStore:
     def delete(self, run_id: int) -> None:
         run_id = self.resolve(run_id)
         with self.engine.begin() as conn:
-            for table in (Request, ItlChunk, SampleChunk, LogChunk, RunEvent, Level, RunTag):
+            for table in (Request, RequestChunk, SampleChunk, LogChunk, RunEvent, Level, RunTag):
                 conn.execute(delete(table).where(table.run_id == run_id))
             conn.execute(delete(Run).where(Run.id == run_id))
 
@@ -737,8 +740,8 @@ class RunStore:
 
     def _itls(self, conn: Connection, run_id: int) -> tuple[np.ndarray, np.ndarray]:
         """All ITLs of a run back to back, and per-request bounds (request seq i: b[i]:b[i+1])."""
-        chunks = conn.execute(select(ItlChunk.counts, ItlChunk.values).where(ItlChunk.run_id == run_id)
-                              .order_by(ItlChunk.seq_start)).all()
+        chunks = conn.execute(select(RequestChunk.counts, RequestChunk.values).where(RequestChunk.run_id == run_id)
+                              .order_by(RequestChunk.seq_start)).all()
         counts = np.frombuffer(b"".join(c.counts for c in chunks), np.int32) if chunks else np.empty(0, np.int32)
         flat = np.frombuffer(b"".join(c.values for c in chunks), np.float32) if chunks else np.empty(0, np.float32)
         return flat, np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
@@ -773,6 +776,12 @@ class RunStore:
             rows = conn.execute(select(Request.__table__).where(Request.run_id == run_id)
                                 .order_by(Request.seq)).all()
             flat, bounds = self._itls(conn, run_id)
+            extras: dict[int, dict[str, Any]] = {}
+            for seq_start, blob in conn.execute(select(RequestChunk.seq_start, RequestChunk.extras)
+                                                .where(RequestChunk.run_id == run_id, RequestChunk.extras.is_not(None))):
+                for offset, extra in enumerate(json.loads(zlib.decompress(blob))):
+                    if extra:
+                        extras[seq_start + offset] = extra
         out = []
         for i, r in enumerate(rows):
             itl = flat[bounds[i]:bounds[i + 1]] if i + 1 < bounds.size else flat[:0]
@@ -781,8 +790,8 @@ class RunStore:
                 "e2e_ms": r.e2e_ms, "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
                 "itl_ms": [round(float(x), 4) for x in itl], "error": r.error,
             }
-            if r.extra:
-                rec["extra"] = r.extra
+            if r.seq in extras:
+                rec["extra"] = extras[r.seq]
             out.append(rec)
         return out
 

@@ -1,4 +1,4 @@
-"""The first schema: runs, tags, levels, requests (+ packed ITLs), packed telemetry, compressed
+"""The first schema: runs, tags, levels, requests (+ packed ITLs and other fields), packed telemetry, compressed
 log, events.
 
 Revision ID: 0001
@@ -72,16 +72,16 @@ def upgrade() -> None:
         sa.Column("input_tokens", sa.Integer),
         sa.Column("output_tokens", sa.Integer),
         sa.Column("error", sa.Text),
-        sa.Column("extra", sa.JSON),
     )
     op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
     op.create_table(
-        "itl_chunks",
+        "request_chunks",
         sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("seq_start", sa.Integer, primary_key=True),
         sa.Column("n", sa.Integer, nullable=False),
         sa.Column("counts", sa.LargeBinary, nullable=False),
         sa.Column("values", sa.LargeBinary, nullable=False),
+        sa.Column("extras", sa.LargeBinary),
     )
     op.create_table(
         "sample_chunks",
@@ -114,5 +114,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("run_events", "log_chunks", "sample_chunks", "itl_chunks", "requests", "levels", "run_tags", "runs"):
+    for table in ("run_events", "log_chunks", "sample_chunks", "request_chunks", "requests", "levels", "run_tags", "runs"):
         op.drop_table(table)
