@@ -779,6 +779,8 @@ class RunStore:
             extras: dict[int, dict[str, Any]] = {}
             for seq_start, blob in conn.execute(select(RequestChunk.seq_start, RequestChunk.extras)
                                                 .where(RequestChunk.run_id == run_id, RequestChunk.extras.is_not(None))):
+                if blob is None:  # excluded by the query; for the type checker
+                    continue
                 for offset, extra in enumerate(json.loads(zlib.decompress(blob))):
                     if extra:
                         extras[seq_start + offset] = extra
