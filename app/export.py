@@ -305,12 +305,15 @@ REPORT_METRICS = ("output_tok_per_s", "requests_per_s", "ttft_ms_p50", "ttft_ms_
                   "tpot_ms_mean", "e2e_ms_p99", "error_rate_pct")
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
+def _fmt(value: float | None) -> str:
+    """About four significant figures, thousands separated, no trailing zeros after the point."""
     if value is None or not math.isfinite(value):
         return "–"
-    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+    size = abs(value)
+    if size >= 1e9 or (0 < size < 1e-3):
         return f"{value:.3g}"
-    return f"{value:,.{max(0, digits - len(str(int(abs(value)))))}f}".rstrip("0").rstrip(".") if value % 1 else f"{value:,.0f}"
+    text = f"{value:,.0f}" if size >= 1000 else f"{value:.{1 if size >= 100 else 2 if size >= 1 else 3}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _svg_uri(svg: str) -> str:
@@ -340,9 +343,10 @@ def bar_chart_svg(title: str, labels: Sequence[str], values: Sequence[float | No
 
 
 def line_chart_svg(title: str, t_s: np.ndarray, series: Sequence[np.ndarray], labels: Sequence[str],
-                   width: int = 640, height: int = 220) -> str:
-    """Overlaid lines on a shared time axis (seconds since each run started)."""
-    left, right, top, bottom = 60, 10, 24, 30
+                   width: int = 640, height: int = 236) -> str:
+    """Overlaid lines on a shared time axis (seconds since each run started); legend below."""
+    left, right, top, bottom = 60, 10, 24, 46 + 14 * max(0, (len(labels) - 1) // 4)
+    height += bottom - 46
     pw, ph = width - left - right, height - top - bottom
     finite = np.concatenate([s[np.isfinite(s)] for s in series]) if series else np.empty(0)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -354,8 +358,8 @@ def line_chart_svg(title: str, t_s: np.ndarray, series: Sequence[np.ndarray], la
              f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
              f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{xml_escape(_fmt(hi))}</text>',
              f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">{xml_escape(_fmt(lo))}</text>',
-             f'<text x="{left + pw}" y="{height - 8}" text-anchor="end">{xml_escape(_fmt(tmax))} s</text>',
-             f'<text x="{left}" y="{height - 8}">0 s</text>']
+             f'<text x="{left + pw}" y="{top + ph + 14}" text-anchor="end">{xml_escape(_fmt(tmax))} s</text>',
+             f'<text x="{left}" y="{top + ph + 14}">0 s</text>']
     for i, values in enumerate(series):
         points, segments = [], []
         for t, v in zip(t_s, values, strict=True):
@@ -370,8 +374,8 @@ def line_chart_svg(title: str, t_s: np.ndarray, series: Sequence[np.ndarray], la
             parts.append(f'<polyline fill="none" stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="1.5" '
                          f'points="{" ".join(seg)}"/>')
     for i, label in enumerate(labels):
-        parts.append(f'<text x="{left + 6 + 150 * i}" y="{top + 12}" fill="{PALETTE[i % len(PALETTE)]}">'
-                     f'{xml_escape(label[:24])}</text>')
+        parts.append(f'<text x="{left + 150 * (i % 4)}" y="{top + ph + 30 + 14 * (i // 4)}" '
+                     f'fill="{PALETTE[i % len(PALETTE)]}">{xml_escape(label[:24])}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
