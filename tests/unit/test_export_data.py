@@ -168,3 +168,11 @@ def test_bad_import_files_give_one_line_and_store_nothing(store: RunStore, tmp_p
         import_results(store, path)
     assert "\n" not in str(info.value)
     assert store.list_runs() == []
+
+
+@pytest.mark.parametrize("value, text", [(2049.6, "2,050"), (2050.0, "2,050"), (123.45, "123.5"), (12.345, "12.35"),
+                                         (0.5, "0.5"), (100.0, "100"), (7e10, "7e+10"), (None, "–")])
+def test_report_numbers(value: float | None, text: str) -> None:
+    from app.export import _fmt
+
+    assert _fmt(value) == text
