@@ -90,7 +90,7 @@ def main() -> int:
     def shoot_live() -> None:
         tiles = window.dashboard.tiles.tiles
         wait_until(app, lambda: tiles["done"].text() not in ("–", "0"), 120, "first requests")
-        pause(app, 6.0)
+        pause(app, 8.0)
         window.grab().save(str(out / "main-window.png"))
         window.toggle_presentation()
         window.showNormal()  # offscreen "full screen" is the virtual screen; shoot at a projector size
@@ -101,7 +101,7 @@ def main() -> int:
         window.showNormal()
         window.resize(*SIZE)
 
-    run(window, app, concurrency=16, requests=320, during=shoot_live)
+    run(window, app, concurrency=16, requests=1600, during=shoot_live)
     run(window, app, concurrency=2, requests=48)
 
     window.tabs.setCurrentWidget(window.history)

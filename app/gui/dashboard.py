@@ -95,7 +95,7 @@ class PlotPanel(pg.PlotWidget):
         item.setClipToView(False)
         item.setDownsampling(auto=False)
         item.setMenuEnabled(False)
-        item.setLabel("bottom", "s", color=theme.muted)
+        item.setLabel("bottom", "seconds", color=theme.muted, size=f"{theme.axis_pt}pt")
         self.legend = item.addLegend(offset=(-4, 4), labelTextColor=theme.foreground,
                                      labelTextSize=f"{max(theme.axis_pt, 8)}pt")
         self.curves: dict[SeriesKey, tuple[pg.PlotDataItem, float, int]] = {}

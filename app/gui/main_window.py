@@ -70,7 +70,10 @@ class MainWindow(QMainWindow):
         self.profile_path = profile_path
         self.settings = GuiSettings()
         self.bus = Bus()
-        self.sub = self.bus.subscribe(maxlen=500_000)
+        # Request records are the store's business; the window needs samples and run events.
+        self.sub = self.bus.subscribe(maxlen=500_000, kinds=(
+            "sample", "phase", "log", "run_started", "engine_ready", "level_started", "level_finished", "progress",
+            "telemetry_support", "notice", "run_finished"))
         self.series = SeriesStore()
         self.latest: dict[SeriesKey, float] = {}
         self.session = EngineSession()

@@ -17,7 +17,8 @@ class PresentationView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("presentation")
-        self.setStyleSheet(stylesheet(DARK))
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # paint the dark background
+        self.setStyleSheet(stylesheet(DARK) + f"QWidget#presentation {{ background: {DARK.background}; }}")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(32, 24, 32, 24)
         layout.setSpacing(18)

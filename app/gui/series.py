@@ -178,7 +178,7 @@ PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("requests", "Requests", "",
              (Trace("engine", "requests_running", "running"), Trace("engine", "requests_waiting", "waiting"),
               Trace("client", "requests_in_flight", "in flight"))),
-    PlotSpec("latency", "Latency (p50)", "ms",
+    PlotSpec("latency", "Latency p50", "ms",
              (Trace("client", "ttft_ms_p50", "TTFT"), Trace("client", "itl_ms_p50", "ITL"))),
 )
 PLOTS_BY_KEY = {p.key: p for p in PLOTS}

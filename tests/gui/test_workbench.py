@@ -215,6 +215,24 @@ def test_errors_in_workers_reach_the_user_as_one_line(qtbot, window: MainWindow,
     assert window.start_button.isEnabled()
 
 
+def test_a_failed_start_shows_the_diagnosis_in_plain_words(qtbot, window: MainWindow, monkeypatch) -> None:
+    reason = "This CPU cannot keep the KV cache in FP8: set KV-cache precision to 'auto'."
+
+    def failed(config: RunConfig, bus: Bus, cancel: threading.Event, **_k: object) -> RunResult:
+        bus.event("phase", {"phase": "failed", "detail": reason})
+        bus.event("log", {"line": "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."})
+        return RunResult(run_id="x", name=config.name, config=config, status="failed", reason=reason,
+                         started_wall_s=time.time())
+
+    monkeypatch.setattr(window.session, "run", failed)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running and window.log_view.diagnosis.isVisible(), timeout=5000)
+    assert window.log_view.diagnosis.text() == f"Why it failed: {reason}"
+    assert window.banner.text() == f"Run failed: {reason}"
+    window.log_view.errors_only.setChecked(True)
+    assert window.log_view.visible_lines() == ["NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."]
+
+
 def test_the_leak_check_sees_a_running_worker_and_a_child_process(qtbot) -> None:
     children, engines = live_children(), set()
     gate = threading.Event()
