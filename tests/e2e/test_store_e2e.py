@@ -218,3 +218,52 @@ def test_sigkill_of_the_cli_run_mid_load(demo_engine: EngineProcess, tmp_path: P
             "--api-key", demo_engine.api_key or ""]
     run_id, killed_at = _kill_mid_load(argv, db)
     _check_interrupted(db, run_id, killed_at)
+
+
+def test_engine_death_mid_run_is_stored_as_failed_with_partial_data(tmp_path: Path) -> None:
+    """The runner's own engine is SIGKILLed mid-load: the stored run ends `failed` with the
+    runner's reason, word for word, and keeps the requests, samples and log recorded before."""
+    import threading
+    from urllib.parse import urlparse
+
+    from engine_adapters.launcher import registered_engines
+
+    config = load_profile(resolve_profile("cpu-demo")).model_copy(update={
+        "name": "engine dies", "workload": WorkloadConfig(num_requests=400, input_len=LengthSpec(mean=32),
+                                                           output_len=LengthSpec(mean=48)),
+        "load": LoadConfig(concurrency=4)})
+    db = tmp_path / "died.db"
+    bus = Bus()
+    store = RunStore(db)
+    recorder = RunRecorder(bus, store)
+    runner = Runner(config, bus)
+    box: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: box.update(result=runner.run()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 400
+        run = None
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if recorder.run_id is not None:
+                run = store.get_run(recorder.run_id)
+                if run.n_requests >= 8:
+                    break
+        assert run is not None and run.n_requests >= 8 and run.endpoint, "the run did not get going"
+        port = urlparse(run.endpoint).port
+        (record,) = [r for r in registered_engines() if r.port == port]
+        os.killpg(record.pgid, signal.SIGKILL)
+        thread.join(120)
+        assert not thread.is_alive(), "the runner did not notice the engine's death"
+    finally:
+        recorder.close()
+    try:
+        run = store.get_run(recorder.run_id)
+        result = box["result"]
+        assert run.status == "failed" == result.status  # type: ignore[attr-defined]
+        assert run.reason and run.reason == result.reason  # type: ignore[attr-defined]
+        assert run.n_requests >= 8 and run.n_samples > 0 and run.n_log_lines > 0
+        assert run.metrics["requests_total"] == run.n_requests
+    finally:
+        store.close()
+        assert not group_members(record.pgid)
