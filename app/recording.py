@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.5
 """Pending items are written at least this often (the contract is at least once a second)."""
 PRE_RUN_LOG_LINES = 50_000
+MAX_HELD_ITEMS = 2_000_000
+"""Items kept in memory while the database refuses writes, before they are dropped."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -200,6 +202,10 @@ class RunRecorder:
                                   else "failed", None if reason is None else str(reason), summary, t_wall)
         finally:
             self._open = False
+            lost = len(self._requests) + len(self._samples) + len(self._log)
+            if lost:  # held after failed writes: they must not leak into the next run
+                self._error(f"{lost} items of run {self.run_id} could not be written before it ended")
+            self._requests, self._samples, self._log, self._events = [], [], [], []
 
     def _write_pending(self) -> None:
         self._last_flush = time.monotonic()
@@ -210,8 +216,14 @@ class RunRecorder:
         try:
             self.store.write_batch(self.run_id, requests=requests, samples=samples, log_lines=lines,
                                    events=events, dropped_items=self._sub.dropped)
-        except Exception as exc:  # e.g. the disk is full: say so, keep recording what we can
-            self._error(f"could not write {len(requests)} requests and {len(samples)} samples: {exc}")
+        except Exception as exc:  # locked past the busy timeout, disk full...: keep it for the next flush
+            held = len(requests) + len(samples) + len(lines) + len(self._requests) + len(self._samples)
+            if held <= MAX_HELD_ITEMS:
+                self._requests[:0], self._samples[:0] = requests, samples
+                self._log[:0], self._events[:0] = lines, events
+                self._error(f"could not write a batch ({exc}); retrying with the next flush")
+            else:
+                self._error(f"could not write {len(requests)} requests and {len(samples)} samples, dropped: {exc}")
 
 
 def record_to_default_store(bus: Bus, db_path: str | Path | None = None) -> RunRecorder:

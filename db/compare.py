@@ -50,8 +50,9 @@ def run_metrics(run: RunDetail) -> dict[str, float]:
 
 
 def run_settings(run: RunDetail) -> dict[str, Any]:
-    """What a run was configured with, flattened, plus what it ran on."""
-    settings = flatten(run.config)
+    """What a run was configured with, flattened, plus what it ran on (its name, description and
+    tags label the run; they are not settings)."""
+    settings = {k: v for k, v in flatten(run.config).items() if k not in ("name", "description", "tags")}
     settings["engine.version"] = run.engine_version
     settings["model"] = run.model
     hw = run.hardware or {}

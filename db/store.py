@@ -650,6 +650,8 @@ class RunStore:
             for table in (Request, RequestChunk, SampleChunk, LogChunk, RunEvent, Level, RunTag):
                 conn.execute(delete(table).where(table.run_id == run_id))
             conn.execute(delete(Run).where(Run.id == run_id))
+        for key in [k for k in self._seq if k[0] == run_id]:
+            del self._seq[key]
 
     # -- reading -------------------------------------------------------------------------------
 

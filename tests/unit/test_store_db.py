@@ -191,7 +191,7 @@ def test_compare_diff_deltas_and_aligned_series(tmp_path: Path) -> None:
         on = _run(store, "on", 30.0, True)
         c = compare_runs(store, [off, on], baseline=off)
         diff = dict(c.config_diff)
-        assert diff == {"features.prefix_caching": [False, True], "name": ["off", "on"]}  # only what differs
+        assert diff == {"features.prefix_caching": [False, True]}  # only what differs
         ttft = next(m for m in c.metrics if m.name == "ttft_ms_p50")
         assert ttft.values == [50.0, 30.0] and ttft.delta == [0.0, -20.0]
         assert ttft.delta_pct[1] == pytest.approx(-40.0) and ttft.verdict(1) == "better"

@@ -145,3 +145,28 @@ def test_engine_log_from_before_the_run_is_kept(store: RunStore) -> None:
     run = store.get_run(recorder.run_id)
     assert store.log_lines(run.id) == ["INFO warming up", "INFO serving"]
     assert [e["kind"] for e in run.events] == ["phase"]
+
+
+def test_a_failed_write_is_retried_not_lost(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    bus = Bus()
+    recorder = RunRecorder(bus, store)
+    real = store.write_batch
+    failures = {"left": 2}
+
+    def flaky(*args: object, **kwargs: object) -> None:
+        if failures["left"] and kwargs.get("requests"):
+            failures["left"] -= 1
+            raise RuntimeError("database is locked")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "write_batch", flaky)
+    _start(bus)
+    _request(bus, 0)
+    recorder.flush()
+    _request(bus, 1)
+    recorder.flush()
+    _request(bus, 2)
+    bus.event("run_finished", {"status": "completed"})
+    recorder.close()
+    assert failures["left"] == 0 and len(recorder.errors) == 2 and "retrying" in recorder.errors[0]
+    assert store.get_run(recorder.run_id).n_requests == 3
