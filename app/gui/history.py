@@ -387,7 +387,8 @@ class CompareView(QWidget):
             return
         for i, (label, values) in enumerate(zip(self.run_labels(), series.values, strict=True)):
             color = LIGHT.curves[i % len(LIGHT.curves)]
-            item.plot(series.t_s, values, pen=pg.mkPen(color, width=2), name=label, connect="finite")
+            finite = np.isfinite(values)  # bins without a sample are skipped, not drawn as gaps
+            item.plot(series.t_s[finite], values[finite], pen=pg.mkPen(color, width=2), name=label)
         item.setTitle(key)
 
     def _draw_bars(self) -> None:

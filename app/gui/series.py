@@ -21,7 +21,7 @@ class Ring:
     """A fixed-capacity (t, v) series. Every point is written twice (at i and i + capacity), so
     the last ``n`` points are always one contiguous slice: ``view`` never copies."""
 
-    __slots__ = ("capacity", "_t", "_v", "_head", "_n", "version")
+    __slots__ = ("capacity", "_t", "_v", "_head", "_n", "version", "total")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = capacity
@@ -30,6 +30,7 @@ class Ring:
         self._head = 0
         self._n = 0
         self.version = 0
+        self.total = 0  # points ever appended: the absolute index of the next point
 
     def append(self, t: float, v: float) -> None:
         i = self._head
@@ -38,6 +39,7 @@ class Ring:
         self._head = (i + 1) % self.capacity
         self._n = min(self._n + 1, self.capacity)
         self.version += 1
+        self.total += 1
 
     def extend(self, t: np.ndarray, v: np.ndarray) -> None:
         """Append many points at once (vectorised; keeps only the newest ``capacity``)."""
@@ -49,6 +51,7 @@ class Ring:
         self._head = (self._head + len(t)) % self.capacity
         self._n = min(self._n + len(t), self.capacity)
         self.version += 1
+        self.total += len(t)
 
     def view(self) -> tuple[np.ndarray, np.ndarray]:
         start = self._head - self._n if self._n < self.capacity else self._head
@@ -63,6 +66,7 @@ class Ring:
     def clear(self) -> None:
         self._head = self._n = 0
         self.version += 1
+        self.total = 0
 
 
 _NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
@@ -80,6 +84,58 @@ def peak_decimate(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.nda
     out_v[1::2] = blocks.max(axis=1)
     out_t = np.repeat(t[len(t) - n::ds], 2)
     return out_t, out_v
+
+
+class Decimator:
+    """Peak decimation of a growing :class:`Ring`, kept up to date incrementally: blocks of a
+    power-of-two size aligned to absolute sample numbers are reduced once and cached, so a
+    refresh only reduces the blocks completed since the last one (not the whole hour)."""
+
+    def __init__(self) -> None:
+        self.ds = 0
+        self.first = 0  # absolute block number of the first cached block
+        self.t = np.empty(0)
+        self.lo = np.empty(0)
+        self.hi = np.empty(0)
+        self._total = -1
+
+    def __call__(self, ring: Ring, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+        t, v = ring.view()
+        n = len(t)
+        want = n // max(max_points // 2, 1)
+        if want < 2:
+            return t, v
+        ds = 1 << (want - 1).bit_length()  # next power of two: stable while the run grows
+        total = ring.total
+        if ds != self.ds or total < self._total:
+            self.ds, self.first = ds, 0
+            self.t = self.lo = self.hi = np.empty(0)
+        self._total = total
+        start = total - n  # absolute index of t[0]
+        k0 = -(-start // ds)  # first complete block in view
+        k1 = total // ds  # blocks before this are complete
+        if k1 <= k0:
+            return t, v
+        cached_end = self.first + len(self.t)
+        if self.first < k0 or cached_end < k0:  # drop blocks that left the ring
+            keep = max(k0 - self.first, 0)
+            self.t, self.lo, self.hi = self.t[keep:], self.lo[keep:], self.hi[keep:]
+            self.first = max(self.first, k0) if cached_end >= k0 else k0
+            cached_end = self.first + len(self.t)
+        if not len(self.t):
+            self.first = cached_end = k0
+        if cached_end < k1:
+            a, b = cached_end * ds - start, k1 * ds - start
+            blocks = v[a:b].reshape(-1, ds)
+            self.t = np.concatenate([self.t, t[a:b:ds]])
+            self.lo = np.concatenate([self.lo, blocks.min(axis=1)])
+            self.hi = np.concatenate([self.hi, blocks.max(axis=1)])
+        head = k0 * ds - start
+        tail = k1 * ds - start
+        body_t = np.repeat(self.t, 2)
+        body_v = np.empty(2 * len(self.lo))
+        body_v[0::2], body_v[1::2] = self.lo, self.hi
+        return (np.concatenate([t[:head], body_t, t[tail:]]), np.concatenate([v[:head], body_v, v[tail:]]))
 
 
 def nice_ceil(value: float) -> float:

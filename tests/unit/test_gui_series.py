@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.bus import Sample
-from app.gui.series import PLOTS, Ring, SeriesStore, nice_ceil, peak_decimate, plots_for
+from app.gui.series import PLOTS, Decimator, Ring, SeriesStore, nice_ceil, peak_decimate, plots_for
 
 
 @given(capacity=st.integers(1, 50), values=st.lists(st.floats(-1e6, 1e6), max_size=200))
@@ -85,3 +85,47 @@ def test_layout_without_gpu_has_host_plots_and_with_gpu_has_gpu_plots() -> None:
     assert not no_gpu & {"gpu_memory", "bandwidth", "gpu_util"}
     assert {"gpu_memory", "bandwidth", "gpu_util", "tokens", "latency"} <= gpu
     assert len({p.key for p in PLOTS}) == len(PLOTS)
+
+
+def _reference(t: np.ndarray, v: np.ndarray, start: int, ds: int) -> tuple[list[float], list[float]]:
+    """Straightforward peak decimation on absolute block boundaries, for checking Decimator."""
+    k0, k1 = -(-start // ds), (start + len(t)) // ds
+    head, tail = k0 * ds - start, k1 * ds - start
+    out_t, out_v = list(t[:head]), list(v[:head])
+    for k in range(k0, k1):
+        a = k * ds - start
+        block = v[a:a + ds]
+        out_t += [t[a], t[a]]
+        out_v += [block.min(), block.max()]
+    return out_t + list(t[tail:]), out_v + list(v[tail:])
+
+
+@given(capacity=st.integers(8, 300), steps=st.lists(st.integers(1, 90), min_size=1, max_size=12),
+       max_points=st.integers(4, 40))
+def test_incremental_decimation_equals_decimating_from_scratch(capacity: int, steps: list[int], max_points: int) -> None:
+    ring, dec = Ring(capacity), Decimator()
+    rng = np.random.default_rng(len(steps))
+    for size in steps:
+        t = np.arange(ring.total, ring.total + size, dtype=float)
+        ring.extend(t, rng.normal(size=size))
+        got_t, got_v = dec(ring, max_points)
+        t_all, v_all = ring.view()
+        want = len(t_all) // max(max_points // 2, 1)
+        if want < 2 or dec.ds == 0:
+            assert got_t.tolist() == t_all.tolist()
+            continue
+        ref_t, ref_v = _reference(t_all, v_all, ring.total - len(t_all), dec.ds)
+        if -(-(ring.total - len(t_all)) // dec.ds) >= ring.total // dec.ds:
+            ref_t, ref_v = t_all.tolist(), v_all.tolist()
+        assert got_t.tolist() == ref_t
+        assert got_v.tolist() == ref_v
+
+
+def test_decimation_of_an_hour_is_bounded_and_keeps_extremes() -> None:
+    ring, dec = Ring(36_000), Decimator()
+    values = np.sin(np.arange(40_000) / 500.0)
+    values[39_000] = 7.0
+    ring.extend(np.arange(40_000, dtype=float), values)
+    t, v = dec(ring, 1000)
+    assert len(t) <= 1000 + 2 * dec.ds
+    assert v.max() == 7.0 and t[0] == 4000.0
