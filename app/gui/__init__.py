@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,10 @@ def main(profile: str | None = "cpu-demo", db_path: str | None = None) -> int:
         config = load_profile(path) if path else None
     except ProfileError as exc:
         raise UserError(str(exc)) from None
+    if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
+            and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))):
+        raise UserError("no display to open the workbench on (DISPLAY and WAYLAND_DISPLAY are unset); "
+                        "run it in a desktop session, or set QT_QPA_PLATFORM=offscreen for a headless check")
     try:
         from PySide6.QtWidgets import QApplication
     except ImportError as exc:  # pragma: no cover - the gui extra is missing

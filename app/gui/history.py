@@ -197,7 +197,7 @@ class HistoryView(QWidget):
         return next((r for r in self.runs if r.id == run_id), None)
 
     def _compare(self) -> None:
-        self.compare_requested.emit(self.selected_ids())
+        self.compare_requested.emit(sorted(self.selected_ids()))  # the oldest run is the first baseline
 
     def _export(self) -> None:
         self.export_requested.emit(self.selected_ids())

@@ -1,6 +1,7 @@
 """The workbench on the real vLLM CPU engine, driven like a user: choose the demo profile,
 toggle prefix caching, start a run, watch series and tiles, stop it, run again on the same warm
-engine, find both runs in history, compare them and export a launch script.
+engine, find both runs in history, compare them, export a launch script, and close the window in
+the middle of a third run.
 
 One engine start for the whole test (the "keep engine running" switch), a few dozen short
 requests; closing the window must stop the engine (the fixture fails otherwise).
@@ -12,10 +13,11 @@ from collections.abc import Callable
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QCheckBox, QSpinBox
+from PySide6.QtWidgets import QCheckBox, QMessageBox, QSpinBox
 
 from app.gui.main_window import MainWindow
 from tests.conftest import engine_available
+from tests.gui.conftest import close_window
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gui]
 
@@ -29,7 +31,7 @@ def _set_spin(window: MainWindow, path: str, value: int) -> None:
     assert window.config_panel.editor(path).message_text == ""
 
 
-def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWindow]) -> None:
+def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWindow], monkeypatch) -> None:
     if not engine_available():
         pytest.fail("vLLM CPU runtime or demo model missing: run `make engine`")
     window = make_window("qwen3-27b-fp8-h100")
@@ -116,4 +118,17 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     from PySide6.QtGui import QGuiApplication
     assert QGuiApplication.clipboard().text() == dialog.text
     dialog.close()
-    # closing the window (fixture) must stop the kept engine: checked by the leak fixture
+
+    # close the window in the middle of a third run: it asks, then stops the run and the engine
+    _set_spin(window, "workload.num_requests", 2000)
+    qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: tiles["done"].text() not in ("–", "0"), timeout=60_000)
+    asked: list[str] = []
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *a, **k: (asked.append(a[1]), QMessageBox.StandardButton.Yes)[1])
+    close_window(qtbot, window, timeout_ms=120_000)
+    assert asked == ["Stop the run?"]
+    assert window.last_result is not None and window.last_result.status == "cancelled"
+    assert not engine.is_running()
+    # the fixture then fails the test if a QThread, child process or registered engine is left
