@@ -164,13 +164,15 @@ class FieldEditor(QObject):
             combo = QComboBox()
             combo.setEditable(True)
             combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-            combo.lineEdit().editingFinished.connect(self._emit)
+            line_edit = combo.lineEdit()
+            assert line_edit is not None
+            line_edit.editingFinished.connect(self._emit)
             combo.activated.connect(lambda _i: self._emit())
             return combo
         if spec.kind in ("bool", "tristate"):
             check = QCheckBox()
             check.setTristate(spec.kind == "tristate")
-            check.stateChanged.connect(lambda _s: (self._update_check_text(), self._emit()))
+            check.stateChanged.connect(self._check_changed)
             return check
         if spec.kind == "int":
             spin = QSpinBox()
@@ -184,8 +186,8 @@ class FieldEditor(QObject):
         if spec.kind == "float":
             dspin = QDoubleSpinBox()
             dspin.setDecimals(2)
-            low = spec.minimum if spec.minimum is not None else 0.0
-            dspin.setRange(low - 0.01 if spec.optional else low, spec.maximum if spec.maximum else 1e9)
+            low_f = spec.minimum if spec.minimum is not None else 0.0
+            dspin.setRange(low_f - 0.01 if spec.optional else low_f, spec.maximum if spec.maximum else 1e9)
             dspin.setSingleStep(0.05 if (spec.maximum or 2) <= 1 or "utilization" in self.path else 1.0)
             if spec.optional:
                 dspin.setSpecialValueText(DEFAULT_TEXT)
@@ -199,6 +201,10 @@ class FieldEditor(QObject):
             line.setPlaceholderText("space-separated" if spec.item_type == "str" else "comma-separated numbers")
         line.editingFinished.connect(self._emit)
         return line
+
+    def _check_changed(self, _state: int) -> None:
+        self._update_check_text()
+        self._emit()
 
     def _update_check_text(self) -> None:
         check = self.widget

@@ -106,15 +106,15 @@ class ExportDialog(QDialog):
         self.copy_button.clicked.connect(self.copy)
         self.save_button.clicked.connect(self._save_dialog)
         self.close_button.clicked.connect(self.close)
-        self.format.currentIndexChanged.connect(lambda _i: self.render())
-        self.run_choice.currentIndexChanged.connect(lambda _i: self.render())
-        self.render()
+        self.format.currentIndexChanged.connect(lambda _i: self.render_preview())
+        self.run_choice.currentIndexChanged.connect(lambda _i: self.render_preview())
+        self.render_preview()
 
     @property
     def fmt(self) -> str:
         return str(self.format.currentData())
 
-    def render(self) -> None:
+    def render_preview(self) -> None:
         self._generation += 1
         generation = self._generation
         fmt, run_id, run_ids = self.fmt, int(self.run_choice.currentData()), list(self.run_ids)
@@ -166,6 +166,9 @@ class ExportDialog(QDialog):
                 raise OSError(f"{path}: cannot write: {exc.strerror}") from None
             return path
 
-        run_in_worker(write, lambda p: self.message.setText(f"Saved {p}"),
-                      lambda m: (self.message.setText(m), self.message.setStyleSheet("color: #d93025;")),
-                      name="export-save", parent=self.window_)
+        def failed(message: str) -> None:
+            self.message.setText(message)
+            self.message.setStyleSheet("color: #d93025;")
+
+        run_in_worker(write, lambda p: self.message.setText(f"Saved {p}"), failed, name="export-save",
+                      parent=self.window_)

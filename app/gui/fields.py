@@ -76,8 +76,8 @@ def field_spec(path: str, model: type[BaseModel] = RunConfig) -> FieldSpec:
         elif isinstance(meta, annotated_types.Lt):
             maximum = float(meta.lt)  # type: ignore[arg-type]
     default = None if info.is_required() else info.get_default(call_default_factory=True)
-    common = {"path": path, "optional": optional, "default": default, "minimum": minimum, "maximum": maximum,
-              "description": info.description or ""}
+    common: dict[str, Any] = {"path": path, "optional": optional, "default": default, "minimum": minimum,
+                              "maximum": maximum, "description": info.description or ""}
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return FieldSpec(kind="choice", choices=tuple(str(a) for a in typing.get_args(annotation)), **common)

@@ -199,7 +199,7 @@ class MainWindow(QMainWindow):
             shortcut.setContext(Qt.ShortcutContext.ApplicationShortcut)
             shortcut.activated.connect(self.toggle_presentation)
         escape = QShortcut(QKeySequence("Escape"), self)
-        escape.activated.connect(lambda: self.presenting and self.toggle_presentation())
+        escape.activated.connect(self._leave_presentation)
         self.history.refresh_requested.connect(self.refresh_history)
         self.history.compare_requested.connect(self.compare_runs)
         self.history.export_requested.connect(lambda ids: self.open_export(run_ids=ids))
@@ -566,6 +566,14 @@ class MainWindow(QMainWindow):
     def presenting(self) -> bool:
         return self.stack.currentIndex() == 1
 
+    def _leave_presentation(self) -> None:
+        if self.presenting:
+            self.toggle_presentation()
+
+    def _close_step_failed(self, message: str) -> None:
+        self._error(message)
+        self._finish_close()
+
     def toggle_presentation(self) -> None:
         if self.presenting:
             self.stack.setCurrentIndex(0)
@@ -654,7 +662,7 @@ class MainWindow(QMainWindow):
             self._shutting_engine = True
             self.phase_bar.set_text("Stopping the engine…")
             run_in_worker(self.session.shutdown, lambda _r: self._finish_close(),
-                          lambda m: (self._error(m), self._finish_close()), name="engine-stop", parent=self)
+                          self._close_step_failed, name="engine-stop", parent=self)
             return
         if busy_workers():
             QTimer.singleShot(50, self._finish_close)
@@ -662,7 +670,7 @@ class MainWindow(QMainWindow):
         if self.store is not None:
             store, self.store = self.store, None
             run_in_worker(store.close, lambda _r: self._finish_close(),
-                          lambda m: (self._error(m), self._finish_close()), name="store-close", parent=self)
+                          self._close_step_failed, name="store-close", parent=self)
             return
         self.timer.stop()
         self.bus.unsubscribe(self.sub)
