@@ -81,6 +81,7 @@ class RunResult(BaseModel):
     engine_version: str | None = None
     hardware: dict[str, Any] = Field(default_factory=dict)
     endpoint: str | None = None
+    engine_pid: int | None = None
     model: str | None = None
     status: RunStatus = "completed"
     reason: str | None = None
@@ -173,7 +174,7 @@ class Runner:
             "run_id": self.run_id, "name": self.config.name, "tags": list(self.config.tags),
             "config": self.config.model_dump(mode="json"), "engine_kind": self.config.engine.kind,
             "model": r.model or self.config.engine.model, "argv": r.argv, "env": r.env,
-            "engine_version": r.engine_version, "hardware": r.hardware, "endpoint": r.endpoint,
+            "engine_version": r.engine_version, "hardware": r.hardware, "endpoint": r.endpoint, "engine_pid": r.engine_pid,
             "started_wall_s": r.started_wall_s})
         with self._pending_lock:
             self._started_sent = True
@@ -210,6 +211,7 @@ class Runner:
         r.argv = list(engine.argv)
         r.env = mask_env(dict(engine.env_added))
         r.endpoint = engine.base_url
+        r.engine_pid = engine.pid
         try:
             r.engine_version = self.adapter.installed_version(engine.engine)
         except (RuntimeErrorMessage, OSError) as exc:
@@ -311,7 +313,7 @@ class Runner:
             text = _http_get(base_url + self.adapter.metrics_path, headers)
         except (urllib.error.URLError, OSError):
             return {}
-        return parse_engine_counters(text, self.adapter.metric_names.counters)
+        return parse_engine_counters(text, self.adapter.metric_names.counters, self.adapter.metric_names.histograms)
 
     def _settled(self, base_url: str, headers: dict[str, str], before: dict[str, float],
                  client_tokens: int) -> dict[str, float]:
@@ -365,7 +367,8 @@ class Runner:
                 deltas = engine_deltas(before, after) if after else None
             summary = summarize(outcome.records, outcome.duration_s, slo=load.slo,
                                 peak_concurrency=outcome.peak_concurrency, lengths_exact=dataset.lengths_exact,
-                                engine=deltas, stop_reason=outcome.stop_reason)
+                                engine=deltas, stop_reason=outcome.stop_reason,
+                                client_lag_ms=outcome.client_lag_ms)
             level = LevelResult(index=plan.index, label=plan.label, mode=plan.mode, concurrency=plan.concurrency,
                                 rate_rps=plan.rate_rps, started_wall_s=started_wall, summary=summary,
                                 requests=outcome.records)
@@ -501,4 +504,4 @@ def run_level_in_processes(plan: LevelPlan, dataset: Dataset, opts: ClientOption
     live.tokens = base_tokens + sum(x.output_tokens for x in records)
     reasons = [o.stop_reason for o in outcomes if o.stop_reason != "completed"]
     return LevelOutcome(records, max(o.duration_s for o in outcomes), sum(o.peak_concurrency for o in outcomes),
-                        reasons[0] if reasons else "completed")
+                        reasons[0] if reasons else "completed", [x for o in outcomes for x in o.client_lag_ms])

@@ -26,7 +26,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def format_table(result: RunResult) -> str:
     """The final per-level table (what a person reads after a run)."""
     header = ("level", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "TPOT p50",
-              "E2E p50", "queue p50", "goodput", "cache hit", "spec acc")
+              "E2E p50", "queue p50", "goodput", "cache hit", "spec acc", "lag p99")
     rows = [header]
     for lv in result.levels:
         s = lv.summary
@@ -36,12 +36,14 @@ def format_table(result: RunResult) -> str:
             _fmt(s.e2e_ms.median, 0), _fmt(s.queue_ms.median, 2),
             "-" if s.goodput_rps is None else f"{s.goodput_rps:.2f}/s",
             "-" if s.engine.prefix_cache_hit_rate is None else f"{s.engine.prefix_cache_hit_rate:.0%}",
-            "-" if s.engine.spec_acceptance_rate is None else f"{s.engine.spec_acceptance_rate:.0%}"))
+            "-" if s.engine.spec_acceptance_rate is None else f"{s.engine.spec_acceptance_rate:.0%}",
+            _fmt(s.client_lag_ms.p99)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("times in ms; TTFT from send, queue = scheduled -> sent; ITL per token (docs/metrics.md)")
+    lines.append("times in ms; TTFT from send, queue = scheduled -> sent; ITL per token; lag = client event-loop "
+                 "lateness (docs/metrics.md)")
     for lv in result.levels:
         s = lv.summary
         extra = []
@@ -52,6 +54,9 @@ def format_table(result: RunResult) -> str:
             extra.append(f"tokens counted from {s.tokens_source} (engine sent no per-chunk usage)")
         if not s.lengths_exact:
             extra.append("prompt lengths approximate (no local tokenizer)")
+        if s.engine.engine_itl_ms_mean is not None:
+            extra.append(f"engine-side means: TTFT {_fmt(s.engine.engine_ttft_ms_mean)}, ITL "
+                         f"{_fmt(s.engine.engine_itl_ms_mean, 2)}")
         if s.error_examples:
             extra.append("errors: " + "; ".join(s.error_examples[:3]))
         if s.stop_reason != "completed":

@@ -27,6 +27,7 @@ from app.load.patterns import LevelPlan, arrival_offsets_s
 
 MIN_REQUESTS_FOR_BUDGET = 5
 TICK_S = 0.5
+LAG_PROBE_S = 0.005
 
 
 @dataclass
@@ -42,6 +43,7 @@ class LevelOutcome:
     duration_s: float
     peak_concurrency: int
     stop_reason: str  # completed | duration reached | error budget exceeded: ... | cancelled
+    client_lag_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -213,8 +215,19 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                     live.publish()
                     next_tick += TICK_S
 
+        lags: list[float] = []
+
+        async def lag_probe() -> None:
+            """How late the event loop wakes up: when the client is starved of CPU (an engine
+            spinning on the same cores), arrival times are late and tokens look bunched."""
+            while True:
+                t = time.perf_counter()
+                await asyncio.sleep(LAG_PROBE_S)
+                lags.append((time.perf_counter() - t - LAG_PROBE_S) * 1e3)
+
         tasks: set[asyncio.Task[None]] = set()
         watcher = asyncio.create_task(watch())
+        prober = asyncio.create_task(lag_probe())
         try:
             if plan.mode == "closed":
                 counter = itertools.count()
@@ -260,7 +273,8 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 tasks = {t for t in tasks if not t.done()}
         finally:
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            prober.cancel()
+            await asyncio.gather(watcher, prober, return_exceptions=True)
     duration = time.perf_counter() - t0
     live.publish()
-    return LevelOutcome(records, duration, in_flight[1], stop_reason[0])
+    return LevelOutcome(records, duration, in_flight[1], stop_reason[0], lags)

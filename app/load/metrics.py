@@ -85,6 +85,12 @@ class EngineDeltas(BaseModel):
     spec_mean_acceptance_length: float | None = None
     requests_finished: float | None = None
     preemptions: float | None = None
+    # Means of the engine's own latency histograms over the level (server side: no network,
+    # no client scheduling). Comparing them with the client's figures shows client distortion.
+    engine_ttft_ms_mean: float | None = None
+    engine_itl_ms_mean: float | None = None
+    engine_e2e_ms_mean: float | None = None
+    engine_queue_ms_mean: float | None = None
 
 
 class LevelSummary(BaseModel):
@@ -111,6 +117,7 @@ class LevelSummary(BaseModel):
     good_requests: int | None = None
     goodput_rps: float | None = None
     peak_concurrency: int = 0
+    client_lag_ms: Stats = Field(default_factory=Stats)  # event-loop lateness: client starved of CPU?
     tokens_source: str = "usage"  # usage | chunks | mixed
     lengths_exact: bool = True
     engine: EngineDeltas = Field(default_factory=EngineDeltas)
@@ -121,7 +128,7 @@ class LevelSummary(BaseModel):
         """One level as flat columns (``ttft_ms_p99``, ``engine_prefix_cache_hit_rate``...)."""
         out: dict[str, float | int | str | bool | None] = {}
         for key, value in self.model_dump().items():
-            if isinstance(value, dict) and key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms"):
+            if isinstance(value, dict) and key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "client_lag_ms"):
                 base = key[: -len("_ms")]
                 for stat, v in value.items():
                     out[f"{base}_{stat}" if stat == "count" else f"{base}_ms_{stat}"] = v
@@ -177,9 +184,10 @@ def meets_slo(record: RequestRecord, slos: Sequence[tuple[str, str, float]]) -> 
 
 # --- engine /metrics ----------------------------------------------------------------------------
 
-def parse_engine_counters(metrics_text: str, counters: Mapping[str, tuple[str, ...]]) -> dict[str, float]:
+def parse_engine_counters(metrics_text: str, counters: Mapping[str, tuple[str, ...]],
+                          histograms: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float]:
     """Canonical counter -> value (summed over label sets) from Prometheus text; the first name
-    of each alias list that is present wins."""
+    of each alias list that is present wins. Histograms give ``<key>_sum`` and ``<key>_count``."""
     totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(metrics_text):
@@ -194,6 +202,11 @@ def parse_engine_counters(metrics_text: str, counters: Mapping[str, tuple[str, .
         for name in names:
             if name in totals:
                 out[key] = totals[name]
+                break
+    for key, names in (histograms or {}).items():
+        for name in names:
+            if name + "_count" in totals:
+                out[key + "_sum"], out[key + "_count"] = totals.get(name + "_sum", 0.0), totals[name + "_count"]
                 break
     return out
 
@@ -212,6 +225,11 @@ def engine_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> En
         d.spec_acceptance_rate = (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_draft_tokens
     if d.spec_decode_drafts:
         d.spec_mean_acceptance_length = 1.0 + (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_drafts
+    for key, field_name in (("ttft_s", "engine_ttft_ms_mean"), ("itl_s", "engine_itl_ms_mean"),
+                            ("e2e_s", "engine_e2e_ms_mean"), ("queue_s", "engine_queue_ms_mean")):
+        count, total = delta(key + "_count"), delta(key + "_sum")
+        if count and total is not None:
+            setattr(d, field_name, total / count * 1e3)
     return d
 
 
@@ -219,7 +237,8 @@ def engine_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> En
 
 def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str | None = None,
               peak_concurrency: int = 0, lengths_exact: bool = True,
-              engine: EngineDeltas | None = None, stop_reason: str = "completed") -> LevelSummary:
+              engine: EngineDeltas | None = None, stop_reason: str = "completed",
+              client_lag_ms: Sequence[float] = ()) -> LevelSummary:
     """The figures of one level from its request records (see docs/metrics.md)."""
     recs = list(records)
     done = [r for r in recs if r.ok]
@@ -249,6 +268,7 @@ def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str |
         e2e_ms=Stats.of([r.e2e_ms for r in done if r.e2e_ms is not None]),
         queue_ms=Stats.of([r.queue_ms for r in recs if r.error_kind != "cancelled"]),
         peak_concurrency=peak_concurrency,
+        client_lag_ms=Stats.of(client_lag_ms),
         tokens_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage"),
         lengths_exact=lengths_exact,
         engine=engine or EngineDeltas(),

@@ -103,6 +103,20 @@ def test_engine_deltas_from_prometheus_text() -> None:
     assert summarize(records[:9], 1.0, engine=d).tokens_match_engine is False
 
 
+def test_engine_latency_means_from_histogram_deltas() -> None:
+    def text(total: float, count: float) -> str:
+        return ("# TYPE vllm:inter_token_latency_seconds histogram\n"
+                f'vllm:inter_token_latency_seconds_bucket{{le="+Inf",model_name="m"}} {count}\n'
+                f'vllm:inter_token_latency_seconds_count{{model_name="m"}} {count}\n'
+                f'vllm:inter_token_latency_seconds_sum{{model_name="m"}} {total}\n')
+
+    before = parse_engine_counters(text(1.0, 100), METRIC_NAMES.counters, METRIC_NAMES.histograms)
+    after = parse_engine_counters(text(1.5, 200), METRIC_NAMES.counters, METRIC_NAMES.histograms)
+    d = engine_deltas(before, after)
+    assert d.engine_itl_ms_mean == pytest.approx(5.0)  # 0.5 s over 100 gaps
+    assert d.engine_ttft_ms_mean is None
+
+
 def test_garbage_metrics_text_gives_no_counters() -> None:
     assert parse_engine_counters("this is { not prometheus", METRIC_NAMES.counters) == {}
 

@@ -66,6 +66,7 @@ def test_closed_loop_keeps_concurrency_in_flight(server: FakeOpenAIServer) -> No
     out = run(LevelPlan(0, "c4", "closed", concurrency=4), dataset(20), server)
     assert len(out.records) == 20 and all(r.ok for r in out.records)
     assert out.peak_concurrency == 4 and out.stop_reason == "completed"
+    assert out.client_lag_ms and min(out.client_lag_ms) >= 0
     assert sorted(r.index for r in out.records) == list(range(20))
     assert max(r.queue_ms for r in out.records) < 50
 
