@@ -20,12 +20,15 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QScrollArea,
     QSpinBox,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -139,7 +142,17 @@ class FieldEditor(QObject):
         box = QVBoxLayout(self.container)
         box.setContentsMargins(0, 0, 0, 0)
         box.setSpacing(1)
-        box.addWidget(self.widget)
+        if path == "engine.model":  # a hub id, a recent model, or a local directory
+            row = QHBoxLayout()
+            row.addWidget(self.widget, 1)
+            self.browse = QToolButton()
+            self.browse.setText("…")
+            self.browse.setToolTip("Choose a local model directory")
+            self.browse.clicked.connect(self._browse_model)
+            row.addWidget(self.browse)
+            box.addLayout(row)
+        else:
+            box.addWidget(self.widget)
         box.addWidget(self.message)
         self._edit_error: str | None = None
         self._issue: tuple[str, str] | None = None
@@ -201,6 +214,12 @@ class FieldEditor(QObject):
             line.setPlaceholderText("space-separated" if spec.item_type == "str" else "comma-separated numbers")
         line.editingFinished.connect(self._emit)
         return line
+
+    def _browse_model(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self.widget, "Model directory (with config.json)")
+        if folder:
+            self.set_value(folder)
+            self._emit()
 
     def _check_changed(self, _state: int) -> None:
         self._update_check_text()

@@ -257,3 +257,21 @@ def test_the_leak_check_sees_a_running_worker_and_a_child_process(qtbot) -> None
 def test_ring_buffers_keep_an_hour_at_ten_hz(window: MainWindow) -> None:
     assert window.series.capacity >= 36_000
     assert np.dtype(np.float64).itemsize * 4 * window.series.capacity < 2_000_000  # per series, preallocated
+
+
+def test_model_can_be_typed_browsed_and_is_remembered(qtbot, window: MainWindow, tmp_path: Path, monkeypatch) -> None:
+    from PySide6.QtWidgets import QFileDialog
+    editor = window.config_panel.editor("engine.model")
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path))
+    qtbot.mouseClick(editor.browse, Qt.MouseButton.LeftButton)
+    assert window.state.config.engine.model == str(tmp_path)
+    missing = tmp_path / "nope"
+    editor.set_value(str(missing))
+    editor._emit()
+    qtbot.waitUntil(lambda: "model path not found" in editor.message_text, timeout=10_000)
+    editor.set_value("   ")
+    editor._emit()
+    assert "at least 1 character" in editor.message_text and window.state.config.engine.model == str(missing)
+    window._remember("recent_models", "Qwen/Qwen3-8B")
+    combo = editor.widget
+    assert isinstance(combo, QComboBox) and combo.findText("Qwen/Qwen3-8B") >= 0
