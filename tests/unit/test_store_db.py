@@ -239,3 +239,21 @@ def test_finish_rejects_unknown_status(tmp_path: Path) -> None:
         run_id = store.create_run(name="s")
         with pytest.raises(StoreError, match="cannot finish as 'running'"):
             store.finish_run(run_id, "running")
+
+
+def test_request_fields_beyond_the_columns_survive_mixed_shapes(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="x")
+        store.write_batch(run_id, requests=[
+            {"ttft_ms": 1.0, "queue_ms": 0.5, "finish_reason": "length"},
+            {"ttft_ms": 2.0, "finish_reason": "stop", "queue_ms": 0.7},  # same fields, other order
+            {"ttft_ms": 3.0, "http_status": 500, "error": "HTTP 500"},  # other fields
+            {"ttft_ms": 4.0},
+        ])
+        store.write_batch(run_id, requests=[{"ttft_ms": 5.0}])  # a batch without extra fields
+        records = store.request_records(run_id)
+        assert [r.get("extra") for r in records] == [
+            {"queue_ms": 0.5, "finish_reason": "length"}, {"queue_ms": 0.7, "finish_reason": "stop"},
+            {"http_status": 500}, None, None]
+        assert [r["seq"] for r in records] == [0, 1, 2, 3, 4]
+        assert store.requests(run_id).errors == [None, None, "HTTP 500", None, None]
