@@ -170,7 +170,13 @@ def _header(spec: LaunchSpec) -> dict[str, Any]:
         tb_version = "dev"
     engine = spec.config.engine
     pin = spec.engine_version or "unknown (not recorded)"
+    image = engine.runtime.docker_image
+    if spec.engine_version and image.startswith("vllm/vllm-openai") and not image.endswith(spec.engine_version):
+        image_hint = f"the image matching the measured version is vllm/vllm-openai:v{spec.engine_version}"
+    else:
+        image_hint = f"image {image}"
     return {
+        "image_hint": image_hint,
         "tunebench_version": tb_version, "source": spec.source, "name": spec.config.name,
         "engine_name": get_adapter(engine.kind).display_name, "engine_version": pin,
         "runtime": engine.runtime.kind, "model": engine.model,
