@@ -88,6 +88,6 @@ def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagS
                 out.cautions.setdefault(path, {})[str(value)] = mine[0].message
         bad = out.disabled_choices.get(path, {})
         candidates = _candidates(spec, current)
-        if candidates and spec.kind in ("int", "float") and len(bad) == len(candidates):
+        if candidates and spec.kind != "choice" and len(bad) == len(candidates):
             out.disabled[path] = next(iter(bad.values()))
     return out

@@ -534,6 +534,11 @@ class MainWindow(QMainWindow):
             self.phase_bar.set_phase("ready", "running the load")
         elif kind == "level_started":
             self.statusBar().showMessage(f"Level {p.get('index')}: {p.get('label')}")
+        elif kind == "level_finished":
+            summary = p.get("summary") or {}
+            tok = summary.get("output_tok_per_s")
+            self.statusBar().showMessage(f"Level {p.get('index')} done: {summary.get('completed', '?')} requests"
+                                         + (f", {tok:,.0f} tok/s" if isinstance(tok, int | float) else ""))
         elif kind == "progress":
             for key, tile in TILE_FROM_PROGRESS.items():
                 value = p.get(key)

@@ -78,3 +78,18 @@ def test_availability_judges_toggles_from_defaults_not_the_current_setting() -> 
     config = RunConfig(features=Features(kv_cache_dtype="fp8"))
     availability = compute_availability(config, _hardware([], ["avx2"]), None)
     assert "fp8" in availability.disabled_choices["features.kv_cache_dtype"]
+
+
+def test_a_flag_the_installed_version_lacks_disables_the_toggle_naming_the_version() -> None:
+    from engine_adapters.base import FlagSet
+    from engine_adapters.vllm import feature_flags, flag_names
+
+    every_flag = sorted({f for toks in feature_flags(Features(prefix_caching=True, max_num_seqs=4)).values()
+                         for f in flag_names(toks)} | {"--no-enable-prefix-caching", "--enable-chunked-prefill",
+                                                       "--no-enable-chunked-prefill", "--max-model-len"})
+    old = FlagSet(engine="vllm", version="0.4.0",
+                  flags=[f for f in every_flag if "prefix-caching" not in f])
+    availability = compute_availability(RunConfig(), _hardware([], ["avx512f"]), old)
+    assert "0.4.0" in availability.disabled["features.prefix_caching"]
+    assert "features.chunked_prefill" not in availability.disabled
+    assert availability.engine_version == "0.4.0"
