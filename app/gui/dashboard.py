@@ -222,15 +222,18 @@ class PlotGrid(QWidget):
         self.has_gpu = has_gpu
         for panel in self.panels.values():
             self.grid.removeWidget(panel)
+            panel.hide()  # gone from the screen now, freed by the event loop
+            panel.setParent(None)
             panel.deleteLater()
         self.panels.clear()
         specs = plots_for(has_gpu)
         if self.only is not None:
             specs = [s for s in specs if s.key in self.only]
+        columns = self.columns if len(specs) <= 2 * self.columns else self.columns + 1  # two rows
         for i, spec in enumerate(specs):
             panel = PlotPanel(spec, self.theme)
             self.panels[spec.key] = panel
-            self.grid.addWidget(panel, i // self.columns, i % self.columns)
+            self.grid.addWidget(panel, i // columns, i % columns)
 
     def refresh(self, store: SeriesStore) -> int:
         return sum(panel.refresh(store) for panel in self.panels.values())
