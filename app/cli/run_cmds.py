@@ -17,6 +17,7 @@ from app.profiles import ProfileError, load_profile, resolve_profile
 from app.runner import Runner, RunResult
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
+PLAIN_PROGRESS_S = 5.0
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -73,6 +74,7 @@ class _Console:
         self.out, self.verbose = out, verbose
         self.tty = out.isatty()
         self._live = False
+        self._last_plain = 0.0
 
     def _line(self, text: str) -> None:
         if self._live:
@@ -109,6 +111,9 @@ class _Console:
                 self.out.write("\r\x1b[K" + text)
                 self.out.flush()
                 self._live = True
+            elif ev.t_mono - self._last_plain >= PLAIN_PROGRESS_S:  # a pipe or a log file: a line now and then
+                self._last_plain = ev.t_mono
+                self._line(text)
         elif ev.kind == "level_finished":
             s = p.get("summary") or {}
             self._line(f"  done: {s.get('completed')} ok, {s.get('errors')} errors, "

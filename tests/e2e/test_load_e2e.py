@@ -16,7 +16,7 @@ from app.bus import Bus, Event
 from app.config import RunConfig
 from app.runner import Runner, RunResult
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from engine_adapters.config import Features, SpeculativeConfig
+from engine_adapters.config import EngineConfig, Features, SpeculativeConfig
 from engine_adapters.launcher import EngineProcess, group_members
 
 pytestmark = pytest.mark.e2e
@@ -121,3 +121,18 @@ def test_cli_run_launches_measures_and_stops_its_engine(tmp_path: Path) -> None:
     assert len(requests) == 4 and all(r["ok"] for r in requests)
     # The engine it started is gone, its whole process group with it.
     assert data["engine_pid"] and not group_members(data["engine_pid"])
+
+
+def test_engine_that_fails_to_start_ends_the_run_with_its_diagnosis(tmp_path: Path) -> None:
+    # A model folder without config.json passes validation (the path exists); the engine refuses it.
+    config = RunConfig(name="e2e fail", engine=EngineConfig(model=str(tmp_path)), workload=WorkloadConfig(num_requests=2))
+    bus = Bus()
+    sub = bus.subscribe(kinds=["run_started", "phase", "run_finished"])
+    result = Runner(config, bus, telemetry=False).run()
+    assert result.status == "failed" and result.levels == []
+    assert "model was not found" in (result.reason or ""), result.reason
+    evs = [e for e in sub.drain() if isinstance(e, Event)]
+    assert evs[0].kind == "run_started" and evs[-1].kind == "run_finished"
+    assert any(e.kind == "phase" and e.payload["phase"] == "failed" for e in evs)
+    assert evs[-1].payload["reason"] == result.reason
+    assert result.engine_pid and not group_members(result.engine_pid)
