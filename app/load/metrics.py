@@ -125,13 +125,15 @@ class LevelSummary(BaseModel):
     stop_reason: str = "completed"
 
     def flat(self) -> dict[str, float | int | str | bool | None]:
-        """One level as flat columns (``ttft_ms_p99``, ``engine_prefix_cache_hit_rate``...)."""
+        """One level as flat columns (``ttft_ms_p99``, ``ttft_ms_p50`` = ``ttft_ms_median``,
+        ``engine_prefix_cache_hit_rate``...)."""
         out: dict[str, float | int | str | bool | None] = {}
         for key, value in self.model_dump().items():
             if isinstance(value, dict) and key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queue_ms", "client_lag_ms"):
                 base = key[: -len("_ms")]
                 for stat, v in value.items():
                     out[f"{base}_{stat}" if stat == "count" else f"{base}_ms_{stat}"] = v
+                out[f"{base}_ms_p50"] = value["median"]  # the same figure under its percentile name
             elif key == "engine":
                 out.update({f"engine_{k}": v for k, v in value.items()})
             elif isinstance(value, (dict, list)):

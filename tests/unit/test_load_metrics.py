@@ -124,5 +124,6 @@ def test_garbage_metrics_text_gives_no_counters() -> None:
 def test_flat_columns() -> None:
     flat = summarize([rec(0, 100.0, [10.0] * 3)], 1.0, slo="ttft_ms<=500").flat()
     assert flat["ttft_ms_p99"] == pytest.approx(100.0) and flat["itl_count"] == 3
+    assert flat["itl_ms_p50"] == flat["itl_ms_median"] == pytest.approx(10.0)
     assert flat["goodput_rps"] == pytest.approx(1.0) and "engine_prefix_cache_hit_rate" in flat
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
