@@ -69,6 +69,7 @@ class MainWindow(QMainWindow):
         self.state = ConfigState(config or RunConfig())
         self.profile_path = profile_path
         self.settings = GuiSettings()
+        self.shipped = shipped_profiles()  # listed once, before the event loop runs
         self.bus = Bus()
         # Request records are the store's business; the window needs samples and run events.
         self.sub = self.bus.subscribe(maxlen=500_000, kinds=(
@@ -328,7 +329,7 @@ class MainWindow(QMainWindow):
         picker.blockSignals(True)
         picker.clear()
         picker.addItem("— choose a profile —", None)
-        for stem, path in sorted(shipped_profiles().items()):
+        for stem, path in sorted(self.shipped.items()):
             picker.addItem(f"{stem} (shipped)", str(path))
         for recent in self.settings.recent_profiles:
             if picker.findData(recent) < 0:
@@ -357,7 +358,7 @@ class MainWindow(QMainWindow):
             self.setWindowTitle(f"tunebench — {path.name}")
             self.statusBar().showMessage(f"Opened {path}", 5000)
             self.show_banner(None)
-            if str(path) not in {str(p) for p in shipped_profiles().values()}:
+            if str(path) not in {str(p) for p in self.shipped.values()}:
                 self._remember("recent_profiles", str(path))
             self._fill_profile_picker()
             self._refresh_availability()
@@ -366,7 +367,7 @@ class MainWindow(QMainWindow):
 
     def _save_profile(self, ask: bool = False) -> None:
         path = self.profile_path
-        shipped = {str(p) for p in shipped_profiles().values()}
+        shipped = {str(p) for p in self.shipped.values()}
         if ask or path is None or str(path) in shipped:
             suggested = str(Path.home() / f"{self.state.config.name or 'profile'}.toml")
             chosen, _ = QFileDialog.getSaveFileName(self, "Save profile", suggested, "Profiles (*.toml)")
