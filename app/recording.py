@@ -68,6 +68,7 @@ class RunRecorder:
         self._flush_now = threading.Event()
         self._flushed = threading.Condition()
         self._flush_count = 0
+        self._dropped_written = 0
         self._sub = bus.subscribe(maxlen=maxlen)
         self._thread = threading.Thread(target=self._loop, name="run-recorder", daemon=True)
         self._thread.start()
@@ -213,9 +214,11 @@ class RunRecorder:
             return
         requests, samples, lines, events = self._requests, self._samples, self._log, self._events
         self._requests, self._samples, self._log, self._events = [], [], [], []
+        dropped = self._sub.dropped
         try:
-            self.store.write_batch(self.run_id, requests=requests, samples=samples, log_lines=lines,
-                                   events=events, dropped_items=self._sub.dropped)
+            self.store.write_batch(self.run_id, requests=requests, samples=samples, log_lines=lines, events=events,
+                                   dropped_items=dropped if dropped != self._dropped_written else None)
+            self._dropped_written = dropped
         except Exception as exc:  # locked past the busy timeout, disk full...: keep it for the next flush
             held = len(requests) + len(samples) + len(lines) + len(self._requests) + len(self._samples)
             if held <= MAX_HELD_ITEMS:

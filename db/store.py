@@ -320,10 +320,12 @@ def pack_requests(run_id: int, seq_start: int, records: Sequence[Mapping[str, An
     return RequestBatch(rows, counts, values, extra_keys, extras)
 
 
-_CHUNK_INSERT = Base.metadata.tables["request_chunks"].insert()  # Core: no ORM bulk overhead
-_SAMPLE_INSERT = Base.metadata.tables["sample_chunks"].insert()  # Core: no ORM bulk overhead
-_LOG_INSERT = Base.metadata.tables["log_chunks"].insert()  # Core: no ORM bulk overhead
-_EVENT_INSERT = Base.metadata.tables["run_events"].insert()  # Core: no ORM bulk overhead
+# The per-flush inserts go straight to the driver: a run makes thousands of them.
+_CHUNK_INSERT = ("INSERT INTO request_chunks (run_id, seq_start, n, counts, \"values\", extras) "
+                 "VALUES (?, ?, ?, ?, ?, ?)")
+_SAMPLE_INSERT = "INSERT INTO sample_chunks (run_id, source, n, names, t_mono, t_wall, data) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_LOG_INSERT = "INSERT INTO log_chunks (run_id, seq, n_lines, data) VALUES (?, ?, ?, ?)"
+_EVENT_INSERT = Base.metadata.tables["run_events"].insert()  # rare: Core, with JSON handling
 _INSERT_REQUEST = ("INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, "
                    "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -518,17 +520,17 @@ class RunStore:
                 batch = pack_requests(run_id, seq_start, requests)
                 conn.exec_driver_sql(_INSERT_REQUEST, batch.rows)
                 extras = batch.extras_blob()
-                conn.execute(_CHUNK_INSERT, {"run_id": run_id, "seq_start": seq_start, "n": len(batch.rows),
-                                             "counts": batch.counts.tobytes(), "values": batch.values.tobytes(),
-                                             "extras": extras})
+                conn.exec_driver_sql(_CHUNK_INSERT, (run_id, seq_start, len(batch.rows), batch.counts.tobytes(),
+                                                     batch.values.tobytes(), extras))
                 self._seq[(run_id, "requests")] = seq_start + len(batch.rows)
             if samples:
-                conn.execute(_SAMPLE_INSERT, [{"run_id": run_id, **row} for row in pack_samples(samples)])
+                conn.exec_driver_sql(_SAMPLE_INSERT, [
+                    (run_id, row["source"], row["n"], json.dumps(row["names"]), row["t_mono"], row["t_wall"], row["data"])
+                    for row in pack_samples(samples)])
             if log_lines:
                 seq = self._next_seq(conn, run_id, "log", LogChunk.seq)
                 text = "\n".join(log_lines).encode("utf-8", "replace")
-                conn.execute(_LOG_INSERT, {"run_id": run_id, "seq": seq, "n_lines": len(log_lines),
-                                           "data": zlib.compress(text, 6)})
+                conn.exec_driver_sql(_LOG_INSERT, (run_id, seq, len(log_lines), zlib.compress(text, 6)))
                 self._seq[(run_id, "log")] = seq + 1
             if events:
                 conn.execute(_EVENT_INSERT, [{"run_id": run_id, "t_wall": t, "kind": k, "payload": p}

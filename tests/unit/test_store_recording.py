@@ -170,3 +170,16 @@ def test_a_failed_write_is_retried_not_lost(store: RunStore, monkeypatch: pytest
     recorder.close()
     assert failures["left"] == 0 and len(recorder.errors) == 2 and "retrying" in recorder.errors[0]
     assert store.get_run(recorder.run_id).n_requests == 3
+
+
+def test_items_a_slow_recorder_dropped_are_counted_on_the_run(store: RunStore) -> None:
+    bus = Bus()
+    recorder = RunRecorder(bus, store, maxlen=50)
+    _start(bus)
+    recorder.flush()  # the run exists before the flood (a flood can push out any oldest item)
+    for i in range(20_000):  # far faster than a 50-item mailbox is drained
+        bus.sample("host", {"cpu_util_pct": float(i)})
+    bus.event("run_finished", {"status": "completed"})
+    recorder.close()
+    run = store.get_run(recorder.run_id)
+    assert run.dropped_items > 0 and run.n_samples + run.dropped_items <= 20_000
