@@ -652,20 +652,26 @@ def _store_import(store: RunStore, source: str, tool: str, name: str, model: str
     return run_id
 
 
-def import_results(store: RunStore, path: str | Path, name: str | None = None) -> int:
-    """Import a ``vllm bench serve`` result, a GuideLLM ``benchmarks.json`` or a tunebench run
-    export as a run marked imported; returns its id."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+def _json_documents(text: str, path: Path) -> list[Any]:
+    """One JSON document, or several back to back (``vllm bench serve --append-result``)."""
+    decoder = json.JSONDecoder()
+    docs, at = [], 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            break
+        try:
+            doc, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        docs.append(doc)
+    if not docs:
+        raise UserError(f"{path}: empty file")
+    return docs
+
+
+def _import_document(store: RunStore, data: Any, path: Path, name: str | None) -> int:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object")
     try:
@@ -678,3 +684,27 @@ def import_results(store: RunStore, path: str | Path, name: str | None = None) -
     except (TypeError, ValueError, KeyError, AttributeError, StoreError) as exc:
         raise UserError(f"{path}: could not import: {exc}") from None
     raise UserError(f"{path}: not a vllm bench serve result, a GuideLLM benchmarks.json or a tunebench run export")
+
+
+def import_results(store: RunStore, path: str | Path, name: str | None = None) -> list[int]:
+    """Import a ``vllm bench serve`` result (one, or several appended), a GuideLLM
+    ``benchmarks.json`` or a tunebench run export as runs marked imported; returns their ids.
+    All or nothing: if one document fails, none is kept."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read: {exc}") from None
+    docs = _json_documents(text, path)
+    ids: list[int] = []
+    try:
+        for i, doc in enumerate(docs):
+            label = name if name is None or len(docs) == 1 else f"{name} #{i + 1}"
+            ids.append(_import_document(store, doc, path, label))
+    except UserError:
+        for run_id in ids:
+            store.delete(run_id)
+        raise
+    return ids

@@ -334,12 +334,13 @@ def _single(store: RunStore, ref: str) -> Comparison:
 
 def cmd_import(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        run_id = import_results(store, args.file, args.name)
-        run: RunInfo = store.get_run(run_id)
+        runs: list[RunInfo] = [store.get_run(i) for i in import_results(store, args.file, args.name)]
     if args.json:
-        _print_json(run.model_dump(mode="json"))
+        _print_json([r.model_dump(mode="json") for r in runs])
     else:
-        print(f"imported {args.file} as run {run_id} ({run.name}, {run.metrics.get('requests_total', 0):,.0f} requests)")
+        for run in runs:
+            print(f"imported {args.file} as run {run.id} ({run.name}, "
+                  f"{run.metrics.get('requests_total', 0):,.0f} requests)")
     return 0
 
 

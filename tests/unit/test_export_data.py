@@ -46,7 +46,7 @@ def test_json_export_round_trips_through_import(store: RunStore, tmp_path: Path)
                                                                                                "INFO ready"]
     path = tmp_path / "run.json"
     path.write_text(json.dumps(doc))
-    new_id = import_results(store, path)
+    (new_id,) = import_results(store, path)
     orig, copy = store.get_run(run_id), store.get_run(new_id)
     assert copy.imported and copy.imported_from == "tunebench: run.json" and "imported" in copy.tags
     assert copy.config == orig.config and copy.n_requests == 5 and copy.n_samples == 6 and copy.n_log_lines == 2
@@ -100,7 +100,8 @@ def _vllm_bench_result() -> dict[str, object]:
 def test_import_vllm_bench_serve(store: RunStore, tmp_path: Path) -> None:
     path = tmp_path / "vllm-bench.json"
     path.write_text(json.dumps(_vllm_bench_result()))
-    run = store.get_run(import_results(store, path))
+    (run_id,) = import_results(store, path)
+    run = store.get_run(run_id)
     assert run.imported and run.imported_from == "vllm bench serve: vllm-bench.json"
     assert run.model == "meta-llama/Llama-3.1-8B" and run.status == "completed"
     assert run.n_requests == 4
@@ -116,7 +117,8 @@ def test_import_vllm_bench_summary_only(store: RunStore, tmp_path: Path) -> None
                          "generated_texts")}
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(data))
-    run = store.get_run(import_results(store, path, name="from summary"))
+    (run_id,) = import_results(store, path, name="from summary")
+    run = store.get_run(run_id)
     assert run.name == "from summary" and run.n_requests == 0
     assert run.metrics["ttft_ms_p99"] == 120.0 and run.metrics["output_tok_per_s"] == 15.0
     assert run.metrics["ttft_ms_p50"] == 100.0 and run.metrics["error_rate_pct"] == 25.0
@@ -146,7 +148,8 @@ def _guidellm() -> dict[str, object]:
 def test_import_guidellm_benchmarks(store: RunStore, tmp_path: Path) -> None:
     path = tmp_path / "benchmarks.json"
     path.write_text(json.dumps(_guidellm()))
-    run = store.get_run(import_results(store, path))
+    (run_id,) = import_results(store, path)
+    run = store.get_run(run_id)
     assert run.imported and run.model == "Qwen/Qwen3-8B" and len(run.levels) == 2
     assert run.levels[1].label == "constant" and run.levels[1].summary["ttft_ms_p99"] == 180.0
     assert run.levels[0].summary["e2e_ms_p50"] == 1500.0  # seconds -> ms
@@ -159,6 +162,8 @@ def test_import_guidellm_benchmarks(store: RunStore, tmp_path: Path) -> None:
     ('{"hello": 1}', "not a vllm bench serve result"),
     ('{"benchmarks": []}', "without benchmarks"),
     ('{"ttfts": "oops", "completed": 1}', "could not import"),
+    ('{"output_throughput": 1.0}\n{"hello": 2}', "not a vllm bench serve result"),  # all or nothing
+    ("", "empty file"),
 ])
 def test_bad_import_files_give_one_line_and_store_nothing(store: RunStore, tmp_path: Path, content: str,
                                                           message: str) -> None:
@@ -176,3 +181,15 @@ def test_report_numbers(value: float | None, text: str) -> None:
     from app.export import _fmt
 
     assert _fmt(value) == text
+
+
+def test_import_appended_vllm_bench_results(store: RunStore, tmp_path: Path) -> None:
+    """`vllm bench serve --append-result` writes one JSON object per run into the same file."""
+    first = _vllm_bench_result()
+    second = dict(first, max_concurrency=8, output_throughput=30.0)
+    path = tmp_path / "appended.json"
+    path.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    ids = import_results(store, path, name="sweep")
+    runs = [store.get_run(i) for i in ids]
+    assert [r.name for r in runs] == ["sweep #1", "sweep #2"]
+    assert [r.config["imported"]["max_concurrency"] for r in runs] == [2, 8]
