@@ -52,6 +52,7 @@ from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 RunStatus = Literal["completed", "failed", "cancelled", "interrupted"]
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SETTLE_S = 3.0
+WARMUP_VARIANT = 9_999  # dataset variant (seed) of warm-up requests; levels use their index
 
 
 def mask_env(env: dict[str, str]) -> dict[str, str]:
@@ -225,8 +226,14 @@ class Runner:
                     raise _Stop("cancelled", "cancelled while the engine was starting") from None
                 raise _Stop("failed", str(exc.diagnosis or exc)) from None
             r.startup_s, r.kv_cache = ready.startup_s, dict(ready.kv_cache)
-        elif engine.ready_info is not None:
-            r.startup_s, r.kv_cache = engine.ready_info.startup_s, dict(engine.ready_info.kv_cache)
+        else:
+            if engine.ready_info is None:  # handed over while still starting
+                try:
+                    engine.wait_ready(cancel=cancel)
+                except EngineStartError as exc:
+                    raise _Stop("cancelled" if cancel.is_set() else "failed", str(exc.diagnosis or exc)) from None
+            if engine.ready_info is not None:
+                r.startup_s, r.kv_cache = engine.ready_info.startup_s, dict(engine.ready_info.kv_cache)
         checks = [asdict(c) for c in engine.verify_features()]
         r.feature_checks = checks
         self._emit("engine_ready", {"run_id": self.run_id, "base_url": engine.base_url, "startup_s": r.startup_s,
@@ -315,18 +322,23 @@ class Runner:
             return {}
         return parse_engine_counters(text, self.adapter.metric_names.counters, self.adapter.metric_names.histograms)
 
-    def _settled(self, base_url: str, headers: dict[str, str], before: dict[str, float],
-                 client_tokens: int) -> dict[str, float]:
-        """Counters after a level: the engine records its last step just after streaming it, so
-        poll briefly until the generation counter stops moving (or matches the client)."""
+    def _settled(self, base_url: str, headers: dict[str, str], before: dict[str, float] | None = None,
+                 client_tokens: int | None = None) -> dict[str, float]:
+        """Counters once the engine has recorded everything sent so far: it counts a step just
+        after streaming it, so poll briefly until the generation counter matches the client's
+        count, or stops moving for a second."""
         deadline = time.monotonic() + SETTLE_S
         after = self._scrape(base_url, headers)
+        stable_since = time.monotonic()
         while after and time.monotonic() < deadline:
-            if after.get("generation_tokens", 0.0) - before.get("generation_tokens", 0.0) == client_tokens:
+            if (before is not None and client_tokens is not None
+                    and after.get("generation_tokens", 0.0) - before.get("generation_tokens", 0.0) == client_tokens):
                 break
             time.sleep(0.2)
             again = self._scrape(base_url, headers)
-            if again == after and time.monotonic() > deadline - SETTLE_S + 1.0:
+            if again != after:
+                stable_since = time.monotonic()
+            elif time.monotonic() - stable_since >= 1.0:
                 break
             after = again
         return after
@@ -353,9 +365,12 @@ class Runner:
             dataset = build_dataset(w, counter, variant=plan.index)
             for note in dataset.notes:
                 self._note(note)
-            if plan.index == 0 and load.warmup_requests > 0:
-                self._warmup(plan, w.seed, opts, dataset, load.warmup_requests, cancel)
-            before = self._scrape(base_url, headers)
+            warmed = plan.index == 0 and load.warmup_requests > 0
+            if warmed:
+                # Prompts of their own, so warm-up does not fill the cache with the level's prompts.
+                warm_set = build_dataset(w, counter, variant=WARMUP_VARIANT)
+                self._warmup(plan, w.seed, opts, warm_set, load.warmup_requests, cancel)
+            before = self._settled(base_url, headers) if warmed else self._scrape(base_url, headers)
             started_wall = time.time()
             self._emit("level_started", {"run_id": self.run_id, **plan.event_fields(), "started_wall_s": started_wall,
                                          "num_requests": rule.max_requests or len(dataset.conversations)})

