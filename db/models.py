@@ -99,10 +99,7 @@ class Request(Base):
     output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
-    __table_args__ = (
-        Index("ix_requests_run_seq", "run_id", "seq", unique=True),
-        Index("ix_requests_run_level", "run_id", "level"),  # revision 0002
-    )
+    __table_args__ = (Index("ix_requests_run_seq", "run_id", "seq", unique=True),)
 
 
 class RequestChunk(Base):

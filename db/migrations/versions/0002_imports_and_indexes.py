@@ -1,5 +1,5 @@
-"""Imported runs remember their source file; indexes for listing by date/status and reading
-one level's requests.
+"""Imported runs remember their source file; indexes for listing runs by date and for finding
+runs left ``running`` at open.
 
 Revision ID: 0002
 Revises: 0001
@@ -21,11 +21,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("imported_from", sa.Text, nullable=True))
     op.create_index("ix_runs_started_at", "runs", ["started_at"])
     op.create_index("ix_runs_status", "runs", ["status"])
-    op.create_index("ix_requests_run_level", "requests", ["run_id", "level"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_requests_run_level", table_name="requests")
     op.drop_index("ix_runs_status", table_name="runs")
     op.drop_index("ix_runs_started_at", table_name="runs")
     with op.batch_alter_table("runs") as batch:
