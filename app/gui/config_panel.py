@@ -9,6 +9,7 @@ follows, so open/save round-trips exactly.
 
 from __future__ import annotations
 
+import copy
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,7 @@ from PySide6.QtWidgets import (
 
 from app.config import RunConfig
 from app.gui.availability import Availability
-from app.gui.fields import FieldSpec, field_spec, get_path, humanize, with_value
+from app.gui.fields import FieldSpec, field_spec, get_path, humanize
 from engine_adapters.base import ValidationIssue
 from engine_adapters.features import FEATURES, Family
 from engine_adapters.runtimes import MANAGED_RUNTIMES
@@ -50,10 +51,12 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
 }
 ENGINE_FIELDS = ("engine.kind", "engine.runtime.kind", "engine.runtime.managed", "engine.runtime.python",
                  "engine.runtime.executable", "engine.runtime.docker_image", "engine.model", "engine.port")
-WORKLOAD_FIELDS = ("workload.kind", "workload.num_requests", "workload.input_len.mean", "workload.output_len.mean",
-                   "workload.shared_prefix_tokens", "workload.api", "workload.seed")
-LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.duration_s", "load.max_requests",
-               "load.warmup_requests")
+WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.num_requests", "workload.input_len.mean",
+                   "workload.output_len.mean", "workload.shared_prefix_tokens", "workload.turns", "workload.api",
+                   "workload.seed")
+LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.burstiness", "load.ramp_start_rps",
+               "load.sweep_of", "load.levels", "load.max_concurrency", "load.duration_s", "load.max_requests",
+               "load.warmup_requests", "load.slo")
 LABELS = {
     "engine.kind": "Engine", "engine.runtime.kind": "Runtime", "engine.runtime.managed": "Managed runtime",
     "engine.runtime.python": "Python (venv)", "engine.runtime.executable": "Executable",
@@ -61,14 +64,27 @@ LABELS = {
     "workload.kind": "Workload", "workload.input_len.mean": "Input tokens (mean)",
     "workload.output_len.mean": "Output tokens (mean)", "load.pattern": "Load pattern",
     "load.rate_rps": "Rate (req/s)", "features.kv_offload_backend": "KV offload backend",
+    "load.ramp_start_rps": "Ramp start (req/s)", "load.levels": "Levels", "load.sweep_of": "Sweep of",
+    "load.slo": "Goodput SLOs", "workload.dataset_path": "Dataset file",
     "features.speculative.ngram_prompt_lookup_min": "N-gram window (min)",
 }
 CHOICES_OVERRIDE = {"engine.runtime.managed": tuple(sorted(MANAGED_RUNTIMES))}
-VISIBLE_WHEN = {
-    "engine.runtime.managed": ("engine.runtime.kind", "managed"),
-    "engine.runtime.python": ("engine.runtime.kind", "python"),
-    "engine.runtime.executable": ("engine.runtime.kind", "executable"),
-    "engine.runtime.docker_image": ("engine.runtime.kind", "docker"),
+OPEN_LOOP = ("constant", "poisson", "gamma", "ramp", "sweep")
+VISIBLE_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "engine.runtime.managed": ("engine.runtime.kind", ("managed",)),
+    "engine.runtime.python": ("engine.runtime.kind", ("python",)),
+    "engine.runtime.executable": ("engine.runtime.kind", ("executable",)),
+    "engine.runtime.docker_image": ("engine.runtime.kind", ("docker",)),
+    "workload.dataset_path": ("workload.kind", ("sharegpt", "jsonl")),
+    "workload.shared_prefix_tokens": ("workload.kind", ("shared_prefix", "multi_turn", "random")),
+    "workload.turns": ("workload.kind", ("multi_turn",)),
+    "load.concurrency": ("load.pattern", ("closed", "sweep")),
+    "load.rate_rps": ("load.pattern", ("constant", "poisson", "gamma", "ramp")),
+    "load.burstiness": ("load.pattern", ("gamma",)),
+    "load.ramp_start_rps": ("load.pattern", ("ramp",)),
+    "load.sweep_of": ("load.pattern", ("sweep",)),
+    "load.levels": ("load.pattern", ("sweep",)),
+    "load.max_concurrency": ("load.pattern", OPEN_LOOP),
 }
 
 
@@ -93,31 +109,66 @@ def issue_path(issue: ValidationIssue) -> str:
     return issue.field if issue.field.startswith(("engine", "workload", "load")) else f"features.{issue.field}"
 
 
+def _dict_get(data: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        data = data[part]
+    return data
+
+
+def _messages(exc: ValidationError) -> str:
+    return "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+
+
 class ConfigState(QObject):
-    """The RunConfig being edited. ``changed(path)`` fires after every accepted edit ("" = all)."""
+    """The RunConfig being edited. ``changed(path)`` fires after every accepted edit ("" = all).
+
+    Rules that tie fields together (a sweep needs levels, a Poisson load a rate) would make some
+    changes impossible one field at a time, so an edit that only breaks such a rule is kept as a
+    *draft*: the editor shows it with the message, ``config`` stays the last valid one, and the
+    draft becomes the config as soon as the other fields make it valid. A value that is wrong in
+    itself (out of range) is refused outright.
+    """
 
     changed = Signal(str)
 
     def __init__(self, config: RunConfig | None = None) -> None:
         super().__init__()
         self._config = config or RunConfig()
+        self._draft: dict[str, Any] = self._config.model_dump()
+        self.pending: str | None = None  # why the draft is not a valid configuration yet
 
     @property
     def config(self) -> RunConfig:
         return self._config
 
+    def draft_value(self, path: str) -> Any:
+        return _dict_get(self._draft, path)
+
     def replace(self, config: RunConfig) -> None:
         self._config = config
+        self._draft = config.model_dump()
+        self.pending = None
         self.changed.emit("")
 
     def set(self, path: str, value: Any) -> str | None:
-        """Apply one edit; returns a one-line error (and keeps the old config) if invalid."""
-        if get_path(self._config, path) == value:
+        """Apply one edit; returns a one-line message when it is refused or left as a draft."""
+        if self.draft_value(path) == value and self.pending is None:
             return None
+        draft = copy.deepcopy(self._draft)
+        node = draft
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = value
         try:
-            self._config = with_value(self._config, path, value)
+            config = RunConfig.model_validate(draft)
         except ValidationError as exc:
-            return "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+            message = _messages(exc)
+            if any(".".join(str(p) for p in e["loc"]) == path for e in exc.errors()):
+                return message  # the value itself is wrong: refused
+            self._draft, self.pending = draft, message
+            return message
+        self._config, self._draft, self.pending = config, config.model_dump(), None
         self.changed.emit(path)
         return None
 
@@ -348,6 +399,7 @@ class ConfigPanel(QScrollArea):
         super().__init__(parent)
         self.state = state
         self.editors: dict[str, FieldEditor] = {}
+        self._draft_paths: set[str] = set()
         self._rows: dict[str, tuple[QFormLayout, QWidget]] = {}
         body = QWidget()
         layout = QVBoxLayout(body)
@@ -398,25 +450,36 @@ class ConfigPanel(QScrollArea):
     def _on_edit(self, path: str, value: Any) -> None:
         error = self.state.set(path, value)
         self.editors[path].set_edit_error(error)
+        if error is not None and error == self.state.pending:
+            self._draft_paths.add(path)
+        self._apply_visibility()
 
     def _on_state_changed(self, path: str) -> None:
         if path == "":
             self.refresh_all()
         else:
-            self.editors[path].set_edit_error(None)
+            for draft_path in {path, *self._draft_paths}:  # the draft became valid
+                self.editors[draft_path].set_edit_error(None)
             self._apply_visibility()
+        self._draft_paths.clear()
         self._validate_timer.start()
+
+    def problems(self) -> list[str]:
+        """Edits not in the configuration: refused values and an unresolved draft."""
+        return [f"{label_for(p)}: {e._edit_error}" for p, e in self.editors.items() if e._edit_error]
 
     def refresh_all(self) -> None:
         for path, editor in self.editors.items():
             editor.set_value(get_path(self.state.config, path))
             editor.set_edit_error(None)
+        self._draft_paths.clear()
         self._apply_visibility()
 
     def _apply_visibility(self) -> None:
         for path, (other, wanted) in VISIBLE_WHEN.items():
-            form, container = self._rows[path]
-            form.setRowVisible(container, get_path(self.state.config, other) == wanted)
+            if path in self._rows:
+                form, container = self._rows[path]
+                form.setRowVisible(container, self.state.draft_value(other) in wanted)
 
     def set_recent_models(self, models: list[str]) -> None:
         combo = self.editors["engine.model"].widget

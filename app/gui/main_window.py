@@ -377,6 +377,10 @@ class MainWindow(QMainWindow):
         self.save_profile_to(path)
 
     def save_profile_to(self, path: Path) -> None:
+        problems = self.config_panel.problems()
+        if problems:
+            self._error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
+            return
         config = self.state.config
 
         def saved(_: Any) -> None:
@@ -409,6 +413,10 @@ class MainWindow(QMainWindow):
 
     def start_run(self) -> None:
         if self.running or self._close_requested:
+            return
+        problems = self.config_panel.problems()
+        if problems:
+            self._error("Cannot start: " + "; ".join(problems))
             return
         errors = [i for i in getattr(self, "issues", []) if i.severity == "error"]
         if errors:

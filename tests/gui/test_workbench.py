@@ -275,3 +275,31 @@ def test_model_can_be_typed_browsed_and_is_remembered(qtbot, window: MainWindow,
     window._remember("recent_models", "Qwen/Qwen3-8B")
     combo = editor.widget
     assert isinstance(combo, QComboBox) and combo.findText("Qwen/Qwen3-8B") >= 0
+
+
+def test_load_settings_follow_the_pattern(qtbot, window: MainWindow) -> None:
+    panel = window.config_panel
+    form, container = panel._rows["load.levels"]
+    pattern = panel.editor("load.pattern").widget
+    assert isinstance(pattern, QComboBox)
+    assert not container.isVisibleTo(panel) and panel._rows["load.concurrency"][1].isVisibleTo(panel)
+    pattern.setCurrentIndex(pattern.findData("sweep"))
+    pattern.activated.emit(pattern.currentIndex())
+    # a sweep needs levels: the choice is kept as a draft, explained, and blocks Start and Save
+    assert container.isVisibleTo(panel)
+    assert "needs levels" in panel.editor("load.pattern").message_text
+    assert window.state.config.load.pattern == "closed"
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    assert not window.running and "needs levels" in window.banner.text()
+    levels = panel.editor("load.levels")
+    levels.widget.setText("1, 4 16")  # type: ignore[attr-defined]
+    levels.widget.editingFinished.emit()  # type: ignore[attr-defined]
+    assert window.state.config.load.levels == [1.0, 4.0, 16.0]
+    assert window.state.config.load.pattern == "sweep"
+    assert panel.editor("load.pattern").message_text == "" and panel.problems() == []
+    levels.widget.setText("1, many")  # type: ignore[attr-defined]
+    levels.widget.editingFinished.emit()  # type: ignore[attr-defined]
+    assert "cannot read" in levels.message_text and window.state.config.load.levels == [1.0, 4.0, 16.0]
+    pattern.setCurrentIndex(pattern.findData("poisson"))
+    pattern.activated.emit(pattern.currentIndex())
+    assert panel._rows["load.rate_rps"][1].isVisibleTo(panel) and not container.isVisibleTo(panel)
