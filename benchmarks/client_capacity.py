@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -103,7 +104,7 @@ class _RawSSE(asyncio.Protocol):
         self.transport.write(blob)  # type: ignore[attr-defined]
 
 
-def _serve(port_queue: multiprocessing.Queue, stop: multiprocessing.Event) -> None:  # type: ignore[type-arg]
+def _serve(port_queue: Any, stop: Any) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(_RawSSE, "127.0.0.1", 0)
