@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -35,5 +36,9 @@ def main(profile: str | None = "cpu-demo", db_path: str | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     window = MainWindow(config, Path(path) if path else None, db_path=db_path)
+    # Ctrl-C / SIGTERM in the terminal close the window the normal way (which stops a run and
+    # its engine); the window's 20 Hz timer lets Python see the signal while Qt waits.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: window.close())
     window.show()
     return int(app.exec())
