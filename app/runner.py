@@ -370,6 +370,8 @@ class Runner:
                 # Prompts of their own, so warm-up does not fill the cache with the level's prompts.
                 warm_set = build_dataset(w, counter, variant=WARMUP_VARIANT)
                 self._warmup(plan, w.seed, opts, warm_set, load.warmup_requests, cancel)
+                if cancel.is_set():
+                    raise _Stop("cancelled", "cancelled during warm-up")
             before = self._settled(base_url, headers) if warmed else self._scrape(base_url, headers)
             started_wall = time.time()
             self._emit("level_started", {"run_id": self.run_id, **plan.event_fields(), "started_wall_s": started_wall,

@@ -226,6 +226,8 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 lags.append((time.perf_counter() - t - LAG_PROBE_S) * 1e3)
 
         tasks: set[asyncio.Task[None]] = set()
+        if cancel is not None and cancel.is_set():
+            halt("cancelled")
         watcher = asyncio.create_task(watch())
         prober = asyncio.create_task(lag_probe())
         try:

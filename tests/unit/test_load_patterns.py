@@ -135,3 +135,11 @@ def test_live_progress_and_client_samples(server: FakeOpenAIServer) -> None:
     assert {"output_tok_per_s", "requests_in_flight", "ttft_ms_p50", "itl_ms_p50"} <= set(last)
     assert any(s.values["output_tok_per_s"] > 0 for s in samples)
     assert progress[-1].payload["done"] == 16 and progress[-1].payload["run_id"] == "r1"
+
+
+def test_a_level_cancelled_before_it_starts_sends_nothing(server: FakeOpenAIServer) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    before = server.requests
+    out = run(LevelPlan(0, "c3", "closed", concurrency=3), dataset(10), server, cancel=cancel)
+    assert out.stop_reason == "cancelled" and out.records == [] and server.requests == before
