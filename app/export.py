@@ -129,7 +129,16 @@ class _Launch:
     host: str
     env: dict[str, str]
     secrets: list[str]
+    engine: EngineConfig
     feature_notes: list[str] = field(default_factory=list)
+
+    def server_at(self, tokens: Sequence[str]) -> int:
+        """Where the adapter's ``--host H --port P`` starts in ``tokens``."""
+        server = get_adapter(self.engine.kind).server_args(self.engine, self.port)
+        at = next((i for i in range(len(tokens)) if list(tokens[i:i + len(server)]) == server), None)
+        if at is None:  # pragma: no cover - the adapter always emits its server args
+            raise UserError("the adapter's command has no --host/--port to parametrise")
+        return at
 
 
 def _port_of(engine: EngineConfig) -> int:
@@ -158,7 +167,7 @@ def _launch(spec: LaunchSpec, docker: bool) -> _Launch:
     notes = []
     for key, value in spec.config.features.model_dump(exclude_defaults=True).items():
         notes.append(f"{labels.get(key, key)}: {value}")
-    return _Launch(argv, port, engine.host, plain, secrets, notes)
+    return _Launch(argv, port, engine.host, plain, secrets, engine, notes)
 
 
 def _header(spec: LaunchSpec) -> dict[str, Any]:
@@ -227,6 +236,13 @@ def _group(argv: Sequence[str], words: Sequence[str]) -> list[str]:
     return lines
 
 
+def _mount_source(volume: str) -> str:
+    """``SRC:SRC:ro`` (the adapter mounts a local model at the same path) -> SRC, colons and all."""
+    body = volume.removesuffix(":ro")
+    half = len(body) // 2
+    return body[:half] if body[half:half + 1] == ":" and body[:half] == body[half + 1:] else volume.split(":")[0]
+
+
 def render_launch(spec: LaunchSpec, fmt: str) -> str:
     """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s)."""
     if fmt not in SCRIPT_FORMATS:
@@ -237,10 +253,7 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
     port, host = launch.port, launch.host
     if fmt == "bash":
         argv = launch.argv
-        server = get_adapter(spec.config.engine.kind).server_args(spec.config.engine, port)
-        at = next((i for i in range(len(argv)) if argv[i:i + len(server)] == server), None)
-        if at is None:  # pragma: no cover - the adapter always emits its server args
-            raise UserError("the adapter's command has no --host/--port to parametrise")
+        at = launch.server_at(argv)
         words = [shlex.quote(a) for a in argv]
         words[at + 1], words[at + 3] = '"$HOST"', '"$PORT"'
         words[0] = '"$ENGINE_BIN"'
@@ -256,12 +269,13 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
         for i, a in enumerate(launch.argv):
             if a == f"{host}:{port}:{port}":
                 words[i] = '"$HOST:$PORT:$PORT"'
-        port_at = next(i for i in range(len(args) - 1, -1, -1) if args[i] == "--port") + len(launch.argv) - len(args)
-        words[port_at + 1] = '"$PORT"'
+        at = launch.server_at(args) + len(launch.argv) - len(args)
+        words[at + 3] = '"$PORT"'
         return env.get_template("docker.sh.j2").render(
-            **header, lines=["docker run", *_group(launch.argv[2:], words[2:])], host=host, port=port, env=launch.env, secrets=launch.secrets,
-            health_path=get_adapter(spec.config.engine.kind).health_path, notes=launch.feature_notes)
-    model_volumes = [v.split(":")[0] for v in opts["volumes"]]
+            **header, lines=["docker run", *_group(launch.argv[2:], words[2:])], host=host, port=port,
+            env=launch.env, secrets=launch.secrets, health_path=get_adapter(spec.config.engine.kind).health_path,
+            notes=launch.feature_notes)
+    model_volumes = [_mount_source(v) for v in opts["volumes"]]
     gpu_count = spec.config.features.tensor_parallel_size * spec.config.features.pipeline_parallel_size
     context = dict(**header, image=image, args=args, host=host, port=port, env=launch.env, secrets=launch.secrets,
                    volumes=model_volumes, gpus=bool(opts["gpus"]), gpu_count=gpu_count, ipc_host=opts["ipc_host"],

@@ -34,7 +34,8 @@ def hostile_config(tmp_path: Path) -> RunConfig:
             model=f"/models/{HOSTILE}", served_model_name=HOSTILE, tokenizer=f"tok {HOSTILE}",
             runtime=RuntimeConfig(kind="python", python=str(python), docker_image=f"img:{HOSTILE}",
                                   env={"WEIRD_VALUE": HOSTILE, "HF_TOKEN": SECRET})),
-        features=Features(prefix_caching=True, max_num_seqs=8, extra_args=["--override-generation-config", HOSTILE]),
+        features=Features(prefix_caching=True, max_num_seqs=8,
+                          extra_args=["--override-generation-config", HOSTILE, "--port", "1"]),
     )
 
 
@@ -169,3 +170,15 @@ def test_demo_profile_scripts_pin_the_version_and_keep_the_flags() -> None:
     assert "0.32.0" in text and "--enable-prefix-caching" in text and "VLLM_CPU_KVCACHE_SPACE=1" in text
     with pytest.raises(Exception, match="unknown launch format"):
         render_launch(spec, "podman")
+
+
+def test_local_model_is_mounted_at_its_path(tmp_path: Path) -> None:
+    model = tmp_path / "my:model $(x) 'q'"
+    model.mkdir()
+    spec = LaunchSpec(RunConfig(name="local", engine=EngineConfig(model=str(model))), "test", None)
+    (service,) = yaml.safe_load(render_launch(spec, "compose"))["services"].values()
+    assert [(_unescape(v["source"]), _unescape(v["target"])) for v in service["volumes"]] == [(str(model), str(model))]
+    assert _unescape(service["command"][0]) == str(model)
+    deployment = next(yaml.safe_load_all(render_launch(spec, "k8s")))
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert [_unescape(v["hostPath"]["path"]) for v in volumes if "hostPath" in v] == [str(model)]
