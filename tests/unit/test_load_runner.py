@@ -137,3 +137,13 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     good.write_text("name = 'x'\n")
     assert main(["run", str(good), "--json", str(tmp_path / "missing" / "r.json")]) == 2
     assert "folder does not exist" in capsys.readouterr().err
+
+
+def test_the_profile_example_in_docs_is_valid(repo_root: Path) -> None:
+    import re
+    import tomllib
+
+    text = (repo_root / "docs" / "metrics.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
+    config = RunConfig.model_validate(tomllib.loads(block))
+    assert config.workload.kind == "shared_prefix" and config.load.levels == [1, 4, 16, 64]
