@@ -8,6 +8,8 @@ QThread is still running or any engine process the test started is still alive.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,9 +39,15 @@ def live_children() -> set[int]:
     return out
 
 
-def leftovers(children_before: set[int], engines_before: set[int]) -> list[str]:
-    """What is still running that was not before: worker threads, child processes, engines."""
+def leftovers(children_before: set[int], engines_before: set[int], threads_before: set[int] | None = None) -> list[str]:
+    """What is still running that was not before: worker QThreads, Python threads (recorder,
+    telemetry, engine log readers), child processes, registered engines."""
     problems = [f"QThread {w.objectName()!r} still running" for w in busy_workers()]
+    if threads_before is not None:
+        # Dummy entries are how Python sees a QThread that ran Python code; QThreads are checked above.
+        problems += [f"thread {t.name!r} still running" for t in threading.enumerate()
+                     if t.ident not in threads_before and t.is_alive()
+                     and not isinstance(t, threading._DummyThread)]  # type: ignore[attr-defined]
     problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)]
     problems += [f"engine pid {r.pid} still registered" for r in registered_engines() if r.pid not in engines_before]
     return problems
@@ -64,6 +72,7 @@ def make_window(qtbot, tmp_path: Path) -> Iterator[Callable[..., MainWindow]]:  
     each one and fail if a QThread, child process or engine is left running."""
     children_before = live_children()
     engines_before = {r.pid for r in registered_engines()}
+    threads_before = {t.ident for t in threading.enumerate() if t.ident is not None}
     windows: list[MainWindow] = []
 
     def make(profile: str = "cpu-demo", db_path: Path | None = None) -> MainWindow:
@@ -78,7 +87,10 @@ def make_window(qtbot, tmp_path: Path) -> Iterator[Callable[..., MainWindow]]:  
     for window in windows:
         if not window._close_ready:
             close_window(qtbot, window)
-    problems = leftovers(children_before, engines_before)
+    deadline = time.monotonic() + 10  # threads that were told to stop get a moment to return
+    while leftovers(children_before, engines_before, threads_before) and time.monotonic() < deadline:
+        qtbot.wait(100)
+    problems = leftovers(children_before, engines_before, threads_before)
     assert not problems, "left running after the window closed: " + "; ".join(problems)
     assert QThread.currentThread() is not None
 

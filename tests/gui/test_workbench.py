@@ -233,24 +233,29 @@ def test_a_failed_start_shows_the_diagnosis_in_plain_words(qtbot, window: MainWi
     assert window.log_view.visible_lines() == ["NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."]
 
 
-def test_the_leak_check_sees_a_running_worker_and_a_child_process(qtbot) -> None:
+def test_the_leak_check_sees_a_running_worker_thread_and_child_process(qtbot) -> None:
+    import subprocess
+    import sys
     children, engines = live_children(), set()
+    threads = {t.ident for t in threading.enumerate() if t.ident is not None}
     gate = threading.Event()
     worker = run_in_worker(lambda: gate.wait(10), name="sleeper")
     qtbot.waitUntil(worker.isRunning, timeout=2000)
-    import subprocess
-    import sys
+    helper = threading.Thread(target=gate.wait, args=(10,), name="forgotten-helper")
+    helper.start()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        problems = leftovers(children, engines)
+        problems = leftovers(children, engines, threads)
         assert any("sleeper" in p for p in problems)
+        assert any("forgotten-helper" in p for p in problems)
         assert any(str(child.pid) in p for p in problems)
     finally:
         child.kill()
         child.wait()
         gate.set()
+        helper.join()
         qtbot.waitUntil(lambda: not busy_workers(), timeout=5000)
-    assert not leftovers(children, engines)
+    assert not leftovers(children, engines, threads)
     assert not Worker.live or all(not w.isRunning() for w in Worker.live)
 
 
