@@ -336,6 +336,16 @@ def _fmt(value: float | None) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def _delta_text(delta: float | None, pct: float | None) -> str:
+    """``+3.9 (+0.2%)``; ``±0`` when unchanged; empty when unknown."""
+    if delta is None:
+        return ""
+    if delta == 0:
+        return "±0"
+    text = ("+" if delta > 0 else "−") + _fmt(abs(delta))
+    return text + (f" ({pct:+.1f}%)" if pct is not None else "")
+
+
 def _svg_uri(svg: str) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
 
@@ -418,8 +428,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
         for i, v in enumerate(m.values):
             verdict = m.verdict(i) if i != comparison.baseline else ""
             pct = m.delta_pct[i]
-            cells.append({"value": _fmt(v), "delta": "" if i == comparison.baseline or m.delta[i] is None else
-                          f"{m.delta[i]:+,.4g}" + (f" ({pct:+.1f}%)" if pct is not None else ""), "verdict": verdict})
+            cells.append({"value": _fmt(v), "delta": "" if i == comparison.baseline else _delta_text(m.delta[i], pct),
+                          "verdict": verdict})
         metrics.append({"name": m.name, "cells": cells})
     return _templates().get_template("report.html.j2").render(
         title=title or f"tunebench comparison of {len(runs)} runs",

@@ -69,7 +69,7 @@ def test_html_report_is_self_contained_and_escaped(store: RunStore) -> None:
     b = _stored_run(store, EVIL, 20.0, True)
     html = render_report(compare_runs(store, [a, b], baseline=a))
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert "features.prefix_caching" in html and "ttft_ms_p50" in html and "-50.0%" in html
+    assert "features.prefix_caching" in html and "ttft_ms_p50" in html and "−20 (-50.0%)" in html
     assert 'class="better"' in html
     images = re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)
     assert len(images) >= 3  # bar charts and the telemetry overlay
