@@ -292,7 +292,10 @@ class VllmAdapter:
                 "-p", f"{engine.host}:{port}:{port}", "-e", self.api_key_env]
         for name in sorted(engine.runtime.env):
             argv += ["-e", name]
-        model = Path(engine.model).expanduser()
+        try:
+            model = Path(resolve_model(engine.model)).expanduser()
+        except RuntimeErrorMessage:
+            model = Path(engine.model)
         if model.is_absolute() and model.exists():
             argv += ["-v", f"{model}:{model}:ro"]
         return [*argv, engine.runtime.docker_image]

@@ -331,3 +331,11 @@ def test_warnings_are_not_mistaken_for_the_fatal_error() -> None:
     assert diagnosis is not None and diagnosis.code == "error"
     assert "Engine core initialization failed" in diagnosis.message
     assert ADAPTER.diagnose(REAL_LOG) is None
+
+
+def test_docker_mounts_a_local_model_read_only(tmp_path: Path) -> None:
+    model = tmp_path / "my model"
+    model.mkdir()
+    engine = EngineConfig(model=str(model), runtime=RuntimeConfig(kind="docker"))
+    argv = ADAPTER.build_argv(engine, Features(), port=9000)
+    assert argv[argv.index("-v") + 1] == f"{model}:{model}:ro"
