@@ -161,7 +161,14 @@ def test_host_series_follow_the_engine_process_tree() -> None:
            "while time.time() < end: pass\n"
     proc = subprocess.Popen([sys.executable, "-c", busy])
     try:
-        time.sleep(0.5)  # let it start its child
+        import psutil
+
+        deadline = time.monotonic() + 20  # let it start its child and touch its 64 MiB, even on a loaded machine
+        while time.monotonic() < deadline:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            if len(tree) > 1 and sum(p.memory_info().rss for p in tree) > 80 * 2**20:
+                break
+            time.sleep(0.1)
         items, collector, _ = run_for(1.5, lambda bus: TelemetryCollector(
             bus, engine_pid=proc.pid, host_interval_s=0.25, gpu_interval_s=0))
     finally:
