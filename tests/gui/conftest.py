@@ -39,14 +39,15 @@ def live_children() -> set[int]:
     return out
 
 
-def leftovers(children_before: set[int], engines_before: set[int], threads_before: set[int] | None = None) -> list[str]:
+def leftovers(children_before: set[int], engines_before: set[int],
+              threads_before: set[threading.Thread] | None = None) -> list[str]:
     """What is still running that was not before: worker QThreads, Python threads (recorder,
     telemetry, engine log readers), child processes, registered engines."""
     problems = [f"QThread {w.objectName()!r} still running" for w in busy_workers()]
     if threads_before is not None:
         # Dummy entries are how Python sees a QThread that ran Python code; QThreads are checked above.
         problems += [f"thread {t.name!r} still running" for t in threading.enumerate()
-                     if t.ident not in threads_before and t.is_alive()
+                     if t not in threads_before and t.is_alive()
                      and not isinstance(t, threading._DummyThread)]  # type: ignore[attr-defined]
     problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)]
     problems += [f"engine pid {r.pid} still registered" for r in registered_engines() if r.pid not in engines_before]
@@ -72,7 +73,7 @@ def make_window(qtbot, tmp_path: Path) -> Iterator[Callable[..., MainWindow]]:  
     each one and fail if a QThread, child process or engine is left running."""
     children_before = live_children()
     engines_before = {r.pid for r in registered_engines()}
-    threads_before = {t.ident for t in threading.enumerate() if t.ident is not None}
+    threads_before = set(threading.enumerate())  # the objects: thread idents get reused
     windows: list[MainWindow] = []
 
     def make(profile: str = "cpu-demo", db_path: Path | None = None) -> MainWindow:

@@ -237,7 +237,7 @@ def test_the_leak_check_sees_a_running_worker_thread_and_child_process(qtbot) ->
     import subprocess
     import sys
     children, engines = live_children(), set()
-    threads = {t.ident for t in threading.enumerate() if t.ident is not None}
+    threads = set(threading.enumerate())
     gate = threading.Event()
     worker = run_in_worker(lambda: gate.wait(10), name="sleeper")
     qtbot.waitUntil(worker.isRunning, timeout=2000)
