@@ -93,7 +93,7 @@ def test_cancel_mid_level() -> None:
         result = Runner(cfg, Bus(), endpoint=slow.base_url, telemetry=False).run(cancel)
     assert result.status == "cancelled"
     summary = result.levels[0].summary
-    assert 0 < summary.completed < 200 and summary.cancelled == 2
+    assert 0 < summary.completed < 200 and 1 <= summary.cancelled <= 2  # cut mid-stream, kept
 
 
 def test_workers_split_a_level_over_processes(server: FakeOpenAIServer) -> None:
