@@ -55,6 +55,10 @@ def format_table(result: RunResult) -> str:
             extra.append(f"tokens counted from {s.tokens_source} (engine sent no per-chunk usage)")
         if not s.lengths_exact:
             extra.append("prompt lengths approximate (no local tokenizer)")
+        lag, itl = s.client_lag_ms.p99, s.itl_ms.median
+        if lag is not None and itl is not None and lag > max(itl, 5.0):
+            extra.append(f"client starved of CPU (loop lag p99 {lag:.0f} ms > ITL p50 {itl:.1f} ms): client "
+                         "TTFT/ITL are late and bunched; trust the engine-side means")
         if s.engine.engine_itl_ms_mean is not None:
             extra.append(f"engine-side means: TTFT {_fmt(s.engine.engine_ttft_ms_mean)}, ITL "
                          f"{_fmt(s.engine.engine_itl_ms_mean, 2)}")
