@@ -1,5 +1,6 @@
 """``tunebench run PROFILE.toml [--endpoint URL] [--api-key K] [--json FILE]``: launch (or attach),
-drive the workload, show one live progress line, print a final table, write the JSON result."""
+drive the workload, show one live progress line, print a final table, write the JSON result and
+record the run in the run database (``app.recording``)."""
 
 from __future__ import annotations
 
@@ -148,6 +149,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     bus = Bus()
     sub = bus.subscribe(kinds=("phase", "log", "engine_ready", "level_started", "progress", "level_finished",
                                "run_finished"))
+    recorder = None
+    if not args.no_store:
+        from app.recording import record_to_default_store
+        from db.store import StoreError
+
+        try:
+            recorder = record_to_default_store(bus, args.db)  # before run_started is published
+        except (StoreError, OSError) as exc:
+            raise UserError(f"cannot open the run database: {exc}") from None
     runner = Runner(config, bus, endpoint=args.endpoint, api_key=api_key, telemetry=not args.no_telemetry)
     cancel = threading.Event()
     box: dict[str, Any] = {}
@@ -175,6 +185,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cancel.set()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if recorder is not None:
+            recorder.close()
     if "error" in box:
         raise box["error"]
     result: RunResult = box["result"]
@@ -184,6 +196,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if json_path is not None:
         write_json(result, json_path)
         print(f"result written to {json_path}")
+    if recorder is not None:
+        for problem in recorder.errors:
+            print(f"tunebench: store: {problem}", file=sys.stderr)
+        if recorder.recorded:
+            print(f"stored as run {recorder.recorded[-1]} (tunebench runs show {recorder.recorded[-1]})")
     if result.status == "cancelled":
         return EXIT_CANCELLED
     return 0 if result.status == "completed" else EXIT_FAILED
@@ -196,5 +213,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--api-key", help="API key for --endpoint (default: $TUNEBENCH_API_KEY)")
     run.add_argument("--json", metavar="FILE", help="write the full result (levels, requests) as JSON")
     run.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
+    run.add_argument("--db", metavar="PATH", default=None,
+                     help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
+    run.add_argument("--no-store", action="store_true", help="do not record the run in the database")
     run.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
     run.set_defaults(handler=cmd_run)

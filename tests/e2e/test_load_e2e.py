@@ -112,7 +112,7 @@ def test_cli_run_launches_measures_and_stops_its_engine(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(profile), "--json", str(out), "--no-telemetry"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "engine ready at" in proc.stdout and "engine 32: equal" in proc.stdout
+    assert "engine ready at" in proc.stdout and "engine 32: equal" in proc.stdout and "stored as run" in proc.stdout
     data = json.loads(out.read_text())
     assert data["status"] == "completed" and data["argv"] and "--no-enable-prefix-caching" in data["argv"]
     assert data["env"].get("VLLM_API_KEY") == "***" and data["engine_version"]

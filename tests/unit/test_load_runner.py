@@ -118,12 +118,20 @@ def test_cli_run_writes_json_and_prints_table(server: FakeOpenAIServer, tmp_path
                        '[load]\nconcurrency = 2\n')
     out = tmp_path / "r.json"
     code = main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
-                 "--no-telemetry"])
+                 "--no-telemetry", "--db", str(tmp_path / "runs.db")])
     text = capsys.readouterr().out
     assert code == 0, text
     assert "concurrency 2" in text and "out tok/s" in text and "engine 20: equal" in text
     data = json.loads(out.read_text())
     assert data["status"] == "completed" and len(data["levels"][0]["requests"]) == 4
+    # ... and the run is in the database, under the runner's id, with its requests.
+    assert "stored as run" in text
+    from db.store import RunStore
+
+    with RunStore(tmp_path / "runs.db") as store:
+        run = store.get_run(data["run_id"])
+        assert run.status == "completed"
+        assert len(store.request_records(data["run_id"])) == 4
 
 
 def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
