@@ -9,6 +9,7 @@ the banner, never as tracebacks.
 
 from __future__ import annotations
 
+import html
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from app.runner import RunResult
 from db.compare import Comparison, compare_runs
 from db.store import RunInfo, RunStore
 from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.features import FEATURES
 from engine_adapters.hardware import HardwareInfo, probe_hardware
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage
@@ -155,6 +157,11 @@ class MainWindow(QMainWindow):
         live_layout = QVBoxLayout(live)
         live_layout.setContentsMargins(4, 4, 4, 4)
         live_layout.addWidget(self.phase_bar)
+        self.checks_label = QLabel("")
+        self.checks_label.setObjectName("featureChecks")
+        self.checks_label.setWordWrap(True)
+        self.checks_label.setVisible(False)
+        live_layout.addWidget(self.checks_label)
         live_split = QSplitter(Qt.Orientation.Vertical)
         live_split.addWidget(self.dashboard)
         live_split.addWidget(self.log_view)
@@ -429,6 +436,7 @@ class MainWindow(QMainWindow):
         self.dashboard.reset()
         self.presentation.reset()
         self.log_view.clear()
+        self.show_feature_checks([])
         self.cancel = threading.Event()
         cancel, keep, bus, session, db_path = self.cancel, self.keep_engine.isChecked(), self.bus, self.session, self.db_path
         self.run_worker = run_in_worker(
@@ -541,6 +549,7 @@ class MainWindow(QMainWindow):
                              f"({check.get('evidence')})")
             self.log_view.append(lines)
             self.phase_bar.set_phase("ready", "running the load")
+            self.show_feature_checks(checks)
         elif kind == "level_started":
             self.statusBar().showMessage(f"Level {p.get('index')}: {p.get('label')}")
         elif kind == "level_finished":
@@ -564,6 +573,24 @@ class MainWindow(QMainWindow):
             status = p.get("status")
             self.phase_bar.set_text(f"Run {status}" + (f": {p.get('reason')}" if p.get("reason") else ""), 100
                                     if status == "completed" else None)
+
+    def show_feature_checks(self, checks: list[dict[str, Any]]) -> None:
+        """Whether each requested feature really took effect, in the engine's own words."""
+        parts = []
+        for check in checks:
+            key = str(check.get("key", ""))
+            label = next((f.label for f in FEATURES if f.key == key), key)
+            active = check.get("active")
+            if active is True:
+                colour, word = "#188038", "active"
+            elif active is False:
+                colour, word = "#d93025", "NOT active"
+            else:
+                colour, word = "#b06000", "not confirmed"
+            parts.append(f'<span style="color:{colour}" title="{html.escape(str(check.get("evidence", "")))}">'
+                         f"{html.escape(label)} = {html.escape(str(check.get('requested')))}: {word}</span>")
+        self.checks_label.setText("Features: " + " · ".join(parts) if parts else "")
+        self.checks_label.setVisible(bool(parts))
 
     def _apply_support(self) -> None:
         if self.has_gpu:

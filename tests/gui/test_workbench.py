@@ -141,6 +141,14 @@ def test_dashboard_plots_and_tiles_follow_the_bus(qtbot, window: MainWindow) -> 
     window.log_view.filter.setText("loading")
     assert window.log_view.visible_lines() == ["INFO loading"]
 
+    # the engine's own confirmation of each requested feature
+    window.bus.event("engine_ready", {"base_url": "http://127.0.0.1:1", "startup_s": 40.0, "feature_checks": [
+        {"key": "prefix_caching", "requested": "True", "active": True, "evidence": "engine parsed it"},
+        {"key": "max_num_seqs", "requested": "8", "active": False, "evidence": "engine parsed max_num_seqs=None"}]})
+    qtbot.waitUntil(window.checks_label.isVisible, timeout=5000)
+    text = window.checks_label.text()
+    assert "Prefix caching = True: active" in text and "Max concurrent sequences = 8: NOT active" in text
+
     # a GPU appearing switches the layout to GPU plots
     window.bus.sample("gpu0", {"memory_used_bytes": 2.0**33, "gpu_util_pct": 90.0, "dram_bw_bytes_per_s": 3e12})
     qtbot.waitUntil(lambda: "gpu_memory" in window.dashboard.plots.panels, timeout=5000)

@@ -60,6 +60,8 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     assert window.running and window.stop_button.isEnabled()
     qtbot.waitUntil(lambda: window.phase_bar.phase == "ready", timeout=ENGINE_START_MS)
     assert any("Application startup complete" in line for line in window.log_view.lines)
+    qtbot.waitUntil(window.checks_label.isVisible, timeout=10_000)
+    assert "Prefix caching = False: active" in window.checks_label.text()  # the engine confirms the toggle
     tiles = window.dashboard.tiles.tiles
     qtbot.waitUntil(lambda: tiles["done"].text() not in ("–", "0"), timeout=60_000)
     qtbot.waitUntil(lambda: tiles["tok_s"].text() not in ("–", "0"), timeout=30_000)
