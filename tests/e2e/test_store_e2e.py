@@ -203,9 +203,6 @@ def test_sigkill_mid_load_leaves_an_interrupted_run_with_its_samples(demo_engine
 
 def test_sigkill_of_the_cli_run_mid_load(demo_engine: EngineProcess, tmp_path: Path) -> None:
     """`tunebench run` records through app.recording; SIGKILL leaves an interrupted run."""
-    if "record_to_default_store" not in (REPO / "app" / "cli" / "run_cmds.py").read_text():
-        pytest.skip("`tunebench run` does not record runs yet (app/cli/run_cmds.py must call "
-                    "app.recording.record_to_default_store)")
     profile = tmp_path / "long.toml"
     config = load_profile(resolve_profile("cpu-demo")).model_copy(update={
         "name": "cli doomed", "workload": WorkloadConfig(num_requests=400, input_len=LengthSpec(mean=32),
