@@ -8,6 +8,7 @@ width and clip to the visible range, so panning and zooming an hour of history s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -73,6 +74,31 @@ class TileRow(QWidget):
             tile.set_value(latest.get((tile.spec.source, tile.spec.name)))
 
 
+class _Curve(pg.PlotCurveItem):
+    """A curve that is handed its data bounds with its data: pyqtgraph would otherwise recompute
+    them with NaN-aware reductions several times per paint (about 1 ms a refresh for 12 curves)."""
+
+    _bounds: tuple[float, float, float, float] | None = None
+
+    def set_data(self, t: np.ndarray, v: np.ndarray, bounds: tuple[float, float, float, float] | None) -> None:
+        self._bounds = bounds
+        self.setData(t, v)
+
+    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange: Any = None) -> Any:  # noqa: N802, N803 - Qt API
+        bounds = self._bounds
+        if bounds is None or frac < 1.0:
+            return super().dataBounds(ax, frac, orthoRange)
+        return (bounds[0], bounds[1]) if ax == 0 else (bounds[2], bounds[3])
+
+
+def _finite_range(values: np.ndarray) -> tuple[float, float] | None:
+    lo, hi = float(values.min()), float(values.max())
+    if np.isfinite(lo) and np.isfinite(hi):
+        return lo, hi
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if len(finite) else None
+
+
 class PlotPanel(pg.PlotWidget):
     """One plot of a :class:`PlotSpec`; curves appear when their first sample arrives."""
 
@@ -91,14 +117,14 @@ class PlotPanel(pg.PlotWidget):
             axis.setTickFont(font)
             # Text is the costly part of a plot; cache each axis as a pixmap until its range moves.
             axis.setCacheMode(pg.QtWidgets.QGraphicsItem.CacheMode.DeviceCoordinateCache)
-        item.showGrid(x=True, y=True, alpha=0.15)
+        item.showGrid(x=False, y=True, alpha=0.15)  # horizontal lines to read values; vertical ones cost ~0.4 ms a refresh
         item.setMenuEnabled(False)
         item.setLabel("bottom", "seconds", color=theme.muted, size=f"{theme.axis_pt}pt")
         self.legend = item.addLegend(offset=(-4, 4), labelTextColor=theme.foreground,
                                      labelTextSize=f"{max(theme.axis_pt, 8)}pt")
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
-        self.curves: dict[SeriesKey, tuple[pg.PlotCurveItem, float, int]] = {}
+        self.curves: dict[SeriesKey, tuple[_Curve, float, int]] = {}
         self.follow = True  # keep the whole run in view until the user pans or zooms
         self._range: tuple[float, float, float, float] | None = None
         self._extent: dict[SeriesKey, tuple[float, float, float]] = {}  # t_end, min, max shown
@@ -129,9 +155,9 @@ class PlotPanel(pg.PlotWidget):
         self.getPlotItem().getViewBox().disableAutoRange()
         self.getPlotItem().autoBtn.show()
 
-    def _curve(self, key: SeriesKey, label: str, scale: float) -> tuple[pg.PlotCurveItem, float, int]:
+    def _curve(self, key: SeriesKey, label: str, scale: float) -> tuple[_Curve, float, int]:
         color = self.theme.curves[len(self.curves) % len(self.theme.curves)]
-        curve = pg.PlotCurveItem(pen=pg.mkPen(color, width=self.theme.line_width), name=label, skipFiniteCheck=True)
+        curve = _Curve(pen=pg.mkPen(color, width=self.theme.line_width), name=label, skipFiniteCheck=True)
         self.getPlotItem().addItem(curve)
         if not any(sample.item is curve for sample, _ in self.legend.items):
             self.legend.addItem(curve, label)
@@ -171,12 +197,12 @@ class PlotPanel(pg.PlotWidget):
                     continue
                 t, v = self._visible(key, ring)
                 shown = v * scale if scale != 1.0 else v
-                curve.setData(t, shown)
+                y_range = _finite_range(shown) if len(shown) else None
+                bounds = (float(t[0]), float(t[-1]), *y_range) if y_range is not None else None
+                curve.set_data(t, shown, bounds)
                 self.curves[key] = (curve, scale, ring.version)
-                if len(t):
-                    lo, hi = np.nanmin(shown), np.nanmax(shown)
-                    self._extent[key] = (float(t[-1]), float(lo) if np.isfinite(lo) else 0.0,
-                                         float(hi) if np.isfinite(hi) else 0.0)
+                if bounds is not None:
+                    self._extent[key] = (bounds[1], bounds[2], bounds[3])
                 updated += 1
         if updated and self.follow:
             self._follow()
