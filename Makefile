@@ -36,7 +36,7 @@ lint: deps
 	$(BIN)/mypy
 
 bench: deps
-	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in benchmarks/*.py; do echo "== $$b"; QT_QPA_PLATFORM=offscreen $(BIN)/python $$b || exit 1; done
 
 screenshots: engine
 	QT_QPA_PLATFORM=offscreen $(BIN)/python docs/make_screenshots.py

