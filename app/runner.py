@@ -394,11 +394,22 @@ class Runner:
                                           "summary": summary.model_dump(mode="json"), "flat": summary.flat()})
             if outcome.stop_reason == "cancelled":
                 raise _Stop("cancelled", "cancelled")
-            if self._engine_died.is_set():
-                engine = self._own_engine
-                raise _Stop("failed", f"the engine exited: {engine.diagnosis if engine else 'unknown cause'}")
+            if self._engine_gone():
+                engine = self._own_engine or self.engine
+                raise _Stop("failed", f"the engine exited: {(engine.diagnosis if engine else None) or 'unknown cause'}")
             if outcome.stop_reason.startswith("error budget"):
                 raise _Stop("failed", f"level '{plan.label}': {outcome.stop_reason}")
+
+    def _engine_gone(self) -> bool:
+        """Whether the engine died; waits for its exit to be diagnosed, which can lag the
+        connection errors that ended the level by a few seconds."""
+        engine = self._own_engine or self.engine
+        if self._engine_died.is_set():
+            return True
+        if engine is None or engine.proc is None or engine.is_running():
+            return False
+        engine.wait_exited(timeout_s=15)
+        return True
 
     def _publish_record(self, rec: RequestRecord) -> None:
         self.bus.event("request", {"run_id": self.run_id, **rec.model_dump(mode="json")})

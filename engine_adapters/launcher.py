@@ -101,6 +101,15 @@ def stop_group(pgid: int, grace_s: tuple[float, float, float] = STOP_GRACE_S,
     return "SIGKILL (processes remain)"
 
 
+def _signal_diagnosis(exit_code: int) -> Diagnosis | None:
+    """A leader killed by a signal leaves no error in its log: say who may have done it."""
+    if exit_code >= 0:
+        return None
+    name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else f"signal {-exit_code}"
+    return Diagnosis("killed", f"The engine was killed by {name} from outside (another process, or the kernel's "
+                               "out-of-memory killer: check `dmesg`).")
+
+
 # --- the registry of running engines ----------------------------------------------------------
 
 @dataclass
@@ -318,7 +327,7 @@ class EngineProcess:
                 # Stopped from outside (e.g. `tunebench engine stop`), not a crash.
                 self._set_phase(Phase.STOPPED, f"stopped from outside (exit code {code})")
             else:
-                self.diagnosis = self.adapter.diagnose(self.snapshot_log())
+                self.diagnosis = self.adapter.diagnose(self.snapshot_log()) or _signal_diagnosis(code)
                 self._set_phase(Phase.FAILED, str(self.diagnosis or f"engine exited with code {code}"))
             self._unregister()
             if self.on_exit:

@@ -259,6 +259,8 @@ def test_engine_death_mid_run_is_stored_as_failed_with_partial_data(tmp_path: Pa
         result = box["result"]
         assert run.status == "failed" == result.status  # type: ignore[attr-defined]
         assert run.reason and run.reason == result.reason  # type: ignore[attr-defined]
+        assert run.reason == ("the engine exited: The engine was killed by SIGKILL from outside (another process, "
+                              "or the kernel's out-of-memory killer: check `dmesg`).")
         assert run.n_requests >= 8 and run.n_samples > 0 and run.n_log_lines > 0
         assert run.metrics["requests_total"] == run.n_requests
     finally:
