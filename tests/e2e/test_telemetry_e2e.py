@@ -115,3 +115,53 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
     load_cpu = [s.values["engine_cpu_pct"] for s in host if idle_end < s.t_mono <= load_end and "engine_cpu_pct" in s.values]
     assert load_cpu and max(load_cpu) > 50, load_cpu  # the engine works hard under load
     assert collector.stats()["engine"]["errors"] == 0
+
+
+def test_engine_restart_gives_no_negative_or_huge_rates(engine_pool, demo_engine: EngineProcess) -> None:  # type: ignore[no-untyped-def]
+    """An engine restart, as the scraper sees it: the same URL starts answering with another real
+    engine's /metrics (counters back near zero, a new process start time). A local pass-through
+    switches engines between two scrapes; the pages are the real engines' own."""
+    from aiohttp import web
+
+    from engine_adapters.config import Features
+
+    other = engine_pool.get(Features(prefix_caching=False))
+    asyncio.run(_drive_load(demo_engine.base_url, demo_engine.api_key))  # the first engine's counters run ahead
+    target = {"engine": demo_engine}
+
+    async def metrics(_request: web.Request) -> web.Response:
+        engine = target["engine"]
+        text = await asyncio.to_thread(engine.fetch_metrics_text)
+        return web.Response(text=text, content_type="text/plain")
+
+    async def scenario() -> list:  # type: ignore[type-arg]
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        bus = Bus()
+        sub = bus.subscribe()
+        collector = TelemetryCollector(bus, metrics_url=f"http://127.0.0.1:{port}", engine_interval_s=0.25,
+                                       host_interval_s=0, gpu_interval_s=0)
+        collector.start()
+        try:
+            await asyncio.sleep(1.5)
+            target["engine"] = other  # "restart": a fresh engine behind the same address
+            await _drive_load(other.base_url, other.api_key)
+            await asyncio.sleep(1.0)
+        finally:
+            await asyncio.to_thread(collector.stop)
+            await runner.cleanup()
+        return sub.drain()
+
+    items = asyncio.run(scenario())
+    rates = [s.values["generation_tok_per_s"] for s in items
+             if isinstance(s, Sample) and s.source == "engine" and "generation_tok_per_s" in s.values]
+    assert rates and min(rates) >= 0
+    assert max(rates) < 50_000, max(rates)  # this CPU makes a few thousand tokens a second
+    assert max(rates) > 100  # and the second engine's load was seen
+    notices = [e.payload for e in items if isinstance(e, Event) and e.kind == "notice"]
+    assert any("reset" in json.dumps(n).lower() or "restart" in json.dumps(n).lower() for n in notices), notices

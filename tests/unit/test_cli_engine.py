@@ -75,10 +75,8 @@ def test_engine_start_on_a_busy_port(capsys: pytest.CaptureFixture[str], tmp_pat
     assert f"port {port} on 127.0.0.1 is already in use" in err
 
 
-def test_engine_stop_with_nothing_running(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNEBENCH_STATE_DIR", str(tmp_path))  # a private registry: leave shared engines alone
-    code, out, _ = run_cli(capsys, "engine", "stop")
+def test_engine_stop_with_nothing_running(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "engine", "stop")  # the registry is private to the test (conftest)
     assert code == 0 and "no running engine started by tunebench" in out
 
 
