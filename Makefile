@@ -29,6 +29,8 @@ run: engine
 	$(BIN)/tunebench gui
 
 test: engine shellcheck
+	$(BIN)/ruff check app engine_adapters db tests benchmarks
+	$(BIN)/mypy
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 lint: deps
