@@ -394,22 +394,29 @@ class Runner:
                                           "summary": summary.model_dump(mode="json"), "flat": summary.flat()})
             if outcome.stop_reason == "cancelled":
                 raise _Stop("cancelled", "cancelled")
-            if self._engine_gone():
+            if self._engine_gone(grace_s=3.0 if outcome.stop_reason.startswith("error budget") else 0.0):
                 engine = self._own_engine or self.engine
                 raise _Stop("failed", f"the engine exited: {(engine.diagnosis if engine else None) or 'unknown cause'}")
             if outcome.stop_reason.startswith("error budget"):
                 raise _Stop("failed", f"level '{plan.label}': {outcome.stop_reason}")
 
-    def _engine_gone(self) -> bool:
-        """Whether the engine died; waits for its exit to be diagnosed, which can lag the
-        connection errors that ended the level by a few seconds."""
+    def _engine_gone(self, grace_s: float = 0.0) -> bool:
+        """Whether the engine died. Connection errors can end a level a moment before the
+        killed engine is reaped, so after failures wait up to ``grace_s`` to know; once gone,
+        wait for its exit to be diagnosed."""
         engine = self._own_engine or self.engine
-        if self._engine_died.is_set():
-            return True
-        if engine is None or engine.proc is None or engine.is_running():
-            return False
-        engine.wait_exited(timeout_s=15)
-        return True
+        deadline = time.monotonic() + grace_s
+        while True:
+            if self._engine_died.is_set():
+                return True
+            if engine is None or engine.proc is None:
+                return False
+            if not engine.is_running():
+                engine.wait_exited(timeout_s=15)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def _publish_record(self, rec: RequestRecord) -> None:
         self.bus.event("request", {"run_id": self.run_id, **rec.model_dump(mode="json")})

@@ -247,7 +247,9 @@ class EngineProcess:
         return self.proc.pid if self.proc else None
 
     def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Whether the leader lives. Not ``proc.poll()``: while the watcher thread waits on the
+        process, ``poll()`` from another thread always answers None."""
+        return self.proc is not None and self.exited_monotonic is None and self.proc.returncode is None
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
