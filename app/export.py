@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from app.config import RunConfig
-from app.errors import UserError
+from app.errors import UserError, read_user_text
 from app.profiles import ProfileError, load_profile
 from db.compare import Comparison, MetricDelta
 from db.store import RunDetail, RunStore, StoreError
@@ -715,13 +715,7 @@ def import_results(store: RunStore, path: str | Path, name: str | None = None) -
     ``benchmarks.json`` or a tunebench run export as runs marked imported; returns their ids.
     All or nothing: if one document fails, none is kept."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read: {exc}") from None
-    docs = _json_documents(text, path)
+    docs = _json_documents(read_user_text(path), path)
     ids: list[int] = []
     try:
         for i, doc in enumerate(docs):

@@ -11,9 +11,10 @@ import tomli_w
 from pydantic import ValidationError
 
 from app.config import RunConfig
+from app.errors import UserError, read_user_text
 
 
-class ProfileError(Exception):
+class ProfileError(UserError):
     """A profile that cannot be used, with a one-line message naming the file and the problem."""
 
 
@@ -47,13 +48,7 @@ def profile_to_toml(config: RunConfig) -> str:
 
 def load_profile(path: str | Path) -> RunConfig:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such profile file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read: {exc}") from None
-    return profile_from_toml(text, str(path))
+    return profile_from_toml(read_user_text(path, "profile file", ProfileError), str(path))
 
 
 def save_profile(config: RunConfig, path: str | Path) -> Path:

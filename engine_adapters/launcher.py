@@ -295,6 +295,8 @@ class EngineProcess:
         terminal = (Phase.READY, Phase.FAILED, Phase.STOPPING, Phase.STOPPED)
         if self.phase in terminal and phase not in terminal:
             return
+        if phase == self.phase and phase != Phase.LAUNCHING:
+            return  # the next log line of the same phase (e.g. a progress bar): the log has it
         self.phase = phase
         if self.on_phase:
             self.on_phase(phase, detail)
