@@ -231,7 +231,9 @@ class TelemetryCollector:
             while not self._stop.is_set():
                 sent = now()
                 try:
-                    scrape = await scraper.fetch(session)
+                    text = await scraper.fetch_text(session)
+                    received = now()  # before parsing, which is our time, not the engine's
+                    scrape = scraper.parse(text)
                 except ScrapeError as exc:
                     self._stats.bump("engine", "errors")
                     self._stats.set("engine", "last_error", str(exc))
@@ -241,7 +243,6 @@ class TelemetryCollector:
                 else:
                     # The engine read its counters somewhere between our request and its answer,
                     # which under load can be far apart: the midpoint is the best estimate.
-                    received = now()
                     t = ((sent[0] + received[0]) / 2, (sent[1] + received[1]) / 2)
                     values, reset_notice = deriver.update(scrape, t[0])
                     if failing:

@@ -262,13 +262,19 @@ class EngineScraper:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def fetch(self, session: aiohttp.ClientSession) -> Scrape:
+        return self.parse(await self.fetch_text(session))
+
+    async def fetch_text(self, session: aiohttp.ClientSession) -> str:
+        """The page as text; kept apart from parsing so a caller can timestamp the answer itself."""
         try:
             async with session.get(self.url, headers=self.headers, timeout=self.timeout) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status} from {self.url}")
-                text = await resp.text()
+                return await resp.text()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ") + f" ({self.url})") from exc
+
+    def parse(self, text: str) -> Scrape:
         try:
             return self.map.parse(text)
         except ValueError as exc:
