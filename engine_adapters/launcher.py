@@ -5,8 +5,10 @@
 - Its output is streamed line by line; startup phases are parsed from it; readiness is /health.
 - If it exits during startup, the log is diagnosed at once (no waiting for a time-out).
 - Stopping signals the whole group: SIGINT, then SIGTERM, then SIGKILL.
-- Every engine is written to a per-user registry with its owner's PID, so an engine orphaned by a
-  crashed tunebench is found and stopped the next time tunebench starts.
+- A watchdog process per engine stops it the moment the tunebench process that started it dies,
+  however it dies (see ``watchdog.py``).
+- Every engine is also written to a per-user registry with its owner's PID, so an engine orphaned
+  along with its watchdog is found and stopped the next time tunebench starts.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ import psutil
 from engine_adapters.base import Diagnosis, FeatureCheck, Phase, match_phase
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.paths import state_dir
+from engine_adapters.process_group import STOP_GRACE_S, group_members, stop_group
 from engine_adapters.vllm import VllmAdapter, parse_kv_cache
+from engine_adapters.watchdog import WATCHDOG_GRACE_S, Watchdog
+
+__all__ = ["STOP_GRACE_S", "EngineProcess", "EngineStartError", "group_members", "reap_orphans", "stop_group"]
 
 LogCallback = Callable[[str], None]
 PhaseCallback = Callable[[Phase, str], None]
 ExitCallback = Callable[[int, "Diagnosis | None"], None]
 
-STOP_GRACE_S = (15.0, 8.0, 5.0)  # after SIGINT, after SIGTERM, after SIGKILL
 MAX_LOG_LINES = 200_000
 
 
@@ -66,41 +71,6 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-# --- process-group helpers --------------------------------------------------------------------
-
-def group_members(pgid: int, not_before: float | None = None) -> list[psutil.Process]:
-    """Live processes in a process group (optionally only those created after a time)."""
-    members = []
-    for proc in psutil.process_iter(["pid", "create_time", "status"]):
-        try:
-            if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if not_before is not None and proc.info["create_time"] + 1.0 < not_before:
-                continue
-            members.append(proc)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def stop_group(pgid: int, grace_s: tuple[float, float, float] = STOP_GRACE_S,
-               leader: subprocess.Popen[str] | None = None, not_before: float | None = None) -> str:
-    """SIGINT, then SIGTERM, then SIGKILL to a process group; returns the signal that ended it."""
-    for sig, wait_s in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), grace_s, strict=True):
-        if not group_members(pgid, not_before):
-            return "already gone" if sig == signal.SIGINT else signal.Signals(sig).name
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if leader is not None:
-                leader.poll()  # reap the leader so it does not linger as a zombie
-            if not group_members(pgid, not_before):
-                return signal.Signals(sig).name
-            time.sleep(0.1)
-    return "SIGKILL (processes remain)"
-
-
 def _signal_diagnosis(exit_code: int) -> Diagnosis | None:
     """A leader killed by a signal leaves no error in its log: say who may have done it."""
     if exit_code >= 0:
@@ -122,6 +92,7 @@ class EngineRecord:
     port: int
     argv: list[str]
     started_at: float
+    watchdog_pid: int | None = None
 
     @property
     def path(self) -> Path:
@@ -204,6 +175,8 @@ class ReadyInfo:
 class EngineProcess:
     """A launched engine: its process group, log, phases, readiness and stop."""
 
+    watchdog_grace_s: tuple[float, float, float] = WATCHDOG_GRACE_S
+
     def __init__(
         self,
         engine: EngineConfig,
@@ -235,6 +208,7 @@ class EngineProcess:
         self._watcher: threading.Thread | None = None
         self._lock = threading.Lock()
         self._record: EngineRecord | None = None
+        self._watchdog: Watchdog | None = None
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -284,6 +258,14 @@ class EngineProcess:
             pid=self.proc.pid, pgid=self.proc.pid, create_time=_create_time(self.proc.pid) or time.time(),
             owner_pid=me.pid, owner_create_time=me.create_time(), port=self.port, argv=self.argv,
             started_at=time.time())
+        try:
+            self._watchdog = Watchdog(self.proc.pid, self._record.create_time, self._record.path,
+                                      self.watchdog_grace_s)
+            self._record.watchdog_pid = self._watchdog.pid
+        except OSError as exc:  # the registry still catches an orphan at the next start
+            if self.on_log:
+                self.on_log(f"tunebench: could not start the engine's watchdog ({exc.strerror}); if tunebench "
+                            "dies, the engine is stopped only when tunebench next starts")
         register(self._record)
         self._reader = threading.Thread(target=self._read_output, name=f"engine-log-{self.proc.pid}", daemon=True)
         self._reader.start()
@@ -334,6 +316,7 @@ class EngineProcess:
                 self.diagnosis = self.adapter.diagnose(self.snapshot_log()) or _signal_diagnosis(code)
                 self._set_phase(Phase.FAILED, str(self.diagnosis or f"engine exited with code {code}"))
             self._unregister()
+            self._release_watchdog()
             if self.on_exit:
                 self.on_exit(code, self.diagnosis)
 
@@ -410,12 +393,19 @@ class EngineProcess:
             if thread is not None:
                 thread.join(timeout=5)
         self._unregister()
+        self._release_watchdog()
         self._set_phase(Phase.STOPPED, how)
         return how
 
     def _unregister(self) -> None:
         if self._record is not None:
             self._record.path.unlink(missing_ok=True)
+
+    def _release_watchdog(self) -> None:
+        with self._lock:
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.release()
 
     def __enter__(self) -> EngineProcess:
         return self

@@ -6,6 +6,7 @@ itself is exercised by tests/e2e/test_engine_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,8 +15,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine_adapters.base import Phase
@@ -139,33 +142,92 @@ OWNER = textwrap.dedent('''
     from engine_adapters.launcher import EngineProcess
     from pathlib import Path
     engine = EngineProcess(EngineConfig(), Features(), ScriptAdapter(Path(sys.argv[1]), "stubborn"))
+    engine.watchdog_grace_s = (0.5, 3.0, 3.0)
     engine.start()
     engine.wait_ready(timeout_s=30)
-    print(json.dumps({"pid": engine.pid}), flush=True)
+    print(json.dumps({"pid": engine.pid, "watchdog_pid": engine._watchdog.pid}), flush=True)
     time.sleep(600)
 ''')
 
 
-def test_orphan_of_a_killed_owner_is_found_and_stopped(script: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def owned_engine(script: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """A separate 'tunebench' process that starts an engine and then idles: (owner, engine pid,
+    watchdog pid)."""
     owner_script = tmp_path / "owner.py"
     owner_script.write_text(OWNER)
     root = Path(__file__).resolve().parents[2]
     owner = subprocess.Popen([sys.executable, str(owner_script), str(script), "x", str(root)],
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    engine_pid = watchdog_pid = 0
     try:
         line = owner.stdout.readline() if owner.stdout else ""
-        engine_pid = json.loads(line)["pid"]
+        started = json.loads(line)
+        engine_pid, watchdog_pid = started["pid"], started["watchdog_pid"]
+        yield owner, engine_pid, watchdog_pid
+    finally:
+        for pid in (owner.pid, watchdog_pid, engine_pid):
+            if pid:
+                stop_group(pid, grace_s=(0.1, 0.1, 1.0))
+        owner.wait(timeout=10)
+
+
+def _gone_within(pgid: int, timeout_s: float) -> float | None:
+    """Seconds until the group had no live member, or None if it outlived the time-out."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if not group_members(pgid):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return None
+
+
+def test_engine_is_stopped_by_its_watchdog_when_the_owner_is_killed(script: Path, tmp_path: Path) -> None:
+    with owned_engine(script, tmp_path) as (owner, engine_pid, watchdog_pid):
         assert group_members(engine_pid), "the engine should be running"
-        reap_orphans()  # owner alive: not an orphan, left alone
-        assert group_members(engine_pid)
+        assert psutil.Process(watchdog_pid).is_running()
+        assert os.getsid(watchdog_pid) == watchdog_pid != os.getsid(owner.pid)  # out of reach of a terminal's Ctrl-C
+        time.sleep(1.0)
+        assert group_members(engine_pid), "the watchdog must leave a live owner's engine alone"
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=10)
-        assert group_members(engine_pid), "the engine survives its owner: an orphan"
+        # the group ignores SIGINT (the test's grace: 0.5 s), then ends on SIGTERM
+        took_s = _gone_within(engine_pid, timeout_s=15)
+        assert took_s is not None, "the engine outlived its killed owner"
+        assert _gone_within(watchdog_pid, timeout_s=5) is not None, "the watchdog should exit after its work"
+        assert registered_engines() == []
+
+
+def test_orphan_of_a_killed_owner_and_watchdog_is_found_and_stopped(script: Path, tmp_path: Path) -> None:
+    with owned_engine(script, tmp_path) as (owner, engine_pid, watchdog_pid):
+        reap_orphans()  # owner alive: not an orphan, left alone
+        assert group_members(engine_pid)
+        os.kill(watchdog_pid, signal.SIGKILL)  # both die at once (say, the whole session is killed)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        time.sleep(1.0)
+        assert group_members(engine_pid), "with its watchdog gone too, the engine survives its owner: an orphan"
         stopped = reap_orphans(grace_s=(0.5, 3.0, 3.0))
         assert [r.pid for r in stopped] == [engine_pid]
         assert group_members(engine_pid) == []
         assert registered_engines() == []
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-        stop_group(owner.pid, grace_s=(0.1, 0.1, 1.0))
+
+
+def test_clean_stop_releases_the_watchdog(script: Path) -> None:
+    engine = launch(script, "polite")
+    engine.wait_ready(timeout_s=30)
+    watchdog = engine._watchdog
+    assert watchdog is not None
+    engine.stop(grace_s=(1.0, 3.0, 3.0))
+    assert watchdog.proc.returncode == 0  # reaped, not left a zombie
+    assert engine._watchdog is None
+
+
+def test_watchdog_released_when_the_engine_dies_on_its_own(script: Path) -> None:
+    engine = launch(script, "fail")
+    watchdog = engine._watchdog
+    assert watchdog is not None
+    with pytest.raises(EngineStartError):
+        engine.wait_ready(timeout_s=60)
+    engine.wait_exited()
+    assert watchdog.proc.returncode == 0
