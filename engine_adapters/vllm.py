@@ -220,6 +220,9 @@ METRIC_NAMES = MetricNames(
         "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         "e2e_s": ("vllm:e2e_request_latency_seconds",),
         "queue_s": ("vllm:request_queue_time_seconds",),
+        # Tokens scheduled per engine step (prefill and decode): how much batching the engine
+        # actually achieves, which a memory-bound decode turns into throughput.
+        "tokens_per_step": ("vllm:iteration_tokens_total",),
     },
 )
 

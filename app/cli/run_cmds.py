@@ -63,6 +63,8 @@ def format_table(result: RunResult) -> str:
         if s.engine.engine_itl_ms_mean is not None:
             extra.append(f"engine-side means: TTFT {_fmt(s.engine.engine_ttft_ms_mean)}, ITL "
                          f"{_fmt(s.engine.engine_itl_ms_mean, 2)}")
+        if s.engine.engine_tokens_per_step_mean is not None:
+            extra.append(f"engine batch: {s.engine.engine_tokens_per_step_mean:.1f} tokens per step")
         if s.error_examples:
             extra.append("errors: " + "; ".join(s.error_examples[:3]))
         if s.stop_reason != "completed":

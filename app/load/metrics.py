@@ -91,6 +91,9 @@ class EngineDeltas(BaseModel):
     engine_itl_ms_mean: float | None = None
     engine_e2e_ms_mean: float | None = None
     engine_queue_ms_mean: float | None = None
+    # Mean tokens the engine scheduled per step over the level (prefill + decode): the batch it
+    # really ran. Continuous batching raises it with concurrency.
+    engine_tokens_per_step_mean: float | None = None
 
 
 class LevelSummary(BaseModel):
@@ -232,6 +235,9 @@ def engine_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> En
         count, total = delta(key + "_count"), delta(key + "_sum")
         if count and total is not None:
             setattr(d, field_name, total / count * 1e3)
+    steps, step_tokens = delta("tokens_per_step_count"), delta("tokens_per_step_sum")
+    if steps and step_tokens is not None:
+        d.engine_tokens_per_step_mean = step_tokens / steps
     return d
 
 

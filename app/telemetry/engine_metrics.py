@@ -56,9 +56,13 @@ def gauge_output(canonical: str) -> tuple[str, float]:
 
 
 def histogram_output(canonical: str) -> str:
-    """``ttft_s`` -> ``ttft_mean_ms``: the mean over the last interval, in milliseconds."""
-    base = canonical[:-2] if canonical.endswith("_s") else canonical
-    return f"{base}_mean_ms"
+    """The mean over the last interval: ``ttft_s`` -> ``ttft_mean_ms`` (times in milliseconds),
+    ``tokens_per_step`` -> ``tokens_per_step_mean``."""
+    return f"{canonical[:-2]}_mean_ms" if _is_time(canonical) else f"{canonical}_mean"
+
+
+def _is_time(canonical: str) -> bool:
+    return canonical.endswith("_s")
 
 
 def _averaged(canonical: str) -> bool:
@@ -234,7 +238,8 @@ class RateDeriver:
             if canonical in old.histograms:
                 d_count = count - old.histograms[canonical][1]
                 if d_count > 0:
-                    out[histogram_output(canonical)] = 1000.0 * (total - old.histograms[canonical][0]) / d_count
+                    scale = 1000.0 if _is_time(canonical) else 1.0
+                    out[histogram_output(canonical)] = scale * (total - old.histograms[canonical][0]) / d_count
         return out
 
 

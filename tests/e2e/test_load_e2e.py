@@ -70,17 +70,19 @@ def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess)
     tok_s = [lv.summary.output_tok_per_s for lv in result.levels]
     tpot = [lv.summary.tpot_ms.mean or 0.0 for lv in result.levels]
     engine_itl = [lv.summary.engine.engine_itl_ms_mean or 0.0 for lv in result.levels]
+    per_step = [lv.summary.engine.engine_tokens_per_step_mean or 0.0 for lv in result.levels]
     lag = [lv.summary.client_lag_ms.p99 for lv in result.levels]
-    print(f"\nsweep 1/4/16: output tok/s {[round(x) for x in tok_s]}, client TPOT mean ms {[round(x, 2) for x in tpot]}, "
+    print(f"\nsweep 1/4/16: output tok/s {[round(x) for x in tok_s]}, engine tokens per step "
+          f"{[round(x, 1) for x in per_step]}, client TPOT mean ms {[round(x, 2) for x in tpot]}, "
           f"engine ITL mean ms {[round(x, 2) for x in engine_itl]}, client loop lag p99 ms {lag}")
-    # Continuous batching: 16 streams share each step. On these 2 cores the engine's worker owns one
-    # core and the API server and this client share the other, so the gain is far below a GPU's
-    # (seen here: 1.4x to 5.8x); 1.3x still cannot come from one stream at a time.
-    assert tok_s[2] > 1.3 * tok_s[0] and tok_s[2] > tok_s[1]
-    # TPOT rises with the batch. Measured on the engine's side (its own histogram over the level),
-    # because on these 2 cores the engine's spinning threads can starve the client, which then
-    # reads several tokens at once (client TPOT is reported beside it, not asserted).
-    assert engine_itl[2] > engine_itl[0] > 0
+    # Continuous batching, seen where it happens: the engine packs the streams' decodes into each
+    # step. At concurrency 1 a step carries one decode token (plus the prompt's share, 64 of ~128
+    # tokens over ~64 steps: about 2); at 16 it carries up to 16. Counted by the engine, so it does
+    # not depend on timing the way throughput does on 2 shared cores (seen 1.4x to 5.8x here).
+    assert 1.0 <= per_step[0] < 3.0, per_step
+    # (At 4 the client, sharing a core with the API server, may not keep all 4 in flight: seen 3.0.)
+    assert per_step[2] > 4 * per_step[0] and per_step[2] > per_step[1], per_step
+    assert tok_s[2] > tok_s[0], tok_s  # and batching pays: more tokens per second at 16 than at 1
     assert [lv.summary.peak_concurrency for lv in result.levels] == [1, 4, 16]
     assert all(lv.summary.good_requests is not None for lv in result.levels)
     check_records(result)
@@ -151,5 +153,8 @@ def test_requests_the_engine_rejects_are_errors_with_its_reason(demo_engine: Eng
     assert result.status == "failed" and "error budget exceeded" in (result.reason or "")
     s = result.levels[0].summary
     assert s.errors >= 5 and s.error_kinds == {"http": s.errors}
-    assert all(r.http_status == 400 and "HTTP 400" in (r.error or "") for r in result.levels[0].requests)
+    # The budget can cut the last request short before its answer: cancelled, not an error.
+    answered = [r for r in result.levels[0].requests if r.error_kind != "cancelled"]
+    assert len(answered) == s.errors and s.errors + s.cancelled == len(result.levels[0].requests)
+    assert all(r.http_status == 400 and "HTTP 400" in (r.error or "") for r in answered)
     assert demo_engine.is_running()  # the runner never stops an engine it was handed

@@ -201,6 +201,30 @@ def test_malformed_text_raises_value_error() -> None:
 
 def test_histogram_output_names() -> None:
     assert histogram_output("ttft_s") == "ttft_mean_ms" and histogram_output("e2e_s") == "e2e_mean_ms"
+    assert histogram_output("tokens_per_step") == "tokens_per_step_mean"  # a count, not a time
+
+
+def _step_page(step_tokens: float, steps: float) -> str:
+    return vllm_text(0, 0) + (f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {steps}\n'
+                              f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {step_tokens}\n')
+
+
+def test_tokens_per_step_is_a_plain_mean_live_and_per_level() -> None:
+    """The real page: 16 streams ran 5,312 tokens in 322 steps. Live and per-level figures come
+    from the same histogram, unscaled (tokens, not milliseconds)."""
+    from app.load.metrics import engine_deltas, parse_engine_counters
+
+    scrape = MetricMap(vllm.METRIC_NAMES).parse(VLLM_TEXT)
+    assert scrape.histograms["tokens_per_step"] == (5312.0, 322.0)
+    mapping, deriver = MetricMap(vllm.METRIC_NAMES), RateDeriver()
+    deriver.update(mapping.parse(_step_page(100, 50)), 0.0)
+    values, _ = deriver.update(mapping.parse(_step_page(100 + 16 * 30, 80)), 1.0)
+    assert values["tokens_per_step_mean"] == pytest.approx(16.0)
+    names = vllm.METRIC_NAMES
+    before = parse_engine_counters(_step_page(100, 50), names.counters, names.histograms)
+    after = parse_engine_counters(_step_page(100 + 16 * 30 + 64, 81), names.counters, names.histograms)
+    assert engine_deltas(before, after).engine_tokens_per_step_mean == pytest.approx((16 * 30 + 64) / 31)
+    assert engine_deltas(before, before).engine_tokens_per_step_mean is None  # no step: unknown, not 0
 
 
 def test_metrics_url_from_endpoint() -> None:
