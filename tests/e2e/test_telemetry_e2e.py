@@ -67,12 +67,12 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
         after_start = load_end + 1.0
     finally:
         started = time.monotonic()
-        collector.stop()
+        collector.stop(timeout_s=10.0)
         stop_s = time.monotonic() - started
     end = time.monotonic()
     items = sub.drain()
     assert tokens == CONCURRENCY * MAX_TOKENS
-    assert stop_s < 1.0, f"stop took {stop_s:.2f} s"
+    assert not collector.running and stop_s < 3.0, f"stop took {stop_s:.2f} s"  # the scrape time-out is 2 s
 
     events = [i for i in items if isinstance(i, Event)]
     support = {e.payload["source"]: e.payload for e in events if e.kind == "telemetry_support"}
@@ -100,21 +100,31 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
           f"{max(running or [-1]):.0f}; after: gen max {max(after_rate or [-1]):.0f} tok/s, KV max {max(after_kv or [-1]):.1f}%")
     assert idle_rate and max(idle_rate) == 0.0, idle_rate
     assert load_rate and max(load_rate) > 300, load_rate  # 1,600-4,000 tok/s at 16 streams here
-    # Decode slows as contexts grow (and as the client competes for the cores), so the first
-    # intervals run well above the mean: bound the peak loosely, and check the rates against the
-    # tokens they must add up to. A rate divided by the wrong interval fails one or the other.
-    mean_rate = tokens / (load_end - idle_end)
-    assert max(load_rate) < 4 * mean_rate, (load_rate, mean_rate)
+    # Every published rate is its counter's delta over the time between the two scrapes it spans
+    # (a scrape too close to the last keeps the older baseline), and the counter agrees with the
+    # client: a rate divided by the wrong interval, or a missed token, fails here.
     engine_samples = [s for s in items if isinstance(s, Sample) and s.source == "engine"
                       and "generation_tokens_total" in s.values]
     counted = engine_samples[-1].values["generation_tokens_total"] - engine_samples[0].values["generation_tokens_total"]
-    assert counted == tokens, (counted, tokens)  # the engine's counter agrees with the client
-    integral, baseline_t = 0.0, engine_samples[0].t_mono
+    assert counted == tokens, (counted, tokens)
+    base = engine_samples[0]
     for sample in engine_samples[1:]:
-        if "generation_tok_per_s" in sample.values:  # a scrape too close to the last one keeps the old baseline
-            integral += sample.values["generation_tok_per_s"] * (sample.t_mono - baseline_t)
-            baseline_t = sample.t_mono
-    assert abs(integral - tokens) <= 0.02 * tokens, (integral, tokens)
+        if "generation_tok_per_s" in sample.values:
+            expected = ((sample.values["generation_tokens_total"] - base.values["generation_tokens_total"])
+                        / (sample.t_mono - base.t_mono))
+            assert sample.values["generation_tok_per_s"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+            base = sample
+    # No spike: over any window of a second or more the rate stays within 3x the load's mean
+    # (single 0.25 s intervals can run ahead: decode slows as contexts grow, and a starved API
+    # server updates its counters in bursts).
+    mean_rate = tokens / (load_end - idle_end)
+    for i, first_sample in enumerate(engine_samples):
+        later = [s for s in engine_samples[i + 1:] if s.t_mono - first_sample.t_mono >= 1.0]
+        if later:
+            window = later[0]
+            rate = ((window.values["generation_tokens_total"] - first_sample.values["generation_tokens_total"])
+                    / (window.t_mono - first_sample.t_mono))
+            assert rate < 3 * mean_rate, (rate, mean_rate, first_sample.t_mono - idle_end)
     assert after_rate and max(after_rate) == 0.0, after_rate
     assert load_kv and 0 < max(load_kv) <= 100, load_kv
     assert after_kv and max(after_kv) == 0.0, after_kv
