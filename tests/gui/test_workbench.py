@@ -165,9 +165,13 @@ def test_zooming_a_plot_stops_following_until_the_auto_button(qtbot, window: Mai
     view.sigRangeChangedManually.emit([True, True])
     assert not panel.follow
     _feed(window.bus, seconds=1)
-    qtbot.wait(200)
-    x, _ = panel.curves[("client", "output_tok_per_s")][0].getData()
-    assert len(x) == 30  # full resolution once the user takes over
+
+    def points() -> int:
+        x, _ = panel.curves[("client", "output_tok_per_s")][0].getData()
+        return 0 if x is None else len(x)
+
+    qtbot.waitUntil(lambda: points() == 30, timeout=5000)
+    assert points() == 30 and not panel.follow  # full resolution once the user takes over
     button = panel.getPlotItem().autoBtn
     button.clicked.emit(button)
     assert panel.follow

@@ -49,7 +49,7 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     assert isinstance(prefix, QCheckBox)
     qtbot.mouseClick(prefix, Qt.MouseButton.LeftButton, pos=QPoint(8, prefix.height() // 2))
     assert window.state.config.features.prefix_caching is False
-    _set_spin(window, "workload.num_requests", 400)
+    _set_spin(window, "workload.num_requests", 3000)  # far more than it reaches before Stop
     _set_spin(window, "workload.output_len.mean", 32)
     _set_spin(window, "load.concurrency", 4)
     window.keep_engine.setChecked(True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.bus import Sample
 from app.gui.series import PLOTS, Decimator, Ring, SeriesStore, nice_ceil, peak_decimate, plots_for
 
 
+@settings(deadline=None)  # timing is no part of these properties
 @given(capacity=st.integers(1, 50), values=st.lists(st.floats(-1e6, 1e6), max_size=200))
 def test_ring_view_is_the_newest_points_in_order(capacity: int, values: list[float]) -> None:
     ring = Ring(capacity)
@@ -32,6 +33,7 @@ def test_ring_view_does_not_copy() -> None:
     assert v.tolist() == [5, 6, 7, 8, 9, 10, 11, 12]
 
 
+@settings(deadline=None)
 @given(capacity=st.integers(1, 40), chunks=st.lists(st.integers(0, 60), max_size=6))
 def test_ring_extend_matches_appends(capacity: int, chunks: list[int]) -> None:
     a, b = Ring(capacity), Ring(capacity)
@@ -100,6 +102,7 @@ def _reference(t: np.ndarray, v: np.ndarray, start: int, ds: int) -> tuple[list[
     return out_t + list(t[tail:]), out_v + list(v[tail:])
 
 
+@settings(deadline=None)
 @given(capacity=st.integers(8, 300), steps=st.lists(st.integers(1, 90), min_size=1, max_size=12),
        max_points=st.integers(4, 40))
 def test_incremental_decimation_equals_decimating_from_scratch(capacity: int, steps: list[int], max_points: int) -> None:

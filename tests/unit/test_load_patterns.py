@@ -29,9 +29,10 @@ def dataset(n: int, prompt: str = "fake:ok", out: int = 8, turns: int = 1) -> Da
 
 
 def run(plan: LevelPlan, ds: Dataset, server: FakeOpenAIServer, rule: StopRule | None = None,
-        cancel: threading.Event | None = None, bus: Bus | None = None, keep_text: bool = False):  # type: ignore[no-untyped-def]
+        cancel: threading.Event | None = None, bus: Bus | None = None, keep_text: bool = False,
+        live: LiveStats | None = None):  # type: ignore[no-untyped-def]
     opts = ClientOptions(base_url=server.base_url, model="m", keep_text=keep_text)
-    return asyncio.run(run_level(plan, ds, opts, rule or StopRule(), live=LiveStats(bus, "r1"), cancel=cancel))
+    return asyncio.run(run_level(plan, ds, opts, rule or StopRule(), live=live or LiveStats(bus, "r1"), cancel=cancel))
 
 
 def test_plans() -> None:
@@ -106,15 +107,33 @@ def test_error_budget_stops_the_level(server: FakeOpenAIServer) -> None:
     assert 5 <= len(out.records) < 10
 
 
+class _CancelMidStream(LiveStats):
+    """Cancels when a request gets its first token after two requests completed: the cancel
+    then lands mid-level, with finished requests and one that is streaming (30 tokens, ~150 ms
+    to go), whatever the machine's speed -- unlike a timer armed before the level starts."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        super().__init__(None)
+        self.cancel = cancel
+
+    def on_first(self, ttft_ms: float) -> None:
+        super().on_first(ttft_ms)
+        if self.done >= 2:
+            self.cancel.set()
+
+
 def test_cancel_keeps_partial_results(server: FakeOpenAIServer) -> None:
     cancel = threading.Event()
-    threading.Timer(0.6, cancel.set).start()
-    out = run(LevelPlan(0, "c3", "closed", concurrency=3), dataset(100, "fake:slow", out=30), server, cancel=cancel)
+    out = run(LevelPlan(0, "c3", "closed", concurrency=3), dataset(100, "fake:slow", out=30), server, cancel=cancel,
+              live=_CancelMidStream(cancel))
     assert out.stop_reason == "cancelled"
     done = [r for r in out.records if r.ok]
     cut = [r for r in out.records if r.error_kind == "cancelled"]
-    assert done and cut and len(out.records) < 100
-    assert all(r.output_tokens > 0 for r in cut)  # what streamed before the cancel is kept
+    assert len(done) >= 2 and cut and len(out.records) < 100
+    # What streamed before the cancel is kept; a request cut before its first chunk has none.
+    assert all(r.output_tokens > 0 for r in cut if r.ttft_ms is not None)
+    assert all(r.output_tokens == 0 for r in cut if r.ttft_ms is None)
+    assert any(r.output_tokens > 0 for r in cut)
 
 
 def test_multi_turn_resends_history(server: FakeOpenAIServer) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bus import Bus, Event
+from app.bus import Bus, Event, Item
 from app.cli import main
 from app.config import RunConfig
 from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer
@@ -83,15 +83,33 @@ def test_bad_dataset_fails_cleanly(server: FakeOpenAIServer, tmp_path: Path) -> 
     assert result.status == "failed" and "not a ShareGPT JSON file" in (result.reason or "")
 
 
+class _CancelAfterRequests(Bus):
+    """Sets ``cancel`` when the ``n``-th completed request is published: the cancel lands
+    mid-level however slow the machine is (a timer armed before ``run`` can fire before the
+    level starts)."""
+
+    def __init__(self, cancel: threading.Event, n: int) -> None:
+        super().__init__()
+        self.cancel, self.n, self.completed = cancel, n, 0
+
+    def publish(self, item: Item) -> None:
+        super().publish(item)
+        if isinstance(item, Event) and item.kind == "request" and item.payload.get("ok"):
+            self.completed += 1
+            if self.completed >= self.n:
+                self.cancel.set()
+
+
 def test_cancel_mid_level() -> None:
     cfg = config(concurrency=2)
     cfg.workload.num_requests = 200
     cfg.workload.output_len = LengthSpec(mean=20)
     cancel = threading.Event()
-    threading.Timer(0.5, cancel.set).start()
+    bus = _CancelAfterRequests(cancel, n=3)
     with FakeOpenAIServer(FakeBehaviour(mode="slow", delay_s=0.005)) as slow:
-        result = Runner(cfg, Bus(), endpoint=slow.base_url, telemetry=False).run(cancel)
-    assert result.status == "cancelled"
+        result = Runner(cfg, bus, endpoint=slow.base_url, telemetry=False).run(cancel)
+    assert cancel.is_set() and bus.completed >= 3
+    assert result.status == "cancelled", result.reason
     summary = result.levels[0].summary
     assert 0 < summary.completed < 200 and 1 <= summary.cancelled <= 2  # cut mid-stream, kept
 

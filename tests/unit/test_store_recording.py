@@ -70,21 +70,21 @@ def test_full_run_is_recorded(store: RunStore) -> None:
 
 
 def test_batches_are_written_during_the_run(store: RunStore) -> None:
-    """Samples reach the database within a second, before the run ends."""
+    """Samples reach the database in batches while the run is still going, not only at its end."""
     bus = Bus()
     recorder = RunRecorder(bus, store, flush_interval_s=0.5)
     _start(bus)
     for i in range(3):
         bus.sample("host", {"cpu_util_pct": float(i)})
         _request(bus, i)
-    deadline = time.monotonic() + 1.5
+    deadline = time.monotonic() + 10.0  # flushes every 0.5 s; the slack is for a loaded machine
     seen = 0
     while time.monotonic() < deadline and seen < 3:
         time.sleep(0.05)
         if recorder.run_id is not None:
             seen = store.get_run(recorder.run_id).n_samples
     assert seen == 3
-    assert store.get_run(recorder.run_id).status == "running"
+    assert store.get_run(recorder.run_id).status == "running"  # written before close(), mid-run
     recorder.close()
     assert store.get_run(recorder.run_id).status == "interrupted"  # closed without run_finished
 
