@@ -50,7 +50,7 @@ def _nvml() -> tuple[object | None, str]:
         pynvml.nvmlShutdown()
         return None, "real NVML"
     except Exception:  # noqa: BLE001 - no driver here: measure our side with the fake
-        from app.telemetry.fake_nvml import FakeGpu, FakeNvml
+        from tests.fakes.nvml import FakeGpu, FakeNvml
 
         return FakeNvml([FakeGpu()]), "pynvml fake (no GPU here; real NVML calls cost more)"
 

@@ -11,9 +11,9 @@ import pytest
 
 from app.bus import Bus, Event, Sample
 from app.telemetry import TelemetryCollector
-from app.telemetry.fake_nvml import FakeGpu, FakeNvml
 from app.telemetry.gpu import GPU_QUANTITIES, GpuSampler, peak_bandwidth, visible_gpus
 from engine_adapters.hardware import GpuInfo
+from tests.fakes.nvml import FakeGpu, FakeNvml
 
 
 def _open(fake: FakeNvml, **kwargs: object) -> tuple[GpuSampler, list[dict]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.telemetry.fake_nvml import FakeGpu, FakeNvml
+from tests.fakes.nvml import FakeGpu, FakeNvml
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
