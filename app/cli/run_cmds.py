@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from app.bus import Bus, Event
 from app.errors import UserError
+from app.load.metrics import level_notes
 from app.profiles import ProfileError, load_profile, resolve_profile
 from app.runner import Runner, RunResult
 
@@ -47,28 +48,7 @@ def format_table(result: RunResult) -> str:
     lines.append("times in ms; TTFT from send, queue = scheduled -> sent; ITL per token; lag = client event-loop "
                  "lateness (docs/metrics.md)")
     for lv in result.levels:
-        s = lv.summary
-        extra = []
-        if s.tokens_match_engine is not None:
-            extra.append(f"client tokens {s.output_tokens} vs engine {s.engine.generation_tokens:.0f}: "
-                         + ("equal" if s.tokens_match_engine else "DIFFERENT"))
-        if s.tokens_source != "usage":
-            extra.append(f"tokens counted from {s.tokens_source} (engine sent no per-chunk usage)")
-        if not s.lengths_exact:
-            extra.append("prompt lengths approximate (no local tokenizer)")
-        lag, itl = s.client_lag_ms.p99, s.itl_ms.median
-        if lag is not None and itl is not None and lag > max(itl, 5.0):
-            extra.append(f"client starved of CPU (loop lag p99 {lag:.0f} ms > ITL p50 {itl:.1f} ms): client "
-                         "TTFT/ITL are late and bunched; trust the engine-side means")
-        if s.engine.engine_itl_ms_mean is not None:
-            extra.append(f"engine-side means: TTFT {_fmt(s.engine.engine_ttft_ms_mean)}, ITL "
-                         f"{_fmt(s.engine.engine_itl_ms_mean, 2)}")
-        if s.engine.engine_tokens_per_step_mean is not None:
-            extra.append(f"engine batch: {s.engine.engine_tokens_per_step_mean:.1f} tokens per step")
-        if s.error_examples:
-            extra.append("errors: " + "; ".join(s.error_examples[:3]))
-        if s.stop_reason != "completed":
-            extra.append(f"stopped: {s.stop_reason}")
+        extra = level_notes(lv.summary)
         if extra:
             lines.append(f"{lv.label}: " + " | ".join(extra))
     return "\n".join(lines)

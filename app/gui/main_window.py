@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
@@ -47,6 +48,7 @@ from app.gui.series import SeriesKey, SeriesStore
 from app.gui.session import EngineSession
 from app.gui.settings import GuiSettings, load_settings, save_settings
 from app.gui.workers import Worker, busy_workers, run_in_worker
+from app.load.metrics import LevelSummary, client_starved, level_notes
 from app.profiles import ProfileError, load_profile, save_profile, shipped_profiles
 from app.runner import RunResult
 from db.compare import Comparison, compare_runs
@@ -473,7 +475,10 @@ class MainWindow(QMainWindow):
         elif result.status == "cancelled":
             self.show_banner(f"Run cancelled: {result.reason or 'stopped by the user'}", error=False)
         else:
-            self.show_banner(f"Run completed: {self._result_line(result)}", error=False)
+            starved = [lv.label for lv in result.levels if client_starved(lv.summary)]
+            caveat = (f" — the client was starved of CPU at {', '.join(starved)}: its TTFT/ITL are late and "
+                      "bunched; the engine-side means in the log are the ones to trust" if starved else "")
+            self.show_banner(f"Run completed: {self._result_line(result)}{caveat}", error=False)
 
     @staticmethod
     def _result_line(result: RunResult) -> str:
@@ -557,6 +562,11 @@ class MainWindow(QMainWindow):
             tok = summary.get("output_tok_per_s")
             self.statusBar().showMessage(f"Level {p.get('index')} done: {summary.get('completed', '?')} requests"
                                          + (f", {tok:,.0f} tok/s" if isinstance(tok, int | float) else ""))
+            try:
+                notes = level_notes(LevelSummary.model_validate(summary))
+            except ValidationError:
+                notes = []
+            self.log_view.append([f"tunebench: level {p.get('label', p.get('index'))}: {note}" for note in notes])
         elif kind == "progress":
             for key, tile in TILE_FROM_PROGRESS.items():
                 value = p.get(key)

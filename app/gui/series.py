@@ -230,11 +230,16 @@ PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("kv", "KV cache", "%",
              (Trace("engine", "kv_cache_usage_pct", "usage"), Trace("engine", "prefix_cache_hit_rate_pct", "prefix hits"),
               Trace("engine", "spec_acceptance_rate_pct", "spec accepted"))),
-    PlotSpec("requests", "Requests", "",
+    # Tokens per engine step beside the running requests: continuous batching made visible (the
+    # decode batch tracks "running"; prefill chunks push it above).
+    PlotSpec("requests", "Requests and batch", "",
              (Trace("engine", "requests_running", "running"), Trace("engine", "requests_waiting", "waiting"),
-              Trace("client", "requests_in_flight", "in flight"))),
-    PlotSpec("latency", "Latency p50", "ms",
-             (Trace("client", "ttft_ms_p50", "TTFT"), Trace("client", "itl_ms_p50", "ITL"))),
+              Trace("client", "requests_in_flight", "in flight"),
+              Trace("engine", "tokens_per_step_mean", "tokens/step"))),
+    # The client's view beside the engine's own: when they part, the client is late (see client lag).
+    PlotSpec("latency", "Latency", "ms",
+             (Trace("client", "ttft_ms_p50", "TTFT p50"), Trace("client", "itl_ms_p50", "ITL p50"),
+              Trace("engine", "ttft_mean_ms", "TTFT engine"), Trace("engine", "itl_mean_ms", "ITL engine"))),
 )
 PLOTS_BY_KEY = {p.key: p for p in PLOTS}
 

@@ -289,3 +289,41 @@ def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str |
     if engine is not None and engine.generation_tokens is not None:
         summary.tokens_match_engine = int(round(engine.generation_tokens)) == out_tokens
     return summary
+
+
+# --- what a person should know about a level ---------------------------------------------------
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def client_starved(s: LevelSummary) -> bool:
+    """The client's event loop woke later than a token gap: its TTFT/ITL are late and bunched."""
+    lag, itl = s.client_lag_ms.p99, s.itl_ms.median
+    return lag is not None and itl is not None and lag > max(itl, 5.0)
+
+
+def level_notes(s: LevelSummary) -> list[str]:
+    """Caveats and engine-side figures beside a level's table row, for every face (CLI, GUI,
+    reports): the same words wherever the level is shown."""
+    notes = []
+    if s.tokens_match_engine is not None:
+        notes.append(f"client tokens {s.output_tokens} vs engine {s.engine.generation_tokens:.0f}: "
+                     + ("equal" if s.tokens_match_engine else "DIFFERENT"))
+    if s.tokens_source != "usage":
+        notes.append(f"tokens counted from {s.tokens_source} (engine sent no per-chunk usage)")
+    if not s.lengths_exact:
+        notes.append("prompt lengths approximate (no local tokenizer)")
+    if client_starved(s):
+        notes.append(f"client starved of CPU (loop lag p99 {s.client_lag_ms.p99:.0f} ms > ITL p50 "
+                     f"{s.itl_ms.median:.1f} ms): client TTFT/ITL are late and bunched; trust the engine-side means")
+    if s.engine.engine_itl_ms_mean is not None:
+        notes.append(f"engine-side means: TTFT {_num(s.engine.engine_ttft_ms_mean)}, ITL "
+                     f"{_num(s.engine.engine_itl_ms_mean, 2)}")
+    if s.engine.engine_tokens_per_step_mean is not None:
+        notes.append(f"engine batch: {s.engine.engine_tokens_per_step_mean:.1f} tokens per step")
+    if s.error_examples:
+        notes.append("errors: " + "; ".join(s.error_examples[:3]))
+    if s.stop_reason != "completed":
+        notes.append(f"stopped: {s.stop_reason}")
+    return notes

@@ -13,6 +13,10 @@ from typing import Any
 
 import psutil
 
+# CPU percentages are CPU-time deltas over wall-time deltas; the kernel counts CPU time in 10 ms
+# ticks, so a reading over less than this is noise (one tick over 1 ms reads 1,000%).
+MIN_CPU_INTERVAL_S = 0.1
+
 HOST_QUANTITIES: tuple[str, ...] = (
     "cpu_pct", "memory_used_bytes", "memory_total_bytes", "engine_rss_bytes", "engine_cpu_pct",
 )
@@ -28,6 +32,7 @@ class ProcessTree:
         self.root_pid = root_pid
         self.refresh_s = refresh_s
         self._procs: dict[int, psutil.Process] = {}
+        self._baselined_at: dict[int, float] = {}  # pid -> when its CPU baseline was taken
         self._refreshed_at = -1e18
         self._lock = threading.Lock()
         self.alive = True
@@ -46,8 +51,10 @@ class ProcessTree:
             if old is None:
                 try:
                     keep[proc.pid].cpu_percent(None)  # start its CPU baseline
+                    self._baselined_at[proc.pid] = time.monotonic()
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     keep.pop(proc.pid, None)
+        self._baselined_at = {pid: t for pid, t in self._baselined_at.items() if pid in keep}
         self._procs, self.alive = keep, True
         self._refreshed_at = time.monotonic()
 
@@ -60,21 +67,27 @@ class ProcessTree:
     def pids(self) -> set[int]:
         return {p.pid for p in self.members()}
 
-    def usage(self) -> tuple[float, float] | None:
-        """(RSS bytes, CPU percent of one core) summed over the tree; None once it is gone."""
-        rss, cpu, seen = 0.0, 0.0, 0
+    def usage(self) -> tuple[float, float | None] | None:
+        """(RSS bytes, CPU percent of one core) summed over the tree; None once it is gone. CPU is
+        None while a member's baseline is too recent to measure against: a few milliseconds of
+        CPU ticks over a few milliseconds of wall time read as thousands of percent."""
+        rss, cpu, seen, too_recent = 0.0, 0.0, 0, False
+        now_s = time.monotonic()
         for proc in self.members():
             try:
                 with proc.oneshot():
                     rss += proc.memory_info().rss
                     cpu += proc.cpu_percent(None)
+                if now_s - self._baselined_at.get(proc.pid, -1e18) < MIN_CPU_INTERVAL_S:
+                    too_recent = True  # this reading is noise; it is the baseline for the next one
+                self._baselined_at[proc.pid] = now_s
                 seen += 1
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 with self._lock:
                     self._refreshed_at = -1e18  # a member left: rescan next tick
         if not seen:
             return None
-        return rss, cpu
+        return rss, None if too_recent else cpu
 
 
 class HostSampler:
@@ -83,9 +96,11 @@ class HostSampler:
     def __init__(self, engine_tree: ProcessTree | None = None) -> None:
         self.tree = engine_tree
         self.errors = 0
+        self._cpu_baseline_at = -1e18
 
     def open(self) -> dict[str, Any]:
         psutil.cpu_percent(None)  # the first call only sets psutil's baseline
+        self._cpu_baseline_at = time.monotonic()
         unsupported = {} if self.tree is not None else {
             "engine_rss_bytes": "no engine process given", "engine_cpu_pct": "no engine process given"}
         if self.tree is not None:
@@ -98,7 +113,11 @@ class HostSampler:
     def sample(self) -> dict[str, float]:
         values: dict[str, float] = {}
         try:
-            values["cpu_pct"] = float(psutil.cpu_percent(None))
+            now_s = time.monotonic()
+            cpu_pct = float(psutil.cpu_percent(None))
+            if now_s - self._cpu_baseline_at >= MIN_CPU_INTERVAL_S:
+                values["cpu_pct"] = cpu_pct  # else: too soon after the baseline to mean anything
+            self._cpu_baseline_at = now_s
             memory = psutil.virtual_memory()
             values["memory_total_bytes"] = float(memory.total)
             values["memory_used_bytes"] = float(memory.total - memory.available)
@@ -107,5 +126,7 @@ class HostSampler:
         if self.tree is not None:
             usage = self.tree.usage()
             if usage is not None:
-                values["engine_rss_bytes"], values["engine_cpu_pct"] = usage
+                values["engine_rss_bytes"] = usage[0]
+                if usage[1] is not None:
+                    values["engine_cpu_pct"] = usage[1]
         return values

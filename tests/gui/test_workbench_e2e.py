@@ -88,6 +88,9 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     assert window.last_result is not None and window.last_result.status == "completed", window.banner.text()
     assert window.session.engine is engine  # reused, not restarted
     assert "Run completed" in window.banner.text()
+    notes = [line for line in window.log_view.lines if line.startswith("tunebench: level")]
+    assert any("client tokens" in n and ": equal" in n for n in notes), notes  # the engine's counter agrees
+    assert any("tokens per step" in n for n in notes), notes
 
     # history: both runs are there
     window.tabs.setCurrentWidget(window.history)

@@ -11,7 +11,9 @@ from app.load.metrics import (
     RequestRecord,
     SloError,
     Stats,
+    client_starved,
     engine_deltas,
+    level_notes,
     meets_slo,
     parse_engine_counters,
     parse_slo,
@@ -128,3 +130,22 @@ def test_flat_columns() -> None:
     assert flat["itl_ms_p50"] == flat["itl_ms_median"] == pytest.approx(10.0)
     assert flat["goodput_rps"] == pytest.approx(1.0) and "engine_prefix_cache_hit_rate" in flat
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
+
+
+def test_level_notes_name_a_starved_client_and_the_engine_side_figures() -> None:
+    """The caveats every face shows beside a level: a client whose loop woke later than the token
+    gaps it measures is named, with the engine's own figures to trust instead."""
+    records = [rec(i, 100.0, [0.1] * 9) for i in range(4)]  # tokens bunched: ~0 ITL
+    engine = engine_deltas({"generation_tokens": 0.0, "tokens_per_step_sum": 0.0, "tokens_per_step_count": 0.0,
+                            "itl_s_sum": 0.0, "itl_s_count": 0.0},
+                           {"generation_tokens": 40.0, "tokens_per_step_sum": 48.0, "tokens_per_step_count": 12.0,
+                            "itl_s_sum": 0.108, "itl_s_count": 36.0})
+    starved = summarize(records, duration_s=1.0, engine=engine, client_lag_ms=[2.0] * 50 + [80.0] * 5)
+    calm = summarize(records, duration_s=1.0, engine=engine, client_lag_ms=[0.5] * 55)
+    assert client_starved(starved) and not client_starved(calm)
+    notes = level_notes(starved)
+    assert any(n.startswith("client starved of CPU (loop lag p99 80 ms") for n in notes), notes
+    assert "engine-side means: TTFT -, ITL 3.00" in notes
+    assert "engine batch: 4.0 tokens per step" in notes
+    assert "client tokens 40 vs engine 40: equal" in notes
+    assert not any("starved" in n for n in level_notes(calm))
