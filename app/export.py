@@ -33,7 +33,7 @@ from app.errors import UserError, read_user_text
 from app.profiles import ProfileError, load_profile
 from db.compare import Comparison, MetricDelta
 from db.store import RunDetail, RunStore, StoreError
-from engine_adapters.config import EngineConfig
+from engine_adapters.config import EngineConfig, Features
 from engine_adapters.features import FEATURES
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage
@@ -152,7 +152,7 @@ def _launch(spec: LaunchSpec, docker: bool) -> _Launch:
     adapter = get_adapter(engine.kind)
     port = _port_of(engine)
     try:
-        argv = adapter.build_argv(engine, spec.config.features, port)
+        argv = adapter.build_argv(engine, spec.config.features, port, portable=True)
         env = adapter.build_env(engine, None)
     except RuntimeErrorMessage as exc:
         raise UserError(f"cannot build the launch command: {exc}") from None
@@ -163,11 +163,22 @@ def _launch(spec: LaunchSpec, docker: bool) -> _Launch:
     if engine.require_api_key:
         secrets = sorted({*secrets, adapter.api_key_env})
     plain = {k: v for k, v in env.items() if k not in secrets}
+    return _Launch(argv, port, engine.host, plain, secrets, engine, _feature_notes(spec.config.features))
+
+
+def _feature_notes(features: Features) -> list[str]:
+    """One line per feature set away from its default, named as the catalogue names it (nested
+    settings as their own lines: ``Speculative decoding: mtp``, ``Speculative tokens: 3``)."""
     labels = {f.key: f.label for f in FEATURES}
+    changed = features.model_dump(exclude_defaults=True)
+    if "speculative" in changed:  # how many tokens to draft matters whenever it is on
+        changed["speculative"] = {**changed["speculative"],
+                                  "num_speculative_tokens": features.speculative.num_speculative_tokens}
     notes = []
-    for key, value in spec.config.features.model_dump(exclude_defaults=True).items():
-        notes.append(f"{labels.get(key, key)}: {value}")
-    return _Launch(argv, port, engine.host, plain, secrets, engine, notes)
+    for key, value in changed.items():
+        items = ({f"{key}.{sub}": v for sub, v in value.items()} if isinstance(value, dict) else {key: value})
+        notes += [f"{labels.get(path, path)}: {v}" for path, v in items.items()]
+    return notes
 
 
 def _header(spec: LaunchSpec) -> dict[str, Any]:

@@ -112,13 +112,23 @@ class EngineAdapter(Protocol):
     metrics_path: str
     metric_names: MetricNames
     phase_patterns: Sequence[PhasePattern]
+    api_key_env: str  # the environment variable the server reads its API key from
 
-    def base_command(self, engine: EngineConfig, port: int | None = None) -> list[str]:
-        """argv prefix that starts the server from the configured runtime."""
+    def base_command(self, engine: EngineConfig, port: int | None = None, *, portable: bool = False) -> list[str]:
+        """argv prefix that starts the server from the configured runtime; ``portable`` for a
+        script that runs on another machine (executables named, not resolved here)."""
         ...
 
-    def build_argv(self, engine: EngineConfig, features: Features, port: int) -> list[str]:
+    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
+        """Where the server listens (host and port arguments)."""
+        ...
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
         """The exact argv (no shell) that launches the engine with these features."""
+        ...
+
+    def installed_version(self, engine: EngineConfig) -> str:
+        """The engine version the configured runtime would run."""
         ...
 
     def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:

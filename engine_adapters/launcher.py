@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from engine_adapters.base import Diagnosis, FeatureCheck, Phase, match_phase
+from engine_adapters.base import Diagnosis, EngineAdapter, FeatureCheck, Phase, match_phase
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.paths import state_dir
 from engine_adapters.process_group import STOP_GRACE_S, group_members, stop_group
@@ -181,7 +181,7 @@ class EngineProcess:
         self,
         engine: EngineConfig,
         features: Features,
-        adapter: VllmAdapter | None = None,
+        adapter: EngineAdapter | None = None,
         *,
         on_log: LogCallback | None = None,
         on_phase: PhaseCallback | None = None,
@@ -189,7 +189,7 @@ class EngineProcess:
     ) -> None:
         self.engine = engine
         self.features = features
-        self.adapter = adapter or VllmAdapter()
+        self.adapter: EngineAdapter = adapter or VllmAdapter()
         self.on_log, self.on_phase, self.on_exit = on_log, on_phase, on_exit
         self.api_key: str | None = secrets.token_urlsafe(24) if engine.require_api_key else None
         self.port = engine.port

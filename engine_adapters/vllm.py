@@ -273,20 +273,23 @@ class VllmAdapter:
     health_path = "/health"
     metrics_path = "/metrics"
     metric_names = METRIC_NAMES
-    phase_patterns = PHASE_PATTERNS
+    phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
     api_key_env = "VLLM_API_KEY"
 
     # -- launch ---------------------------------------------------------------------------------
 
-    def base_command(self, engine: EngineConfig, port: int | None = None) -> list[str]:
-        """argv prefix that starts the server; ``port`` is needed to publish a docker port."""
+    def base_command(self, engine: EngineConfig, port: int | None = None, *, portable: bool = False) -> list[str]:
+        """argv prefix that starts the server; ``port`` is needed to publish a docker port.
+        ``portable``: for a script run elsewhere, an executable is named as configured (found on
+        that machine's PATH) instead of resolved here, where it may not be installed."""
         runtime = engine.runtime
         if runtime.kind in ("managed", "python"):
             python = resolve_python(engine)
             assert python is not None
             return [python, "-m", API_SERVER_MODULE]
         if runtime.kind == "executable":
-            return [resolve_executable(engine), "serve"]
+            assert runtime.executable is not None
+            return [runtime.executable if portable else resolve_executable(engine), "serve"]
         return self._docker_prefix(engine, engine.port if port is None else port)
 
     def _docker_prefix(self, engine: EngineConfig, port: int) -> list[str]:
@@ -316,8 +319,9 @@ class VllmAdapter:
         host = "0.0.0.0" if engine.runtime.kind == "docker" else engine.host  # noqa: S104 - inside the container
         return ["--host", host, "--port", str(port)]
 
-    def build_argv(self, engine: EngineConfig, features: Features, port: int) -> list[str]:
-        argv = [*self.base_command(engine, port), *self.model_args(engine), *self.server_args(engine, port)]
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
+        argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
+                *self.server_args(engine, port)]
         for flags in feature_flags(features).values():
             argv += flags
         return argv

