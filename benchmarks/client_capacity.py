@@ -188,9 +188,9 @@ def main() -> int:
         print(f"  ratio tunebench / vLLM client: {ours['tok_per_s'] / max(theirs['tok_per_s'], 1e-9):.2f}x")
     else:
         print(f"  vllm bench serve : {theirs}")
-    verdict = "meets" if ours["tok_per_s"] >= 100_000 else "BELOW"
-    print(f"  target 100,000 tokens/s: {verdict}")
-    return 0
+    met = ours["tok_per_s"] >= 100_000 and (not isinstance(theirs, dict) or ours["tok_per_s"] > theirs["tok_per_s"])
+    print(f"  target 100,000 tokens/s and above vLLM's client: {'meets' if met else 'MISSES'}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

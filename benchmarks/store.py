@@ -94,7 +94,7 @@ def main() -> int:
         print(f"database size: {(Path(tmp) / 'bench.db').stat().st_size / 2**20:.1f} MiB "
               f"(+ WAL {(Path(tmp) / 'bench.db-wal').stat().st_size / 2**20 if (Path(tmp) / 'bench.db-wal').exists() else 0:.1f} MiB)")
         store.close()
-    return 0
+    return 0 if total < WRITE_TARGET_S and best < COMPARE_TARGET_S else 1
 
 
 if __name__ == "__main__":

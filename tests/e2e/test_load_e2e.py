@@ -83,6 +83,10 @@ def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess)
     # (At 4 the client, sharing a core with the API server, may not keep all 4 in flight: seen 3.0.)
     assert per_step[2] > 4 * per_step[0] and per_step[2] > per_step[1], per_step
     assert tok_s[2] > tok_s[0], tok_s  # and batching pays: more tokens per second at 16 than at 1
+    # ...while each stream's TPOT rises: a step carrying 16 decodes takes longer (seen 1.4 -> 3.8 ms).
+    # Measured on the engine's side (its own histogram over the level): on these 2 cores the client
+    # can be starved and read several tokens at once, so client TPOT is printed, not asserted.
+    assert engine_itl[2] > engine_itl[0] > 0, engine_itl
     assert [lv.summary.peak_concurrency for lv in result.levels] == [1, 4, 16]
     assert all(lv.summary.good_requests is not None for lv in result.levels)
     check_records(result)

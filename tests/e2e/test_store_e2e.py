@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from db.store import RunStore
 from engine_adapters.config import Features
 from engine_adapters.launcher import EngineProcess, free_port, group_members, stop_group
 from engine_adapters.vllm import parse_non_default_args
+from tests.unit.test_export_scripts import shellcheck_bin
 
 pytestmark = pytest.mark.e2e
 
@@ -81,8 +81,7 @@ def test_real_runs_are_recorded_listed_compared_and_exported(engine_pool, demo_e
     script, report = tmp_path / "winner.sh", tmp_path / "report.html"
     assert main(["export", str(ids[1]), "-f", "bash", "-o", str(script), "--db", str(db)]) == 0
     assert "--enable-prefix-caching" in script.read_text() and "0.32.0" in script.read_text()
-    if shutil.which("shellcheck"):
-        subprocess.run(["shellcheck", str(script)], check=True)
+    subprocess.run([shellcheck_bin(), str(script)], check=True)
     assert main(["export", str(ids[0]), str(ids[1]), "-f", "html", "-o", str(report), "--db", str(db)]) == 0
     assert "features.prefix_caching" in report.read_text()
 

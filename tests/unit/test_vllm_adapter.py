@@ -204,6 +204,23 @@ def test_kv_offload_without_backend() -> None:
     assert msg["error:kv_offload_backend"].startswith("KV offload needs a backend")
 
 
+@pytest.mark.parametrize("method", ["off", "ngram", "mtp"])
+def test_draft_model_ignored_is_a_warning(method: str) -> None:
+    msg = messages(Features(speculative=SpeculativeConfig(method=method, draft_model="org/draft")), gpus(1))  # type: ignore[arg-type]
+    assert msg == {"warning:speculative.draft_model": f"a draft model is ignored with speculative method '{method}'"}
+
+
+def test_kv_offload_backend_without_size_is_a_warning() -> None:
+    msg = messages(Features(kv_offload_backend="native"), gpus(1))
+    assert msg == {"warning:kv_offload_gib": "a KV offload backend is set but kv_offload_gib is 0: nothing is offloaded"}
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "awq", "gptq"])
+def test_quantized_weights_on_the_cpu_build_are_a_warning(dtype: str) -> None:
+    msg = messages(Features(weights_dtype=dtype), HardwareInfo(cpu_flags=["avx512f"]), engine=EngineConfig())  # type: ignore[arg-type]
+    assert msg == {"warning:weights_dtype": f"{dtype} weights are unlikely to run on the CPU build"}
+
+
 def test_tp_larger_than_visible_gpus() -> None:
     msg = messages(Features(tensor_parallel_size=4), gpus(2))
     assert msg["error:tensor_parallel_size"] == "tensor x pipeline parallel size 4 needs 4 GPUs; 2 visible"
