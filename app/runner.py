@@ -444,7 +444,9 @@ class Runner:
 
 def _worker_level(k: int, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, seed: int,
                   t_start: float, progress: Any, cancel_flag: Any) -> LevelOutcome:
-    """Worker ``k``'s share of a level (runs in a child process)."""
+    """Worker ``k``'s share of a level (runs in a child process). Each record is sent to the
+    parent as it completes, like progress, so the run is stored as it goes; the returned outcome
+    carries no records (the parent already has them)."""
 
     class _Cancel:
         def is_set(self) -> bool:
@@ -460,17 +462,22 @@ def _worker_level(k: int, plan: LevelPlan, dataset: Dataset, opts: ClientOptions
         async def report() -> None:
             while True:
                 await asyncio.sleep(0.25)
-                progress.put((k, live.tokens, live.done, live.errors, live.in_flight))
+                progress.put(("progress", k, (live.tokens, live.in_flight)))
+
+        def send(rec: RequestRecord) -> None:
+            progress.put(("record", k, rec))
 
         reporter = asyncio.create_task(report())
         try:
             return await run_level(plan, dataset, opts, rule, live=live, cancel=_Cancel(),  # type: ignore[arg-type]
-                                   seed=seed)
+                                   seed=seed, on_record=send)
         finally:
             reporter.cancel()
-            progress.put((k, live.tokens, live.done, live.errors, 0))
+            progress.put(("progress", k, (live.tokens, 0)))
 
-    return asyncio.run(main())
+    outcome = asyncio.run(main())
+    outcome.records = []
+    return outcome
 
 
 def split_plan(plan: LevelPlan, dataset: Dataset, rule: StopRule, workers: int,
@@ -499,8 +506,9 @@ def run_level_in_processes(plan: LevelPlan, dataset: Dataset, opts: ClientOption
                            on_record: Callable[[RequestRecord], None] | None = None,
                            index_offset: int = 0) -> LevelOutcome:
     """A level split over client processes (when one core cannot keep up): each runs its share
-    on its own event loop from a common start time; progress comes every 0.25 s, records at the
-    end. Offsets are comparable because every process reads the same monotonic clock. Peak
+    on its own event loop from a common start time; token progress comes every 0.25 s and each
+    record as it completes (numbered in the order it arrives here, published and stored at once).
+    Offsets are comparable because every process reads the same monotonic clock. Peak
     concurrency is the sum of the workers' peaks (an upper bound)."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager:
@@ -509,7 +517,24 @@ def run_level_in_processes(plan: LevelPlan, dataset: Dataset, opts: ClientOption
         t_start = time.perf_counter() + 3.0  # children need time to start (spawn imports tunebench)
         live.start_level(plan.index, rule.max_requests or len(dataset.conversations))
         base_tokens = live.tokens
-        latest: dict[int, tuple[int, int, int, int]] = {}
+        latest: dict[int, tuple[int, int]] = {}  # worker -> (tokens, in flight)
+        records: list[RequestRecord] = []
+
+        def drain() -> None:
+            while not progress.empty():
+                kind, k, payload = progress.get_nowait()
+                if kind == "progress":
+                    latest[k] = payload
+                    continue
+                rec: RequestRecord = payload
+                rec.index = index_offset + len(records)
+                records.append(rec)
+                if rec.ttft_ms is not None:
+                    live.on_first(rec.ttft_ms)
+                live.on_record(rec)  # done, errors, ITL
+                if on_record is not None:
+                    on_record(rec)
+
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             futures = []
             for k in range(workers):
@@ -520,22 +545,17 @@ def run_level_in_processes(plan: LevelPlan, dataset: Dataset, opts: ClientOption
             while not all(f.done() for f in futures):
                 if cancel.is_set():
                     cancel_flag.value = 1
-                while not progress.empty():
-                    k, *counts = progress.get_nowait()
-                    latest[k] = tuple(counts)  # type: ignore[assignment]
+                drain()
                 if latest:
-                    tokens, done, errors, in_flight = (sum(col) for col in zip(*latest.values(), strict=True))
-                    live.tokens, live.done, live.errors, live.in_flight = base_tokens + tokens, done, errors, in_flight
+                    live.tokens = base_tokens + sum(tokens for tokens, _ in latest.values())
+                    live.in_flight = sum(in_flight for _, in_flight in latest.values())
                 if time.perf_counter() >= next_tick:
                     live.publish()
                     next_tick += 0.5
                 time.sleep(0.05)
             outcomes = [f.result() for f in futures]
-    records = sorted((rec for o in outcomes for rec in o.records), key=lambda x: x.start_wall_s)
-    for i, rec in enumerate(records):
-        rec.index = index_offset + i
-        if on_record is not None:
-            on_record(rec)
+            drain()  # a worker's last records were queued before its result
+    live.in_flight = 0
     live.tokens = base_tokens + sum(x.output_tokens for x in records)
     reasons = [o.stop_reason for o in outcomes if o.stop_reason != "completed"]
     return LevelOutcome(records, max(o.duration_s for o in outcomes), sum(o.peak_concurrency for o in outcomes),

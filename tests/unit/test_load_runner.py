@@ -114,14 +114,26 @@ def test_cancel_mid_level() -> None:
     assert 0 < summary.completed < 200 and 1 <= summary.cancelled <= 2  # cut mid-stream, kept
 
 
-def test_workers_split_a_level_over_processes(server: FakeOpenAIServer) -> None:
+def test_workers_split_a_level_over_processes() -> None:
+    """Two client processes share a level; each record reaches the bus (and so the store) as it
+    completes, not in a burst at the level's end."""
     cfg = config(concurrency=4, workers=2)
-    cfg.workload.num_requests = 10
-    result = Runner(cfg, Bus(), endpoint=server.base_url, api_key="k1", telemetry=False).run()
+    cfg.workload.num_requests = 24
+    bus = Bus()
+    sub = bus.subscribe(kinds=["request", "level_finished"])
+    with FakeOpenAIServer(FakeBehaviour(mode="slow", delay_s=0.01)) as slow:  # ~0.12 s a request
+        result = Runner(cfg, bus, endpoint=slow.base_url, telemetry=False).run()
     assert result.status == "completed", result.reason
     recs = result.levels[0].requests
-    assert len(recs) == 10 and all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(10))
+    assert len(recs) == 24 and all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(24))
     assert result.levels[0].summary.tokens_match_engine
+    events = [e for e in sub.drain() if isinstance(e, Event)]
+    published = [e for e in events if e.kind == "request"]
+    finished = next(e for e in events if e.kind == "level_finished")
+    assert sorted(e.payload["index"] for e in published) == list(range(24))
+    assert all(e.t_mono < finished.t_mono for e in published)
+    # 6 rounds of ~0.12 s requests per worker: streamed records span most of the level
+    assert published[-1].t_mono - published[0].t_mono > 0.2, [round(e.t_mono - published[0].t_mono, 3) for e in published]
 
 
 def test_mask_env() -> None:
