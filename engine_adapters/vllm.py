@@ -513,21 +513,41 @@ class VllmAdapter:
             checks.append(FeatureCheck("kv_cache_dtype", features.kv_cache_dtype,
                                        bool(used) or logged == features.kv_cache_dtype,
                                        used.group(0) if used else f"engine parsed kv_cache_dtype={logged}"))
-        if features.speculative.method != "off":
+        spec = features.speculative
+        if spec.method != "off":
             logged = args.get("speculative_config")
-            method = logged.get("method") if isinstance(logged, dict) else None
+            parsed = logged if isinstance(logged, dict) else {}
+            # Each part the engine echoes must match: the method, how many tokens it drafts, the
+            # draft model (vLLM echoes only what was set, so an absent part is not a mismatch).
+            wanted_parts = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                            "model": spec.draft_model}
+            if spec.method == "ngram":
+                wanted_parts["prompt_lookup_max"] = spec.ngram_prompt_lookup_max
+            mismatched = [k for k, v in wanted_parts.items() if v is not None and k in parsed and parsed[k] != v]
             drafts = _metric_total(metrics_text, "vllm:spec_decode_num_drafts_total")
-            evidence = f"engine parsed speculative_config method={method}"
+            evidence = "engine parsed speculative_config " + (
+                ", ".join(f"{k}={parsed[k]}" for k in wanted_parts if k in parsed) or "(absent)")
+            if mismatched:
+                evidence += f"; differs from the request in {', '.join(mismatched)}"
             if drafts is not None:
                 evidence += f"; spec-decode metrics present ({drafts:.0f} drafts so far)"
-            checks.append(FeatureCheck("speculative.method", features.speculative.method,
-                                       method == features.speculative.method, evidence))
-        for key, arg in (("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len"),
-                         ("max_num_batched_tokens", "max_num_batched_tokens"),
-                         ("gpu_memory_utilization", "gpu_memory_utilization"),
-                         ("tensor_parallel_size", "tensor_parallel_size")):
+            checks.append(FeatureCheck("speculative.method", spec.method,
+                                       parsed.get("method") == spec.method and not mismatched, evidence))
+        # Settings the engine echoes verbatim in its non-default args: (feature, arg, value that
+        # means "not requested", so nothing to verify).
+        echoed: tuple[tuple[str, str, object], ...] = (
+            ("max_num_seqs", "max_num_seqs", None), ("max_model_len", "max_model_len", None),
+            ("max_num_batched_tokens", "max_num_batched_tokens", None),
+            ("gpu_memory_utilization", "gpu_memory_utilization", None),
+            ("tensor_parallel_size", "tensor_parallel_size", 1),
+            ("pipeline_parallel_size", "pipeline_parallel_size", 1),
+            ("chunked_prefill", "enable_chunked_prefill", None),
+            ("cpu_offload_gib", "cpu_offload_gb", 0.0),
+            ("kv_offload_gib", "kv_offloading_size", 0.0),
+        )
+        for key, arg, unset in echoed:
             wanted = getattr(features, key)
-            if wanted is None or (key == "tensor_parallel_size" and wanted == 1):
+            if wanted == unset:
                 continue
             logged = args.get(arg)
             checks.append(FeatureCheck(key, str(wanted), logged == wanted, f"engine parsed {arg}={logged}"))

@@ -99,6 +99,9 @@ def test_token_count_equals_engine_with_ngram_speculation(engine_pool, demo_engi
     spec = engine_pool.get(Features(prefix_caching=True, speculative=SpeculativeConfig(method="ngram")))
     workload = WorkloadConfig(kind="code", num_requests=8, input_len=LengthSpec(mean=256),
                               output_len=LengthSpec(mean=48), api="chat")
+    # the engine's own echo of its speculative config matches the request, part by part
+    verified = {c.key: c for c in spec.verify_features()}["speculative.method"]
+    assert verified.active is True, verified.evidence
     result = run_on(spec, workload, LoadConfig(concurrency=4))
     check_records(result)
     s = result.levels[0].summary

@@ -316,6 +316,31 @@ def test_verify_reports_active_and_inactive_features() -> None:
     assert off[0].active is False
 
 
+def _args_log(args: dict[str, object]) -> list[str]:
+    return [f"(APIServer pid=1) INFO 11-29 07:41:17 [api_utils.py:286] non-default args: {args!r}"]
+
+
+def test_verify_covers_parallelism_offload_chunking_and_speculative_details() -> None:
+    wanted = Features(pipeline_parallel_size=2, chunked_prefill=False, cpu_offload_gib=4, kv_offload_gib=8,
+                      kv_offload_backend="native",
+                      speculative=SpeculativeConfig(method="eagle3", draft_model="org/head", num_speculative_tokens=3))
+    echoed = {"pipeline_parallel_size": 2, "enable_chunked_prefill": False, "cpu_offload_gb": 4.0,
+              "kv_offloading_size": 8.0, "kv_offloading_backend": "native",
+              "speculative_config": {"method": "eagle3", "model": "org/head", "num_speculative_tokens": 3}}
+    checks = {c.key: c for c in ADAPTER.verify(wanted, _args_log(echoed), "")}
+    assert {k: c.active for k, c in checks.items()} == {
+        "speculative.method": True, "pipeline_parallel_size": True, "chunked_prefill": True,
+        "cpu_offload_gib": True, "kv_offload_gib": True}
+    # The engine ran something else: each difference is caught and named.
+    other = {**echoed, "pipeline_parallel_size": 1, "cpu_offload_gb": 2.0,
+             "speculative_config": {"method": "eagle3", "model": "org/other", "num_speculative_tokens": 5}}
+    checks = {c.key: c for c in ADAPTER.verify(wanted, _args_log(other), "")}
+    assert checks["pipeline_parallel_size"].active is False and checks["cpu_offload_gib"].active is False
+    spec = checks["speculative.method"]
+    assert spec.active is False and "differs from the request in num_speculative_tokens, model" in spec.evidence
+    assert checks["chunked_prefill"].active is True
+
+
 @pytest.mark.parametrize(
     ("line", "code", "words"),
     [
