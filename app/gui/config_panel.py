@@ -51,18 +51,25 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
 }
 ENGINE_FIELDS = ("engine.kind", "engine.runtime.kind", "engine.runtime.managed", "engine.runtime.python",
                  "engine.runtime.executable", "engine.runtime.docker_image", "engine.model", "engine.port")
-WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.num_requests", "workload.input_len.mean",
-                   "workload.output_len.mean", "workload.shared_prefix_tokens", "workload.turns", "workload.api",
-                   "workload.seed")
+WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.num_requests",
+                   "workload.input_len.distribution", "workload.input_len.mean", "workload.input_len.spread",
+                   "workload.output_len.distribution", "workload.output_len.mean", "workload.output_len.spread",
+                   "workload.shared_prefix_tokens", "workload.shared_prefix_fraction", "workload.turns",
+                   "workload.api", "workload.ignore_eos", "workload.temperature", "workload.seed")
 LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.burstiness", "load.ramp_start_rps",
                "load.sweep_of", "load.levels", "load.max_concurrency", "load.duration_s", "load.max_requests",
-               "load.warmup_requests", "load.slo")
+               "load.warmup_requests", "load.slo", "load.max_error_fraction", "load.request_timeout_s",
+               "load.workers")
 LABELS = {
     "engine.kind": "Engine", "engine.runtime.kind": "Runtime", "engine.runtime.managed": "Managed runtime",
     "engine.runtime.python": "Python (venv)", "engine.runtime.executable": "Executable",
     "engine.runtime.docker_image": "Docker image", "engine.model": "Model", "engine.port": "Port (0 = free)",
     "workload.kind": "Workload", "workload.input_len.mean": "Input tokens (mean)",
-    "workload.output_len.mean": "Output tokens (mean)", "load.pattern": "Load pattern",
+    "workload.output_len.mean": "Output tokens (mean)", "workload.input_len.distribution": "Input length shape",
+    "workload.input_len.spread": "Input spread (tokens)", "workload.output_len.distribution": "Output length shape",
+    "workload.output_len.spread": "Output spread (tokens)", "workload.shared_prefix_fraction": "Share of requests with it",
+    "workload.ignore_eos": "Ignore EOS (exact lengths)", "load.max_error_fraction": "Error budget (fraction)",
+    "load.request_timeout_s": "Request timeout (s)", "load.workers": "Client processes", "load.pattern": "Load pattern",
     "load.rate_rps": "Rate (req/s)", "features.kv_offload_backend": "KV offload backend",
     "load.ramp_start_rps": "Ramp start (req/s)", "load.levels": "Levels", "load.sweep_of": "Sweep of",
     "load.slo": "Goodput SLOs", "workload.dataset_path": "Dataset file",
@@ -77,6 +84,9 @@ VISIBLE_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "engine.runtime.docker_image": ("engine.runtime.kind", ("docker",)),
     "workload.dataset_path": ("workload.kind", ("sharegpt", "jsonl")),
     "workload.shared_prefix_tokens": ("workload.kind", ("shared_prefix", "multi_turn", "random")),
+    "workload.shared_prefix_fraction": ("workload.kind", ("shared_prefix", "multi_turn", "random")),
+    "workload.input_len.spread": ("workload.input_len.distribution", ("uniform", "normal")),
+    "workload.output_len.spread": ("workload.output_len.distribution", ("uniform", "normal")),
     "workload.turns": ("workload.kind", ("multi_turn",)),
     "load.concurrency": ("load.pattern", ("closed", "sweep")),
     "load.rate_rps": ("load.pattern", ("constant", "poisson", "gamma", "ramp")),

@@ -321,3 +321,40 @@ def test_load_settings_follow_the_pattern(qtbot, window: MainWindow) -> None:
     pattern.setCurrentIndex(pattern.findData("poisson"))
     pattern.activated.emit(pattern.currentIndex())
     assert panel._rows["load.rate_rps"][1].isVisibleTo(panel) and not container.isVisibleTo(panel)
+
+
+def test_every_workload_and_load_setting_has_an_editor(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    """What a profile can set, the window can set: length shapes (the spread shows with a shape
+    that has one), the error budget, client processes."""
+    from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
+
+    from app.workload import LengthSpec, LoadConfig, WorkloadConfig
+
+    panel = window.config_panel
+    not_in_the_form = {"workload.model_name", "workload.tokenizer", "workload.input_len", "workload.output_len",
+                       "load.continuous_usage"}  # advanced: profiles and the CLI set them
+    paths = [f"workload.{n}" for n in WorkloadConfig.model_fields] + [f"load.{n}" for n in LoadConfig.model_fields]
+    paths += [f"workload.{side}.{n}" for side in ("input_len", "output_len") for n in ("distribution", "mean", "spread")]
+    missing = [p for p in paths if p not in not_in_the_form and p not in panel._rows]
+    assert missing == [], missing
+    assert {"minimum", "maximum"} <= set(LengthSpec.model_fields)  # clipping stays a profile setting
+
+    shape = panel.editor("workload.output_len.distribution").widget
+    assert isinstance(shape, QComboBox)
+    spread_row = panel._rows["workload.output_len.spread"][1]
+    assert not spread_row.isVisibleTo(panel)  # "fixed" has no spread
+    shape.setCurrentIndex(shape.findData("uniform"))
+    shape.activated.emit(shape.currentIndex())
+    assert spread_row.isVisibleTo(panel)
+    spread = panel.editor("workload.output_len.spread").widget
+    assert isinstance(spread, QSpinBox)
+    spread.setValue(16)
+    assert window.state.config.workload.output_len.model_dump()["distribution"] == "uniform"
+    assert window.state.config.workload.output_len.spread == 16
+    budget = panel.editor("load.max_error_fraction").widget
+    assert isinstance(budget, QDoubleSpinBox)
+    budget.setValue(0.1)
+    workers = panel.editor("load.workers").widget
+    assert isinstance(workers, QSpinBox)
+    workers.setValue(2)
+    assert (window.state.config.load.max_error_fraction, window.state.config.load.workers) == (0.1, 2)
