@@ -23,6 +23,7 @@ from app.profiles import (
     save_profile,
     shipped_profiles,
 )
+from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig, SpeculativeConfig
 from engine_adapters.vllm import VllmAdapter
 
@@ -67,6 +68,43 @@ def features(draw: st.DrawFn) -> Features:
     )
 
 
+lengths = st.builds(LengthSpec, distribution=st.sampled_from(["fixed", "uniform", "normal"]),
+                    mean=st.integers(1, 1 << 16), spread=st.integers(0, 4096), minimum=st.integers(1, 64),
+                    maximum=maybe(st.integers(64, 1 << 17)))
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> WorkloadConfig:
+    kind = draw(st.sampled_from(["random", "shared_prefix", "multi_turn", "long_context", "code", "sharegpt", "jsonl"]))
+    return WorkloadConfig(
+        kind=kind, seed=draw(st.integers(0, 2**31)), num_requests=draw(st.integers(1, 100_000)),
+        input_len=draw(lengths), output_len=draw(lengths),
+        shared_prefix_tokens=draw(st.integers(1 if kind == "shared_prefix" else 0, 1 << 16)),
+        shared_prefix_fraction=draw(st.floats(0, 1)), turns=draw(st.integers(1, 16)),
+        dataset_path=draw(text | hostile) if kind in ("sharegpt", "jsonl") else draw(maybe(text | hostile)),
+        api=draw(st.sampled_from(["completions", "chat"])), ignore_eos=draw(st.booleans()),
+        temperature=draw(st.floats(0, 2)), model_name=draw(maybe(text | hostile)), tokenizer=draw(maybe(text | hostile)))
+
+
+@st.composite
+def loads(draw: st.DrawFn) -> LoadConfig:
+    pattern = draw(st.sampled_from(["closed", "constant", "poisson", "gamma", "ramp", "sweep"]))
+    sweep_of = draw(st.sampled_from(["concurrency", "rate"]))
+    level = st.integers(1, 512).map(float) if sweep_of == "concurrency" else st.floats(0.01, 1e4)
+    return LoadConfig(
+        pattern=pattern, concurrency=draw(st.integers(1, 4096)),
+        rate_rps=draw(st.floats(0.01, 1e4)) if pattern in ("constant", "poisson", "gamma", "ramp")
+        else draw(maybe(st.floats(0.01, 1e4))),
+        burstiness=draw(st.floats(0.05, 20)), ramp_start_rps=draw(st.floats(0.01, 100)),
+        max_concurrency=draw(maybe(st.integers(1, 4096))),
+        levels=draw(st.lists(level, min_size=1 if pattern == "sweep" else 0, max_size=6)), sweep_of=sweep_of,
+        duration_s=draw(maybe(st.floats(0.1, 1e5))), max_requests=draw(maybe(st.integers(1, 1 << 20))),
+        warmup_requests=draw(st.integers(0, 100)), max_error_fraction=draw(st.floats(0, 1)),
+        request_timeout_s=draw(st.floats(0.1, 3600)),
+        slo=draw(st.sampled_from([None, "ttft_ms<=500", "ttft_ms<=500,tpot_ms<=50", "e2e_ms<2000"])),
+        workers=draw(st.integers(1, 64)), continuous_usage=draw(st.booleans()))
+
+
 @st.composite
 def run_configs(draw: st.DrawFn) -> RunConfig:
     engine = EngineConfig(
@@ -77,7 +115,7 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
             st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), text, max_size=3))),
     )
     return RunConfig(name=draw(text), description=draw(st.text(max_size=80)), tags=draw(st.lists(text, max_size=3)),
-                     engine=engine, features=draw(features()))
+                     engine=engine, features=draw(features()), workload=draw(workloads()), load=draw(loads()))
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
