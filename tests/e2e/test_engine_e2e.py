@@ -19,7 +19,7 @@ import pytest
 
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.hardware import probe_hardware
-from engine_adapters.launcher import EngineProcess, EngineStartError, group_members, registry_dir
+from engine_adapters.launcher import EngineProcess, EngineStartError, group_members, registry_dir, stop_group
 
 pytestmark = pytest.mark.e2e
 TUNEBENCH = [sys.executable, "-m", "app.cli"]
@@ -175,6 +175,35 @@ def test_engine_of_a_sigkilled_tunebench_is_stopped_by_its_watchdog(repo_root: P
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+def test_engine_orphaned_with_its_watchdog_is_stopped_at_next_start(repo_root: Path) -> None:
+    """The second line: tunebench and the watchdog die together (say, the whole session is
+    killed); the real engine lives on until the next tunebench command finds it in the registry."""
+    cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo"], cwd=repo_root,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _read_until(cli, r"\[loading weights\]", 300)
+        mine = [r for r in (json.loads(p.read_text()) for p in registry_dir().glob("*.json")) if r["owner_pid"] == cli.pid]
+        assert len(mine) == 1, mine
+        engine_pid, watchdog_pid = mine[0]["pid"], mine[0]["watchdog_pid"]
+        os.kill(watchdog_pid, signal.SIGKILL)
+        os.kill(cli.pid, signal.SIGKILL)
+        cli.wait(timeout=10)
+        time.sleep(1.0)
+        assert group_members(engine_pid), "with its watchdog gone too, the engine should outlive tunebench"
+        again = subprocess.run([*TUNEBENCH, "profile", "check", "cpu-demo", "--no-discover"], cwd=repo_root,
+                               capture_output=True, text=True, timeout=120)
+        assert f"stopped orphaned engine pid {engine_pid}" in again.stderr, again.stderr
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert group_members(engine_pid) == []
+        assert not (registry_dir() / f"{engine_pid}.json").exists()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        for record in [r for r in (json.loads(p.read_text()) for p in registry_dir().glob("*.json"))
+                       if r["owner_pid"] == cli.pid]:
+            stop_group(record["pgid"], grace_s=(1.0, 3.0, 3.0))
 
 
 def test_docker_runtime_failure_is_explained_not_hung() -> None:
