@@ -64,8 +64,11 @@ def test_prefix_caching_raises_hit_rate_and_lowers_ttft(engine_pool, demo_engine
 def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess) -> None:
     bus = Bus()
     sub = bus.subscribe(kinds=["level_finished", "sample"], sources=["client"])
-    result = run_on(demo_engine, WorkloadConfig(num_requests=48, input_len=LengthSpec(mean=64),
-                                                output_len=LengthSpec(mean=64)),
+    # Long outputs: each stream must outlast the API server's admission of the others (on 2 cores
+    # it shares a core with this client), or the engine never sees 16 at once (64-token outputs
+    # once gave 6 tokens per step at concurrency 16).
+    result = run_on(demo_engine, WorkloadConfig(num_requests=32, input_len=LengthSpec(mean=64),
+                                                output_len=LengthSpec(mean=256)),
                     LoadConfig(pattern="sweep", levels=[1, 4, 16], slo="ttft_ms<=2000,tpot_ms<=100"), bus)
     tok_s = [lv.summary.output_tok_per_s for lv in result.levels]
     tpot = [lv.summary.tpot_ms.mean or 0.0 for lv in result.levels]
@@ -76,12 +79,14 @@ def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess)
           f"{[round(x, 1) for x in per_step]}, client TPOT mean ms {[round(x, 2) for x in tpot]}, "
           f"engine ITL mean ms {[round(x, 2) for x in engine_itl]}, client loop lag p99 ms {lag}")
     # Continuous batching, seen where it happens: the engine packs the streams' decodes into each
-    # step. At concurrency 1 a step carries one decode token (plus the prompt's share, 64 of ~128
-    # tokens over ~64 steps: about 2); at 16 it carries up to 16. Counted by the engine, so it does
+    # step. At concurrency 1 a step carries one decode token (plus the prompt's share: 64 prompt
+    # tokens over ~256 steps, about 1.25); at 16 it carries up to 16. Counted by the engine, so it does
     # not depend on timing the way throughput does on 2 shared cores (seen 1.4x to 5.8x here).
-    assert 1.0 <= per_step[0] < 3.0, per_step
-    # (At 4 the client, sharing a core with the API server, may not keep all 4 in flight: seen 3.0.)
-    assert per_step[2] > 4 * per_step[0] and per_step[2] > per_step[1], per_step
+    # A client starved by the engine's spinning threads cannot keep every stream in flight (loop
+    # lag of 1.4 s seen at concurrency 4), so the batch at 16 varied from 8.4 to 19.7 tokens per
+    # step across runs here; one request at a time would stay near 1.2 at every level.
+    assert 1.0 <= per_step[0] < 2.0, per_step
+    assert per_step[2] > 3 * per_step[0], per_step
     assert tok_s[2] > tok_s[0], tok_s  # and batching pays: more tokens per second at 16 than at 1
     # ...while each stream's TPOT rises: a step carrying 16 decodes takes longer (seen 1.4 -> 3.8 ms).
     # Measured on the engine's side (its own histogram over the level): on these 2 cores the client
