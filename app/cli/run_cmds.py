@@ -14,16 +14,12 @@ from typing import Any, TextIO
 
 from app.bus import Bus, Event
 from app.errors import UserError
-from app.load.metrics import level_notes
+from app.load.metrics import format_figure, level_notes
 from app.profiles import ProfileError, load_profile, resolve_profile
 from app.runner import Runner, RunResult
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
 PLAIN_PROGRESS_S = 5.0
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def format_table(result: RunResult) -> str:
@@ -34,13 +30,13 @@ def format_table(result: RunResult) -> str:
     for lv in result.levels:
         s = lv.summary
         rows.append((
-            lv.label, str(s.completed), str(s.errors), _fmt(s.request_throughput_rps, 2), _fmt(s.output_tok_per_s, 0),
-            _fmt(s.ttft_ms.median), _fmt(s.ttft_ms.p99), _fmt(s.itl_ms.median, 2), _fmt(s.tpot_ms.median, 2),
-            _fmt(s.e2e_ms.median, 0), _fmt(s.queue_ms.median, 2),
+            lv.label, str(s.completed), str(s.errors), format_figure(s.request_throughput_rps, 2), format_figure(s.output_tok_per_s, 0),
+            format_figure(s.ttft_ms.median), format_figure(s.ttft_ms.p99), format_figure(s.itl_ms.median, 2), format_figure(s.tpot_ms.median, 2),
+            format_figure(s.e2e_ms.median, 0), format_figure(s.queue_ms.median, 2),
             "-" if s.goodput_rps is None else f"{s.goodput_rps:.2f}/s",
             "-" if s.engine.prefix_cache_hit_rate is None else f"{s.engine.prefix_cache_hit_rate:.0%}",
             "-" if s.engine.spec_acceptance_rate is None else f"{s.engine.spec_acceptance_rate:.0%}",
-            _fmt(s.client_lag_ms.p99)))
+            format_figure(s.client_lag_ms.p99)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]

@@ -293,7 +293,8 @@ def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str |
 
 # --- what a person should know about a level ---------------------------------------------------
 
-def _num(value: float | None, digits: int = 1) -> str:
+def format_figure(value: float | None, digits: int = 1) -> str:
+    """A figure for a table or note: thousands separated, ``-`` when unknown."""
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
@@ -318,8 +319,8 @@ def level_notes(s: LevelSummary) -> list[str]:
         notes.append(f"client starved of CPU (loop lag p99 {s.client_lag_ms.p99:.0f} ms > ITL p50 "
                      f"{s.itl_ms.median:.1f} ms): client TTFT/ITL are late and bunched; trust the engine-side means")
     if s.engine.engine_itl_ms_mean is not None:
-        notes.append(f"engine-side means: TTFT {_num(s.engine.engine_ttft_ms_mean)}, ITL "
-                     f"{_num(s.engine.engine_itl_ms_mean, 2)}")
+        notes.append(f"engine-side means: TTFT {format_figure(s.engine.engine_ttft_ms_mean)}, ITL "
+                     f"{format_figure(s.engine.engine_itl_ms_mean, 2)}")
     if s.engine.engine_tokens_per_step_mean is not None:
         notes.append(f"engine batch: {s.engine.engine_tokens_per_step_mean:.1f} tokens per step")
     if s.error_examples:
