@@ -1,0 +1,341 @@
+"""The physics before launch: how the model and its KV cache fit in memory, and the fastest the
+hardware can possibly decode and prefill. Decode is memory-bound: every step reads the weights
+once for the whole batch, plus each sequence's KV cache, so
+
+    decode output tok/s <= B x BW / (weight bytes read per step + B x KV bytes per sequence)
+
+summed over the devices. Every assumption the figures rest on is listed in ``Plan.assumptions``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from app.config import RunConfig
+from app.planner.arch import ModelArch, PlannerError, load_arch
+from engine_adapters.gpu_specs import GIB, GpuSpec, find_gpu_spec
+from engine_adapters.hardware import probe_hardware
+from engine_adapters.runtimes import MANAGED_RUNTIMES
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+GPU_RESERVE_BYTES = 2 * GIB
+"""Per GPU, for activations, CUDA graphs and the CUDA context: vLLM measures this in its profile
+run; the plan assumes a fixed amount."""
+INT4_BYTES_PER_PARAM = 0.5 + 2.5 / 128
+"""AWQ/GPTQ: 4 bits per weight plus, per group of 128, an fp16 scale and a 4-bit zero point."""
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CEILING_TOLERANCE = 1.05
+"""A measurement above its ceiling by more than this is a bug in the plan or the measurement."""
+
+
+class Hardware(BaseModel):
+    """What the plan runs on: one kind of device, ``count`` of them."""
+
+    kind: Literal["gpu", "cpu"]
+    name: str
+    count: int = 1
+    memory_bytes: int = Field(description="Per device")
+    bandwidth_bytes_per_s: float = Field(description="Per device")
+    bf16_tflops: float | None = None
+    fp8_tflops: float | None = None
+    source: str = ""
+
+
+class MemoryPlan(BaseModel):
+    weights_bytes: float
+    weights_bytes_per_device: float
+    kv_bytes_per_token: float = Field(description="All layers, whole model")
+    kv_bytes_per_token_per_device: float
+    state_bytes_per_seq: float = 0.0
+    kv_pool_bytes_per_device: float
+    kv_tokens: int = Field(description="Tokens the KV pool holds (per replica)")
+    context_tokens: int = Field(description="Longest context of one sequence in the workload")
+    mean_decode_context_tokens: float = Field(description="Mean context while a sequence decodes (KV read per step)")
+    max_concurrent_seqs: int
+    fits: bool
+
+
+class CeilingRow(BaseModel):
+    batch: int
+    decode_output_tok_per_s: float
+    decode_output_tok_per_s_per_device: float
+    step_bytes: float
+    arithmetic_intensity_flop_per_byte: float
+
+
+class Plan(BaseModel):
+    model: str
+    arch: ModelArch
+    hardware: Hardware
+    weights_dtype: str
+    weight_bytes_per_param: float
+    kv_dtype: str
+    kv_dtype_bytes: float
+    memory: MemoryPlan
+    ceilings: list[CeilingRow]
+    acceptance_length: float = 1.0
+    prefill_tok_per_s: float | None = None
+    assumptions: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    def ceiling_at(self, batch: float) -> float:
+        """Decode output tok/s ceiling (all devices) at a batch of ``batch`` sequences."""
+        return decode_ceiling(self, batch)
+
+
+# --- hardware -----------------------------------------------------------------------------------
+
+def gpu_hardware(spec: GpuSpec, count: int) -> Hardware:
+    return Hardware(kind="gpu", name=spec.name, count=count, memory_bytes=spec.memory_bytes,
+                    bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s, bf16_tflops=spec.bf16_dense_tflops,
+                    fp8_tflops=spec.fp8_dense_tflops, source=spec.source)
+
+
+def cpu_hardware(config: RunConfig) -> Hardware:
+    from app.planner.host import host_bandwidth_bytes_per_s
+
+    bandwidth, source = host_bandwidth_bytes_per_s()
+    hw = probe_hardware()
+    return Hardware(kind="cpu", name=hw.cpu_model or "CPU", memory_bytes=hw.ram_total_bytes,
+                    bandwidth_bytes_per_s=bandwidth, source=source)
+
+
+def resolve_hardware(config: RunConfig, gpu: str | None, gpus: int | None) -> Hardware:
+    """``--gpu NAME`` from the spec table; else this machine's GPU; else, for a CPU runtime, the host."""
+    count = gpus or config.features.tensor_parallel_size * config.features.pipeline_parallel_size
+    if gpu:
+        spec = find_gpu_spec(gpu)
+        if spec is None:
+            from engine_adapters.gpu_specs import GPU_SPECS
+
+            raise PlannerError(f"unknown GPU '{gpu}': known are {', '.join(s.name for s in GPU_SPECS)}")
+        return gpu_hardware(spec, count)
+    local = probe_hardware()
+    if local.gpus:
+        spec = find_gpu_spec(local.gpus[0].name)
+        if spec is None:
+            raise PlannerError(f"GPU '{local.gpus[0].name}' is not in the spec table: pass --gpu with a known card")
+        return gpu_hardware(spec, count)
+    if _is_cpu_runtime(config):
+        return cpu_hardware(config)
+    raise PlannerError("this machine has no NVIDIA GPU and the profile is not for a CPU engine: pass --gpu NAME "
+                       "(for example --gpu H100) to plan for a GPU")
+
+
+def _is_cpu_runtime(config: RunConfig) -> bool:
+    runtime = config.engine.runtime
+    return runtime.kind == "managed" and "cpu" in runtime.managed
+
+
+def _cpu_kv_space_bytes(config: RunConfig) -> float:
+    runtime = config.engine.runtime
+    env = dict(MANAGED_RUNTIMES[runtime.managed].env) if runtime.kind == "managed" and \
+        runtime.managed in MANAGED_RUNTIMES else {}
+    env.update(runtime.env)
+    try:
+        return float(env.get(CPU_KV_SPACE_ENV, "4")) * GIB
+    except ValueError:
+        raise PlannerError(f"{CPU_KV_SPACE_ENV}={env.get(CPU_KV_SPACE_ENV)!r} is not a number of GiB") from None
+
+
+# --- bytes --------------------------------------------------------------------------------------
+
+def _is_fp8_checkpoint(model: str) -> bool:
+    return "fp8" in model.lower()
+
+
+def weight_precision(config: RunConfig) -> tuple[str, float]:
+    dtype = config.features.weights_dtype
+    if dtype == "auto":
+        dtype = "fp8" if _is_fp8_checkpoint(config.engine.model) else "bf16"
+    if dtype == "fp8":
+        return "fp8", 1.0
+    if dtype in ("awq", "gptq"):
+        return dtype, INT4_BYTES_PER_PARAM
+    return dtype, 2.0
+
+
+def kv_precision(config: RunConfig) -> tuple[str, float]:
+    dtype = config.features.kv_cache_dtype
+    return ("fp8", 1.0) if dtype.startswith("fp8") else ("bf16", 2.0)
+
+
+def weight_bytes(arch: ModelArch, bytes_per_param: float) -> tuple[float, float]:
+    """(bytes held, bytes read per decode step at batch 1). Quantised checkpoints keep the
+    embedding and the output head in BF16 (as vLLM's FP8 and AWQ checkpoints do); the embedding
+    table is not read whole per step, only the batch's rows."""
+    body = arch.params_total - arch.params_embedding - arch.params_lm_head
+    head_bytes_per_param = 2.0
+    held = body * bytes_per_param + (arch.params_embedding + arch.params_lm_head) * head_bytes_per_param
+    active_body = arch.params_active - arch.params_embedding - arch.params_lm_head
+    read = active_body * bytes_per_param + arch.params_lm_head * head_bytes_per_param
+    if arch.tie_embeddings:  # the tied table is read whole as the output head
+        read += arch.params_embedding * head_bytes_per_param
+    return held, read
+
+
+def _step_weight_bytes(arch: ModelArch, read_b1: float, held: float, batch: float) -> float:
+    """MoE: a batch touches more experts than one token; bounded by all of them."""
+    if not arch.num_experts:
+        return read_b1
+    return min(held - arch.params_embedding * 2.0, read_b1 * max(1.0, batch))
+
+
+def context_tokens(config: RunConfig) -> tuple[int, float]:
+    """(longest context of a sequence, mean context during its decode) for the workload."""
+    w = config.workload
+    prompt = w.input_len.mean + w.shared_prefix_tokens
+    turns = w.turns if w.kind == "multi_turn" else 1
+    longest = turns * (prompt + w.output_len.mean)
+    mean_decode = (turns - 1) * (prompt + w.output_len.mean) + prompt + w.output_len.mean / 2
+    if config.features.max_model_len:
+        longest = min(longest, config.features.max_model_len)
+    return int(longest), float(mean_decode)
+
+
+def acceptance_length(config: RunConfig, acceptance_rate: float | None) -> tuple[float, str | None]:
+    spec = config.features.speculative
+    if spec.method == "off":
+        return 1.0, None
+    rate = 0.7 if acceptance_rate is None else acceptance_rate
+    k = spec.num_speculative_tokens
+    length = sum(rate**i for i in range(k + 1))
+    return length, (f"speculative decoding ({spec.method}, {k} draft tokens): each step yields up to "
+                    f"1 + p + ... + p^{k} = {length:.2f} tokens at an acceptance rate p = {rate:.0%}"
+                    f"{' (assumed; pass --acceptance to use a measured one)' if acceptance_rate is None else ''}; "
+                    f"the drafter's own cost is not counted")
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+def decode_ceiling(plan: Plan, batch: float) -> float:
+    """Output tok/s ceiling over all devices for ``batch`` sequences decoding at once."""
+    return batch * plan.hardware.count * plan.hardware.bandwidth_bytes_per_s / step_bytes(plan, batch) \
+        * plan.acceptance_length
+
+
+def step_bytes(plan: Plan, batch: float) -> float:
+    """Bytes one decode step moves: the weights it reads, plus each sequence's KV (and fixed state)."""
+    held, read_b1 = weight_bytes(plan.arch, plan.weight_bytes_per_param)
+    m = plan.memory
+    per_seq = m.kv_bytes_per_token * m.mean_decode_context_tokens + 2 * m.state_bytes_per_seq
+    return _step_weight_bytes(plan.arch, read_b1, held, batch) + batch * per_seq
+
+
+def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = None,
+              batches: list[int] | None = None, acceptance_rate: float | None = None,
+              hardware: Hardware | None = None) -> Plan:
+    arch = load_arch(config.engine.model)
+    hw = hardware or resolve_hardware(config, gpu, gpus)
+    f = config.features
+    wdtype, bpp = weight_precision(config)
+    kvdtype, kvb = kv_precision(config)
+    assumptions: list[str] = [
+        f"architecture: {arch.source}" + ("" if arch.params_exact else "; parameters counted from the config"),
+        f"hardware: {hw.name} x{hw.count}: {hw.bandwidth_bytes_per_s / 1e12:.3g} TB/s per device ({hw.source})",
+        f"weights {wdtype}: {bpp:.3g} bytes per parameter; the embedding and output head stay BF16 "
+        "(as in vLLM's quantised checkpoints); only the batch's embedding rows are read per step",
+        f"KV cache {kvdtype}: {kvb:g} byte(s) per element",
+        "decode reads the weights once per step for the whole batch, plus each sequence's KV cache; "
+        "compute, communication and kernel overheads are ignored, so real engines stay below the ceiling",
+    ]
+    warnings: list[str] = []
+    if wdtype == "fp8" and hw.kind == "gpu" and hw.fp8_tflops is None:
+        warnings.append(f"{hw.name} has no FP8 tensor cores: FP8 weights run through a slower fallback, if at all")
+    held, read_b1 = weight_bytes(arch, bpp)
+    devices = hw.count
+    tp, pp = f.tensor_parallel_size, f.pipeline_parallel_size
+    kv_token = arch.kv_bytes_per_token(kvb)
+    kv_head_share = max(arch.num_kv_heads / tp, 1) / arch.num_kv_heads if arch.num_kv_heads else 1 / tp
+    kv_token_device = kv_token * kv_head_share / pp
+    state_device = arch.linear_state_bytes_per_seq / (tp * pp)
+    longest, mean_ctx = context_tokens(config)
+    weights_device = held / (tp * pp)
+    if hw.kind == "gpu":
+        util = f.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+        pool = hw.memory_bytes * util - weights_device - GPU_RESERVE_BYTES
+        assumptions.append(f"KV pool per GPU = {hw.memory_bytes / GIB:.0f} GiB x {util:g} utilisation - weights - "
+                           f"{GPU_RESERVE_BYTES / GIB:.0f} GiB for activations, CUDA graphs and the context")
+        fits = pool > 0
+        if not fits:
+            warnings.append(f"the model does not fit: {weights_device / 1e9:.1f} GB of {wdtype} weights per GPU "
+                            f"against {hw.memory_bytes * util / 1e9:.1f} GB usable "
+                            f"({hw.memory_bytes / GIB:.0f} GiB x {util:g}); use FP8/INT4 weights or more GPUs")
+    else:
+        pool = _cpu_kv_space_bytes(config)
+        assumptions.append(f"KV pool = {CPU_KV_SPACE_ENV} = {pool / GIB:g} GiB (vLLM's CPU build reserves exactly "
+                           "this much)")
+        fits = weights_device + pool < hw.memory_bytes
+        if not fits:
+            warnings.append(f"weights ({weights_device / 1e9:.1f} GB) and the KV space ({pool / 1e9:.1f} GB) exceed "
+                            f"this machine's {hw.memory_bytes / 1e9:.1f} GB of RAM")
+    pool = max(pool, 0.0)
+    kv_tokens = int(pool // kv_token_device) if kv_token_device else 0
+    per_seq_bytes = longest * kv_token_device + state_device
+    max_seqs = int(pool // per_seq_bytes) if per_seq_bytes else 0
+    load = config.load
+    concurrency_sweep = load.pattern == "sweep" and load.sweep_of == "concurrency" and load.levels
+    if fits and (load.pattern == "closed" or concurrency_sweep):
+        wanted = int(max(load.levels)) if concurrency_sweep else load.concurrency
+        if wanted > max_seqs:
+            warnings.append(f"concurrency {wanted} cannot be held in KV memory: {max_seqs} sequences of "
+                            f"{longest:,} tokens fit in {pool / GIB:.1f} GiB per device"
+                            + ("; an FP8 KV cache would hold twice as many" if kvb > 1 else ""))
+    if f.max_model_len and kv_tokens and f.max_model_len > kv_tokens:
+        warnings.append(f"max_model_len {f.max_model_len:,} exceeds the {kv_tokens:,} tokens the KV pool holds")
+    memory = MemoryPlan(weights_bytes=held, weights_bytes_per_device=weights_device, kv_bytes_per_token=kv_token,
+                        kv_bytes_per_token_per_device=kv_token_device, state_bytes_per_seq=arch.linear_state_bytes_per_seq,
+                        kv_pool_bytes_per_device=pool, kv_tokens=kv_tokens, context_tokens=longest,
+                        mean_decode_context_tokens=mean_ctx, max_concurrent_seqs=max_seqs, fits=fits)
+    accept, accept_note = acceptance_length(config, acceptance_rate)
+    if accept_note:
+        assumptions.append(accept_note)
+    assumptions.append(f"KV read per sequence per step at the workload's mean decode context, {mean_ctx:,.0f} tokens")
+    if arch.linear_state_bytes_per_seq:
+        assumptions.append("hybrid layers: each sequence's fixed state is read and written every step")
+    plan = Plan(model=config.engine.model, arch=arch, hardware=hw, weights_dtype=wdtype, weight_bytes_per_param=bpp,
+                kv_dtype=kvdtype, kv_dtype_bytes=kvb, memory=memory, ceilings=[], acceptance_length=accept,
+                assumptions=assumptions, warnings=warnings)
+    batch_list = batches or sorted({1, 8, 32, 64, config.load.concurrency, *[int(v) for v in config.load.levels
+                                                                             if config.load.sweep_of == "concurrency"]})
+    flops_per_token = 2.0 * (arch.params_active - arch.params_embedding)
+    for b in batch_list:
+        step = step_bytes(plan, b)
+        total = decode_ceiling(plan, b)
+        plan.ceilings.append(CeilingRow(batch=b, decode_output_tok_per_s=total,
+                                        decode_output_tok_per_s_per_device=total / devices, step_bytes=step,
+                                        arithmetic_intensity_flop_per_byte=b * accept * flops_per_token / step))
+    tflops = (hw.fp8_tflops if wdtype == "fp8" and hw.fp8_tflops else hw.bf16_tflops)
+    if tflops:
+        prompt = config.workload.input_len.mean + config.workload.shared_prefix_tokens
+        attn = 2.0 * arch.kv_layers * arch.num_heads * arch.head_dim * prompt
+        plan.prefill_tok_per_s = devices * tflops * 1e12 / (flops_per_token + attn)
+        plan.assumptions.append(f"prefill: {tflops:g} dense TFLOPs per device over 2 x active parameters + attention "
+                           f"({prompt:,}-token prompts) FLOPs per token")
+    else:
+        plan.assumptions.append("prefill ceiling: not computed (no published FLOPs for this device)")
+    return plan
+
+
+def percent_of_ceiling(measured_tok_per_s: float, ceiling_tok_per_s: float) -> tuple[float, str | None]:
+    """(fraction of the ceiling, a flag when the measurement is above it): above the physical limit
+    is a bug in the plan or the measurement, never a record."""
+    fraction = measured_tok_per_s / ceiling_tok_per_s if ceiling_tok_per_s > 0 else float("nan")
+    if fraction > CEILING_TOLERANCE:
+        return fraction, (f"measured {measured_tok_per_s:,.0f} tok/s is above the physical ceiling of "
+                          f"{ceiling_tok_per_s:,.0f} tok/s: the plan's assumptions or the measurement are wrong")
+    return fraction, None
+
+
+def total_ceiling(plan: Plan, batch: float, prompt_tokens: float, output_tokens: float,
+                  prefix_reuse: float = 0.0) -> float | None:
+    """Input + output tok/s ceiling at ``batch``: each request's prompt is prefilled (compute-bound,
+    less the share a prefix cache serves) and its output decoded (memory-bound) on the same devices,
+    so the times add. None without a prefill ceiling."""
+    if not plan.prefill_tok_per_s:
+        return None
+    prefill_s = prompt_tokens * (1.0 - prefix_reuse) / plan.prefill_tok_per_s
+    decode_s = output_tokens / decode_ceiling(plan, batch)
+    return (prompt_tokens + output_tokens) / (prefill_s + decode_s)
