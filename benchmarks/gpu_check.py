@@ -4,7 +4,8 @@ achieved (bytes read + written / time, timed with CUDA events).
 
 Needs an NVIDIA GPU, its driver, PyTorch with CUDA and nvidia-ml-py. Without them it says so and
 exits 0. On Hopper (e.g. an H200, where a copy moves ~4.3 TB/s) both figures should agree within
-~15%; before Hopper there is no GPM, and the script reports the busy-time figures only.
+~15%; before Hopper there is no GPM, and the script reports the busy-time figures only. The copy
+is also set against the planner's bandwidth ceiling (the spec table): it must stay under it.
 
     python benchmarks/gpu_check.py [--seconds 5] [--gib 4] [--json results.json]
 """
@@ -25,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.bus import Bus, Event, Sample  # noqa: E402
+from app.events import Notice  # noqa: E402
+from app.planner.plan import percent_of_ceiling  # noqa: E402
 from app.telemetry import TelemetryCollector  # noqa: E402
+from engine_adapters.gpu_specs import find_gpu_spec  # noqa: E402
 
 AGREEMENT = 0.15  # sampler vs copy, relative
 Copy = Callable[[float], tuple[float, float]]  # seconds wanted -> (bytes moved, seconds taken)
@@ -83,11 +87,13 @@ def run_check(copy: Copy, *, seconds: float, nvml: object | None = None, uuid: s
         collector.stop()
     items = sub.drain()
     support = collector.support()
-    reports = [r for r in support.values() if r["source"].startswith("gpu") and r.get("available")]
+    reports = [r for r in support.values() if r.source.startswith("gpu") and r.available]
     if not reports:
-        return {"ok": None, "message": (support.get("gpu") or {}).get("detail", "no GPU report"), "support": support}
-    report = next((r for r in reports if uuid and r.get("uuid") == uuid), reports[0])
-    source = report["source"]
+        no_gpu = support.get("gpu")
+        return {"ok": None, "message": no_gpu.detail if no_gpu else "no GPU report",
+                "support": {k: v.to_json() for k, v in support.items()}}
+    report = next((r for r in reports if uuid and r.uuid == uuid), reports[0])
+    source = report.source
     samples = [i for i in items if isinstance(i, Sample) and i.source == source]
     # skip the edges: GPM and utilization average over their own windows
     busy = [s.values for s in samples if idle_end + 0.3 <= s.t_mono <= copy_end - 0.1]
@@ -100,7 +106,7 @@ def run_check(copy: Copy, *, seconds: float, nvml: object | None = None, uuid: s
     achieved = bytes_moved / copy_s if copy_s > 0 else 0.0
     seen = mean(busy, "dram_bw_bytes_per_s")
     out: dict[str, Any] = {
-        "gpu": report.get("name"), "source": source, "samples_during_copy": len(busy),
+        "gpu": report.name, "source": source, "samples_during_copy": len(busy),
         "copy_bytes_per_s": achieved, "copy_s": copy_s,
         "sampler_dram_bw_bytes_per_s": seen, "sampler_dram_bw_util_pct": mean(busy, "dram_bw_util_pct"),
         "idle_dram_bw_bytes_per_s": mean(idle, "dram_bw_bytes_per_s"),
@@ -108,13 +114,20 @@ def run_check(copy: Copy, *, seconds: float, nvml: object | None = None, uuid: s
         "power_w": mean(busy, "power_w"), "sm_clock_mhz": mean(busy, "sm_clock_mhz"),
         "mem_clock_mhz": mean(busy, "mem_clock_mhz"),
         "engine_memory_used_bytes": mean(busy, "engine_memory_used_bytes"),
-        "peak_bandwidth": report.get("peak_bandwidth"), "unsupported": report.get("unsupported"),
-        "events": [i.payload for i in items if isinstance(i, Event) and i.kind == "notice"],
+        "peak_bandwidth": report.peak_bandwidth, "unsupported": report.unsupported,
+        "events": [i.payload.to_json() for i in items if isinstance(i, Event) and isinstance(i.payload, Notice)],
     }
+    spec = find_gpu_spec(report.name)
+    if spec is not None and achieved:
+        # The planner's decode ceiling rests on the spec bandwidth: a copy must stay under it.
+        fraction, above = percent_of_ceiling(achieved, spec.memory_bandwidth_bytes_per_s)
+        out["planner_bandwidth_bytes_per_s"] = spec.memory_bandwidth_bytes_per_s
+        out["copy_fraction_of_planner_ceiling"] = fraction
+        out["planner_ceiling_holds"] = above is None
     if seen is None:
         out["ok"] = None
         out["message"] = ("the sampler gives no DRAM bandwidth on this GPU: "
-                          + str((report.get("unsupported") or {}).get("dram_bw_bytes_per_s", "unknown reason")))
+                          + report.unsupported.get("dram_bw_bytes_per_s", "unknown reason"))
     else:
         ratio = seen / achieved if achieved else float("inf")
         out["ratio"] = ratio
@@ -136,6 +149,10 @@ def print_result(result: dict[str, Any]) -> None:
           f"{result['copy_s']:.1f} s device-to-device copy")
     print(f"  peak DRAM bandwidth      {_tb(peak.get('peak_bytes_per_s'))}  ({peak.get('note', '')})")
     print(f"  copy achieved            {_tb(result['copy_bytes_per_s'])}  (bytes read + written / CUDA-event time)")
+    if "planner_bandwidth_bytes_per_s" in result:
+        print(f"  planner's ceiling        {_tb(result['planner_bandwidth_bytes_per_s'])}  (spec table); the copy "
+              f"reached {result['copy_fraction_of_planner_ceiling']:.0%} of it"
+              + ("" if result["planner_ceiling_holds"] else "  ABOVE THE CEILING: the spec table is wrong"))
     util = result["sampler_dram_bw_util_pct"]
     print(f"  sampler saw (GPM)        {_tb(result['sampler_dram_bw_bytes_per_s'])}"
           + (f"  ({util:.1f}% of peak)" if util is not None else ""))
@@ -179,7 +196,7 @@ def main() -> int:
     print_result(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    return 1 if result.get("ok") is False else 0
+    return 1 if result.get("ok") is False or result.get("planner_ceiling_holds") is False else 0
 
 
 if __name__ == "__main__":

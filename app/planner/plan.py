@@ -339,3 +339,17 @@ def total_ceiling(plan: Plan, batch: float, prompt_tokens: float, output_tokens:
     prefill_s = prompt_tokens * (1.0 - prefix_reuse) / plan.prefill_tok_per_s
     decode_s = output_tokens / decode_ceiling(plan, batch)
     return (prompt_tokens + output_tokens) / (prefill_s + decode_s)
+
+
+def kv_plan_check(config: RunConfig, engine_kv_tokens: float) -> str | None:
+    """One line setting the engine's own KV size beside the plan's, with the plan's error; None
+    when no plan can be made (an unknown model or card: the engine's figure stands alone)."""
+    try:
+        plan = make_plan(config, batches=[1])
+    except PlannerError:
+        return None
+    planned = plan.memory.kv_tokens
+    if not planned or not engine_kv_tokens:
+        return None
+    error = (planned - engine_kv_tokens) / engine_kv_tokens
+    return f"KV cache planned {planned:,} tokens, engine reports {engine_kv_tokens:,.0f} (plan error {error:+.1%})"

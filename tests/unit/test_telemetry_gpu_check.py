@@ -50,6 +50,22 @@ def test_sampler_and_copy_agree_when_gpm_sees_the_copy(capsys: pytest.CaptureFix
     gpu_check.print_result(result)
     out = capsys.readouterr().out
     assert "copy achieved            4.33 TB/s" in out and "agree within 15%" in out
+    # The planner's ceiling for an H200 is the spec's 4.8 TB/s: a 4.33 TB/s copy is 90% of it.
+    assert result["planner_ceiling_holds"] is True
+    assert result["copy_fraction_of_planner_ceiling"] == pytest.approx(4.33 / 4.8, abs=0.01)
+    assert "planner's ceiling        4.80 TB/s" in out
+
+
+def test_a_copy_above_the_planners_ceiling_is_a_failure() -> None:
+    gpu_check = load_script()
+    gpu = FakeGpu.h200()
+
+    def copy(seconds: float) -> tuple[float, float]:  # a copy faster than the card's spec: a wrong table
+        time.sleep(seconds)
+        return 6e12 * seconds, seconds
+
+    result = gpu_check.run_check(copy, seconds=0.5, nvml=FakeNvml([gpu]), idle_s=0.2)
+    assert result["planner_ceiling_holds"] is False
 
 
 def test_disagreement_is_reported() -> None:
