@@ -2,66 +2,21 @@
 phases and log lines, run status. Publishers never block; each subscriber has its own bounded
 buffer (oldest items dropped and counted when a slow subscriber falls behind).
 
-Subscribers: the runner, the run store (batched writes), the GUI (drained by a QTimer), the CLI.
-
-Event kinds and payloads (JSON-able dicts) -- the contract between runner, store and GUI:
-- ``run_started``: run_id, name, tags, config (RunConfig as JSON dict), engine_kind, model,
-  argv (list or None when attached to an endpoint), env (secrets masked), engine_version,
-  hardware (HardwareInfo dict), endpoint
-- ``phase``: phase, detail            - ``log``: line
-- ``engine_ready``: base_url, startup_s, kv_cache (dict), feature_checks (list of dicts)
-- ``level_started``: index, label, concurrency / rate_rps
-- ``request``: one request record (see app.load): level, ttft_ms, itl_ms list, e2e_ms, tokens, error...
-- ``level_finished``: index, summary (dict of metrics)
-- ``progress``: done, errors, output_tok_per_s, ...
-- ``run_finished``: run_id, status (completed|failed|cancelled|interrupted), reason, summary
-- ``telemetry_support``: once per telemetry source: source (``gpu<i>``, ``gpu`` when there is no
-  NVIDIA GPU, ``host``, ``engine``), available, supported (value names), unsupported
-  ({name: reason}), detail (see app.telemetry.collector)
-- ``notice``: source, message (a new condition, reported once: endpoint unreachable, counters reset)
-Sample sources: ``gpu<i>``, ``host``, ``engine``, ``client``; value names carry their units
-(``memory_used_bytes``, ``gpu_util_pct``, ``kv_cache_usage_pct``, ``generation_tok_per_s``).
+Subscribers: the run store (``app.recording``, batched writes), the GUI (drained by a QTimer),
+the CLI. What travels here -- :class:`Sample` and :class:`Event` with a typed payload, one class
+per kind -- is defined in :mod:`app.events`, which documents the order of a run.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from app.events import AnyEvent, Event, EventPayload, Item, Sample, now
 
-def now() -> tuple[float, float]:
-    """(monotonic, wall) clock pair: monotonic orders and spaces samples, wall dates them."""
-    return time.monotonic(), time.time()
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """Values one sampler read at one instant. Names carry units: ``memory_used_bytes``,
-    ``gpu_util_pct``, ``generation_tok_per_s``. ``source`` is e.g. ``gpu0``, ``host``, ``engine``,
-    ``client``."""
-
-    source: str
-    t_mono: float
-    t_wall: float
-    values: Mapping[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Anything else on the timeline: ``kind`` is e.g. ``phase``, ``log``, ``request``,
-    ``level``, ``run_status``, ``notice``; ``payload`` is kind-specific (JSON-able)."""
-
-    kind: str
-    t_mono: float
-    t_wall: float
-    payload: Any = None
-
-
-Item = Sample | Event
+__all__ = ["Bus", "Event", "Item", "Sample", "Subscription", "now"]
 
 
 @dataclass
@@ -108,16 +63,17 @@ class Bus:
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
 
-    def subscribe(self, maxlen: int = 100_000, kinds: Iterable[str] | None = None,
+    def subscribe(self, maxlen: int = 100_000, kinds: Iterable[type[Sample] | type[EventPayload]] | None = None,
                   sources: Iterable[str] | None = None) -> Subscription:
-        """``kinds`` filters events (``"sample"`` selects samples); ``sources`` filters samples."""
+        """``kinds`` filters by type: :class:`Sample` and event classes (``PhaseChanged``, ...);
+        ``sources`` filters samples."""
         kind_set = set(kinds) if kinds is not None else None
         source_set = set(sources) if sources is not None else None
 
         def accepts(item: Item) -> bool:
             if isinstance(item, Sample):
-                return (kind_set is None or "sample" in kind_set) and (source_set is None or item.source in source_set)
-            return kind_set is None or item.kind in kind_set
+                return (kind_set is None or Sample in kind_set) and (source_set is None or item.source in source_set)
+            return kind_set is None or type(item.payload) in kind_set
 
         sub = Subscription(maxlen, accepts)
         with self._lock:
@@ -139,8 +95,9 @@ class Bus:
         self.publish(item)
         return item
 
-    def event(self, kind: str, payload: Any = None) -> Event:
-        t_mono, t_wall = now()
-        item = Event(kind, t_mono, t_wall, payload)
+    def emit(self, payload: AnyEvent, t: tuple[float, float] | None = None) -> Event:
+        """Publish one typed event, stamped now (or at ``t``)."""
+        t_mono, t_wall = t or now()
+        item = Event(t_mono, t_wall, payload)
         self.publish(item)
         return item

@@ -3,6 +3,7 @@ GUI all use, so a configuration is judged the same way everywhere."""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 
 from app.config import RunConfig
@@ -30,14 +31,20 @@ class CheckReport:
         return [i for i in self.issues if i.severity == "warning"]
 
 
-def check_config(config: RunConfig, discover_flags: bool = True) -> CheckReport:
-    """Validate without launching: combinations, hardware, and the installed version's flags."""
+def check_config(config: RunConfig, discover_flags: bool = True, *, hardware: HardwareInfo | None = None,
+                 flags: FlagSet | None = None) -> CheckReport:
+    """Validate without launching: combinations, hardware, and the installed version's flags.
+    ``hardware`` and ``flags`` already probed are reused (the GUI probes once and validates on
+    every edit); flags are discovered only when ``discover_flags`` and none are given."""
     adapter = get_adapter(config.engine.kind)
-    report = CheckReport(hardware=probe_hardware())
-    if discover_flags and config.engine.runtime.kind != "docker":
+    report = CheckReport(hardware=hardware or probe_hardware(), flags=flags)
+    if discover_flags and flags is None and config.engine.runtime.kind == "docker":
+        report.notes.append("flags are not checked for docker images")
+    elif discover_flags and flags is None:
         try:
             report.flags = adapter.discover_flags(config.engine)
-        except RuntimeErrorMessage as exc:
+        except (RuntimeErrorMessage, OSError, ValueError, subprocess.SubprocessError) as exc:
+            # The engine's --help could not be read: validation goes on without its flags.
             report.notes.append(f"flags not checked against the installed engine: {exc}")
     try:
         report.issues = adapter.validate(config.engine, config.features, report.flags, report.hardware)

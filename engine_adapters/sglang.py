@@ -1,5 +1,6 @@
 """SGLang: what tunebench knows so far -- its Prometheus metric names (served with
-``--enable-metrics``), ready for the SGLang adapter.
+``--enable-metrics``), ready for the SGLang adapter; until then the registry offers
+``ENGINE`` (metrics only) for ``tunebench monitor``.
 
 Names checked against SGLang's own source (``python/sglang/srt/metrics/collector.py``) and its
 production-metrics reference. SGLang reports KV use as ``token_usage`` (a 0-1 fraction of the
@@ -9,7 +10,7 @@ token pool), and counts prefix-cache reuse in tokens (``cached_tokens_total`` ou
 
 from __future__ import annotations
 
-from engine_adapters.base import MetricNames
+from engine_adapters.base import MetricNames, MetricsOnlyEngine
 
 METRIC_NAMES = MetricNames(
     gauges={
@@ -37,3 +38,6 @@ METRIC_NAMES = MetricNames(
         "queue_s": ("sglang:queue_time_seconds",),
     },
 )
+
+
+ENGINE = MetricsOnlyEngine("sglang", "SGLang", METRIC_NAMES)

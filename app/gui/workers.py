@@ -11,20 +11,20 @@ from typing import Any, ClassVar
 import shiboken6
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.errors import UserError
+from engine_adapters.errors import TunebenchError
 
 log = logging.getLogger("tunebench.gui")
 
 
 def user_message(exc: BaseException) -> str:
-    """A plain one-line message for the user; the traceback goes to the log, never the screen."""
-    if isinstance(exc, UserError):
-        return str(exc)
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    known = {"ProfileError", "EngineStartError", "RuntimeErrorMessage", "StoreError", "ExportError"}
-    if type(exc).__name__ in known or any(c.__name__ in known for c in type(exc).__mro__):
+    """A plain one-line message for the user; the traceback goes to the log, never the screen.
+    Errors the user can act on (every :class:`TunebenchError`: input, store, runtime, engine) are
+    shown as their own message; anything else is unexpected and keeps its type name."""
+    text = str(exc).strip()
+    if isinstance(exc, TunebenchError):
         return text or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 class Worker(QThread):

@@ -12,6 +12,7 @@ from typing import Literal
 
 import numpy as np
 
+from app.events import LevelStarted
 from app.workload import LoadConfig
 
 
@@ -28,11 +29,13 @@ class LevelPlan:
     burstiness: float = 1.0
     ramp_start_rps: float | None = None
 
-    def event_fields(self) -> dict[str, object]:
-        """What ``level_started`` carries."""
-        return {"index": self.index, "label": self.label, "mode": self.mode, "concurrency": self.concurrency,
-                "rate_rps": self.rate_rps, "arrival": self.arrival if self.mode == "open" else None,
-                "burstiness": self.burstiness if self.mode == "open" else None}
+    def started_event(self, run_id: str, started_wall_s: float, num_requests: int | None) -> LevelStarted:
+        """The ``level_started`` event of this level (arrival and burstiness only for an open loop)."""
+        return LevelStarted(run_id=run_id, index=self.index, label=self.label, mode=self.mode,
+                            concurrency=self.concurrency, rate_rps=self.rate_rps,
+                            arrival=self.arrival if self.mode == "open" else None,
+                            burstiness=self.burstiness if self.mode == "open" else None,
+                            started_wall_s=started_wall_s, num_requests=num_requests)
 
 
 def plan_levels(load: LoadConfig) -> list[LevelPlan]:

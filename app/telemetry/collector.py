@@ -4,14 +4,14 @@ Sources: ``gpu<i>`` (NVML, default every 100 ms), ``host`` (psutil, 500 ms) and 
 (Prometheus /metrics, 1 s). Each sample carries the (monotonic, wall) pair of the moment it was
 read. Besides samples the collector publishes:
 
-- ``telemetry_support`` once per source, when the source knows what it can measure:
-  ``{"source": "gpu0" | "gpu" | "host" | "engine", "available": bool, "supported": [names],
-  "unsupported": {name: reason}, "detail": str, ...}``. Without NVML the GPU report is
-  ``{"source": "gpu", "available": False, "state": "no NVIDIA GPU", ...}``; the engine's report
-  comes after its first successful scrape.
-- ``notice`` ``{"source", "message"}``: once per new condition (engine metrics unreachable /
-  reachable again, counters reset by an engine restart, a GPU query that stopped working),
-  never once per failed tick.
+- :class:`~app.events.TelemetrySupport` once per source (``gpu0``..., ``gpu`` without a usable
+  NVIDIA GPU, ``host``, ``engine``), when the source knows what it can measure: supported value
+  names, and why each other one is not. Without NVML the GPU report has ``source="gpu"``,
+  ``available=False``, ``state="no NVIDIA GPU"``; the engine's report comes after its first
+  successful scrape.
+- :class:`~app.events.Notice`: once per new condition (engine metrics unreachable / reachable
+  again, counters reset by an engine restart, a GPU query that stopped working), never once per
+  failed tick.
 
 Samplers never block the caller or the run: ``start`` only starts threads (NVML init happens
 on the GPU thread), scrapes have timeouts and a failing scrape is counted in ``stats()``.
@@ -28,10 +28,12 @@ from typing import Any
 import aiohttp
 
 from app.bus import Bus, now
+from app.events import Notice, TelemetrySupport
 from app.telemetry.engine_metrics import EngineScraper, RateDeriver, ScrapeError, metrics_url_from
 from app.telemetry.gpu import GpuSampler
 from app.telemetry.host import HostSampler, ProcessTree
 from engine_adapters.base import MetricNames
+from engine_adapters.registry import get_engine_metrics
 
 
 class _Stats:
@@ -55,20 +57,19 @@ class _Stats:
 
 class TelemetryCollector:
     """GPU, host and engine samplers feeding one bus. An interval of 0 turns a sampler off;
-    ``metrics_url`` None turns the engine scraper off. ``nvml`` is a module-like stand-in for
-    ``pynvml`` (tests, benchmarks)."""
+    ``metrics_url`` None turns the engine scraper off; its names are ``metric_names``, else those
+    of ``engine_kind``'s adapter. ``nvml`` is a module-like stand-in for ``pynvml`` (tests,
+    benchmarks)."""
 
     def __init__(self, bus: Bus, *, metrics_url: str | None = None, api_key: str | None = None,
-                 metric_names: MetricNames | None = None, engine_pid: int | None = None,
+                 metric_names: MetricNames | None = None, engine_kind: str = "vllm", engine_pid: int | None = None,
                  gpu_interval_s: float = 0.1, host_interval_s: float = 0.5, engine_interval_s: float = 1.0,
                  nvml: object | None = None, scrape_timeout_s: float | None = None) -> None:
         self.bus = bus
         self.metrics_url = metrics_url_from(metrics_url) if metrics_url else None
         self.api_key = api_key
         if metric_names is None and metrics_url:
-            from engine_adapters.vllm import METRIC_NAMES
-
-            metric_names = METRIC_NAMES
+            metric_names = get_engine_metrics(engine_kind).metric_names
         self.metric_names = metric_names
         self.engine_pid = engine_pid
         self.gpu_interval_s, self.host_interval_s, self.engine_interval_s = gpu_interval_s, host_interval_s, engine_interval_s
@@ -78,7 +79,7 @@ class TelemetryCollector:
         self._nvml = nvml
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._support: dict[str, dict[str, Any]] = {}
+        self._support: dict[str, TelemetrySupport] = {}
         self._support_lock = threading.Lock()
         self._stats = _Stats()
         self._tree = ProcessTree(engine_pid) if engine_pid else None
@@ -129,10 +130,10 @@ class TelemetryCollector:
     def running(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
-    def support(self) -> dict[str, dict[str, Any]]:
+    def support(self) -> dict[str, TelemetrySupport]:
         """The support reports published so far, by source."""
         with self._support_lock:
-            return {k: dict(v) for k, v in self._support.items()}
+            return dict(self._support)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per source: samples published, errors counted (failed scrapes, NVML errors), ..."""
@@ -144,13 +145,13 @@ class TelemetryCollector:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _publish_support(self, report: dict[str, Any]) -> None:
+    def _publish_support(self, report: TelemetrySupport) -> None:
         with self._support_lock:
-            self._support[report["source"]] = report
-        self.bus.event("telemetry_support", report)
+            self._support[report.source] = report
+        self.bus.emit(report)
 
     def _notice(self, source: str, message: str) -> None:
-        self.bus.event("notice", {"source": source, "message": message})
+        self.bus.emit(Notice(source=source, message=message))
 
     def _ticks(self, interval_s: float) -> Any:
         """Fixed-rate schedule that skips missed ticks instead of bursting; ends on stop."""
@@ -254,9 +255,9 @@ class TelemetryCollector:
                     if not reported_support:
                         reported_support = True
                         supported, unsupported = scraper.map.support(scrape)
-                        self._publish_support({"source": "engine", "available": True, "url": self.metrics_url,
-                                               "supported": supported, "unsupported": unsupported,
-                                               "detail": f"{len(supported)} quantities from {self.metrics_url}"})
+                        self._publish_support(TelemetrySupport(
+                            source="engine", available=True, url=self.metrics_url, supported=supported,
+                            unsupported=unsupported, detail=f"{len(supported)} quantities from {self.metrics_url}"))
                     if values:
                         self.bus.sample("engine", values, t)
                         self._stats.bump("engine", "samples")

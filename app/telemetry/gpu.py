@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.events import TelemetrySupport
 from engine_adapters.hardware import GpuInfo, probe_gpus
 
 # Quantities one GPU sample may carry (the canonical value names; units in names).
@@ -180,7 +181,7 @@ class GpuSampler:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def open(self) -> list[dict[str, Any]]:
+    def open(self) -> list[TelemetrySupport]:
         """Initialise NVML and probe each quantity once; returns the support reports."""
         nvml = self._nvml
         if nvml is None:
@@ -206,9 +207,8 @@ class GpuSampler:
                 handle = nvml.nvmlDeviceGetHandleByIndex(info.index)
             except Exception as exc:  # noqa: BLE001
                 self.errors += 1
-                reports.append({"source": f"gpu{info.index}", "available": False,
-                                "detail": f"device unavailable: {_error_text(exc)}",
-                                "supported": [], "unsupported": {}})
+                reports.append(TelemetrySupport(source=f"gpu{info.index}", available=False,
+                                                detail=f"device unavailable: {_error_text(exc)}"))
                 continue
             device = _Device(info, handle, peak_bandwidth(info))
             self._probe(device)
@@ -228,10 +228,10 @@ class GpuSampler:
                 pass
             self._initialised = False
 
-    def _no_gpu(self, reason: str) -> list[dict[str, Any]]:
+    def _no_gpu(self, reason: str) -> list[TelemetrySupport]:
         self.no_gpu_reason = reason
-        return [{"source": "gpu", "available": False, "state": "no NVIDIA GPU",
-                 "detail": f"no NVIDIA GPU: {reason}", "supported": [], "unsupported": {}}]
+        return [TelemetrySupport(source="gpu", available=False, state="no NVIDIA GPU",
+                                 detail=f"no NVIDIA GPU: {reason}")]
 
     @property
     def sources(self) -> list[str]:
@@ -352,14 +352,13 @@ class GpuSampler:
             return
         device.readers.append(reader)
 
-    def _report(self, device: _Device) -> dict[str, Any]:
+    def _report(self, device: _Device) -> TelemetrySupport:
         supported = [q for q in GPU_QUANTITIES if q not in device.unsupported]
-        return {
-            "source": f"gpu{device.info.index}", "available": True, "name": device.info.name,
-            "uuid": device.info.uuid, "supported": supported, "unsupported": dict(device.unsupported),
-            "peak_bandwidth": device.peak.as_dict(), "labels": LABELS,
-            "detail": f"{device.info.name}: {len(supported)} of {len(GPU_QUANTITIES)} quantities supported",
-        }
+        return TelemetrySupport(
+            source=f"gpu{device.info.index}", available=True, name=device.info.name,
+            uuid=device.info.uuid, supported=supported, unsupported=dict(device.unsupported),
+            peak_bandwidth=device.peak.as_dict(), labels=LABELS,
+            detail=f"{device.info.name}: {len(supported)} of {len(GPU_QUANTITIES)} quantities supported")
 
     # -- sampling -----------------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import psutil
+
+from app.events import TelemetrySupport
 
 # CPU percentages are CPU-time deltas over wall-time deltas; the kernel counts CPU time in 10 ms
 # ticks, so a reading over less than this is noise (one tick over 1 ms reads 1,000%).
@@ -98,17 +99,17 @@ class HostSampler:
         self.errors = 0
         self._cpu_baseline_at = -1e18
 
-    def open(self) -> dict[str, Any]:
+    def open(self) -> TelemetrySupport:
         psutil.cpu_percent(None)  # the first call only sets psutil's baseline
         self._cpu_baseline_at = time.monotonic()
         unsupported = {} if self.tree is not None else {
             "engine_rss_bytes": "no engine process given", "engine_cpu_pct": "no engine process given"}
         if self.tree is not None:
             self.tree.members()
-        return {"source": "host", "available": True, "supported": [q for q in HOST_QUANTITIES if q not in unsupported],
-                "unsupported": unsupported, "detail": f"{psutil.cpu_count(logical=True)} logical CPUs",
-                "labels": {"engine_cpu_pct": "engine process tree CPU (% of one core)",
-                           "cpu_pct": "machine CPU (% of all cores)"}}
+        return TelemetrySupport(
+            source="host", available=True, supported=[q for q in HOST_QUANTITIES if q not in unsupported],
+            unsupported=unsupported, detail=f"{psutil.cpu_count(logical=True)} logical CPUs",
+            labels={"engine_cpu_pct": "engine process tree CPU (% of one core)", "cpu_pct": "machine CPU (% of all cores)"})
 
     def sample(self) -> dict[str, float]:
         values: dict[str, float] = {}

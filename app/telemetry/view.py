@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.events import TelemetrySupport
+
 GIB = 2**30
 
 
@@ -19,8 +21,8 @@ def _join(parts: list[str | None]) -> str:
     return "  ".join(p for p in parts if p)
 
 
-def gpu_line(source: str, values: Mapping[str, float], report: Mapping[str, Any] | None) -> str:
-    name = (report or {}).get("name", "")
+def gpu_line(source: str, values: Mapping[str, float], report: TelemetrySupport | None) -> str:
+    name = (report.name if report else None) or ""
     memory = None
     if "memory_used_bytes" in values and "memory_total_bytes" in values:
         memory = f"mem {values['memory_used_bytes'] / GIB:.1f}/{values['memory_total_bytes'] / GIB:.1f} GiB"
@@ -76,17 +78,18 @@ def engine_line(values: Mapping[str, float]) -> str:
     ])
 
 
-def render(latest: Mapping[str, Mapping[str, float]], support: Mapping[str, Mapping[str, Any]],
+def render(latest: Mapping[str, Mapping[str, float]], support: Mapping[str, TelemetrySupport],
            stats: Mapping[str, Mapping[str, Any]], engine_url: str | None) -> list[str]:
     """Lines for the latest values by source, with the support and error state."""
     lines: list[str] = []
     gpu_sources = sorted((s for s in set(latest) | set(support) if s.startswith("gpu") and s != "gpu"),
                          key=lambda s: int(s[3:]) if s[3:].isdigit() else 0)
-    if "gpu" in support and not support["gpu"].get("available", True):
-        lines.append(f"gpu   {support['gpu'].get('detail', 'no NVIDIA GPU')}")
+    if "gpu" in support and not support["gpu"].available:
+        lines.append(f"gpu   {support['gpu'].detail or 'no NVIDIA GPU'}")
     for source in gpu_sources:
-        lines.append(gpu_line(source, latest.get(source, {}), support.get(source)))
-        missing = sorted((support.get(source) or {}).get("unsupported", {}))
+        report = support.get(source)
+        lines.append(gpu_line(source, latest.get(source, {}), report))
+        missing = sorted(report.unsupported) if report else []
         if missing:
             lines.append(f"      (not on this GPU: {', '.join(missing)})")
     if not gpu_sources and "gpu" not in support:

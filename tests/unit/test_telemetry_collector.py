@@ -123,7 +123,7 @@ def host_samples(items: list) -> list[Sample]:
 
 
 def notices(items: list) -> list[str]:
-    return [i.payload["message"] for i in items if isinstance(i, Event) and i.kind == "notice"]
+    return [i.payload.message for i in items if isinstance(i, Event) and i.kind == "notice"]
 
 
 def test_engine_rates_arrive_on_the_bus(server: tuple[str, FakeEngine]) -> None:
@@ -153,7 +153,7 @@ def test_engine_rates_arrive_on_the_bus(server: tuple[str, FakeEngine]) -> None:
     assert overall == pytest.approx(500.0, rel=0.1)
     assert samples[-1].values["kv_cache_usage_pct"] == 50.0 and samples[-1].values["requests_running"] == 4
     support = [i.payload for i in items if isinstance(i, Event) and i.kind == "telemetry_support"]
-    assert len(support) == 1 and support[0]["source"] == "engine" and "generation_tok_per_s" in support[0]["supported"]
+    assert len(support) == 1 and support[0].source == "engine" and "generation_tok_per_s" in support[0].supported
     assert collector.stats()["engine"]["errors"] == 0
     assert not collector.running and stop_s < 3.0
 
@@ -255,7 +255,7 @@ def test_host_series_follow_the_engine_process_tree() -> None:
     assert all(s.values["memory_used_bytes"] <= s.values["memory_total_bytes"] for s in host)
     assert min(s.values["engine_rss_bytes"] for s in host) > 64 * 2**20  # the child's 64 MiB counts
     assert max(s.values["engine_cpu_pct"] for s in host[1:]) > 25  # the busy loop (shared 2-core machine)
-    assert collector.support()["host"]["unsupported"] == {}
+    assert collector.support()["host"].unsupported == {}
 
 
 def test_host_without_engine_says_engine_quantities_are_unsupported() -> None:
@@ -263,4 +263,4 @@ def test_host_without_engine_says_engine_quantities_are_unsupported() -> None:
                                     lambda i, _c: bool(host_samples(i)))
     host = host_samples(items)
     assert host and all("engine_rss_bytes" not in s.values for s in host)
-    assert set(collector.support()["host"]["unsupported"]) == {"engine_rss_bytes", "engine_cpu_pct"}
+    assert set(collector.support()["host"].unsupported) == {"engine_rss_bytes", "engine_cpu_pct"}

@@ -10,6 +10,7 @@ import pynvml
 import pytest
 
 from app.bus import Bus, Event, Sample
+from app.events import TelemetrySupport
 from app.telemetry import TelemetryCollector
 from app.telemetry.gpu import GPU_QUANTITIES, GpuSampler, peak_bandwidth, visible_gpus
 from engine_adapters.hardware import GpuInfo
@@ -38,9 +39,8 @@ def test_fake_raises_the_real_pynvml_errors() -> None:
 def test_no_driver_gives_one_no_gpu_report_and_no_samples() -> None:
     fake = FakeNvml(driver_missing=True)
     sampler, reports = _open(fake)
-    assert reports == [{"source": "gpu", "available": False, "state": "no NVIDIA GPU",
-                        "detail": "no NVIDIA GPU: NVML could not start: NVML Shared Library Not Found",
-                        "supported": [], "unsupported": {}}]
+    assert reports == [TelemetrySupport(source="gpu", available=False, state="no NVIDIA GPU",
+                                        detail="no NVIDIA GPU: NVML could not start: NVML Shared Library Not Found")]
     assert sampler.sample() == []
     sampler.close()
     assert fake.calls["nvmlShutdown"] == 0  # never initialised, never shut down
@@ -55,9 +55,9 @@ def test_hopper_reports_every_quantity_in_canonical_units() -> None:
     fake = FakeNvml([gpu])
     sampler, reports = _open(fake, engine_pids=lambda: {os.getpid()})
     (report,) = reports
-    assert report["source"] == "gpu0" and report["available"] and report["unsupported"] == {}
-    assert report["supported"] == list(GPU_QUANTITIES)
-    assert "not bandwidth" in report["labels"]["memory_busy_pct"]
+    assert report.source == "gpu0" and report.available and report.unsupported == {}
+    assert report.supported == list(GPU_QUANTITIES)
+    assert "not bandwidth" in report.labels["memory_busy_pct"]
     time.sleep(0.01)
     ((source, values),) = sampler.sample()
     peak = 6144 / 8 * 3201e6 * 2
@@ -77,9 +77,9 @@ def test_unsupported_quantities_are_reported_once_and_never_queried_again() -> N
                   no_permission={"nvmlDeviceGetComputeRunningProcesses"})
     fake = FakeNvml([gpu])
     sampler, (report,) = _open(fake, engine_pids=lambda: {123})
-    assert report["unsupported"]["power_w"] == "NVMLError_NotSupported: Not Supported"
-    assert report["unsupported"]["temperature_c"] == "NVMLError_NotSupported: Not Supported"
-    assert "NoPermission" in report["unsupported"]["engine_memory_used_bytes"]
+    assert report.unsupported["power_w"] == "NVMLError_NotSupported: Not Supported"
+    assert report.unsupported["temperature_c"] == "NVMLError_NotSupported: Not Supported"
+    assert "NoPermission" in report.unsupported["engine_memory_used_bytes"]
     for _ in range(20):
         time.sleep(0.002)
         ((_, values),) = sampler.sample()
@@ -96,9 +96,9 @@ def test_pre_hopper_has_no_dram_bandwidth_and_reads_legacy_pcie_at_most_once_a_s
     gpu.state.update(pcie_tx_kb_per_s=1000, pcie_rx_kb_per_s=250_000)
     fake = FakeNvml([gpu])
     sampler, (report,) = _open(fake, pcie_fallback_interval_s=1.0)
-    assert "Hopper" in report["unsupported"]["dram_bw_util_pct"]
-    assert "dram_bw_bytes_per_s" in report["unsupported"]
-    assert "pcie_rx_bytes_per_s" in report["supported"]
+    assert "Hopper" in report.unsupported["dram_bw_util_pct"]
+    assert "dram_bw_bytes_per_s" in report.unsupported
+    assert "pcie_rx_bytes_per_s" in report.supported
     calls_after_probe = fake.calls["nvmlDeviceGetPcieThroughput"]
     readings = [sampler.sample()[0][1] for _ in range(10)]
     assert all(r["pcie_rx_bytes_per_s"] == 250_000 * 1024 and r["pcie_tx_bytes_per_s"] == 1000 * 1024 for r in readings)
@@ -111,7 +111,7 @@ def test_gpm_without_pcie_metrics_falls_back_to_legacy_pcie() -> None:
     gpu = FakeGpu(gpm_unsupported_metrics={pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC})
     gpu.state.update(dram_bw_util_pct=25.0, pcie_rx_kb_per_s=4)
     sampler, (report,) = _open(FakeNvml([gpu]))
-    assert {"dram_bw_util_pct", "pcie_rx_bytes_per_s"} <= set(report["supported"])
+    assert {"dram_bw_util_pct", "pcie_rx_bytes_per_s"} <= set(report.supported)
     time.sleep(0.005)
     ((_, values),) = sampler.sample()
     assert values["dram_bw_util_pct"] == 25.0 and values["pcie_rx_bytes_per_s"] == 4096
@@ -149,7 +149,7 @@ def test_dram_bytes_unsupported_when_the_peak_is_unknown() -> None:
     gpu = FakeGpu(name="Future GPU", unsupported={"nvmlDeviceGetMemoryBusWidth"})
     gpu.state["dram_bw_util_pct"] = 50.0
     sampler, (report,) = _open(FakeNvml([gpu]))
-    assert "dram_bw_util_pct" in report["supported"] and "dram_bw_bytes_per_s" in report["unsupported"]
+    assert "dram_bw_util_pct" in report.supported and "dram_bw_bytes_per_s" in report.unsupported
     time.sleep(0.005)
     ((_, values),) = sampler.sample()
     assert values["dram_bw_util_pct"] == 50.0 and "dram_bw_bytes_per_s" not in values
@@ -163,7 +163,7 @@ def test_cuda_visible_devices_selects_by_index_or_uuid() -> None:
     assert visible_gpus(gpus, "") == []
     fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
     sampler = GpuSampler(fake, cuda_visible_devices="1")
-    assert [r["source"] for r in sampler.open()] == ["gpu1"]
+    assert [r.source for r in sampler.open()] == ["gpu1"]
     sampler.close()
 
 
@@ -177,7 +177,7 @@ def test_collector_publishes_gpu_samples_and_one_support_event_per_gpu() -> None
     collector.stop()
     items = sub.drain()
     support = [i for i in items if isinstance(i, Event) and i.kind == "telemetry_support"]
-    assert sorted(e.payload["source"] for e in support) == ["gpu0", "gpu1"]
+    assert sorted(e.payload.source for e in support) == ["gpu0", "gpu1"]
     samples = [i for i in items if isinstance(i, Sample)]
     assert {s.source for s in samples} == {"gpu0", "gpu1"}
     gpu0 = [s for s in samples if s.source == "gpu0"]
@@ -195,7 +195,7 @@ def test_collector_without_gpu_still_samples_the_host() -> None:
     collector.stop()
     items = sub.drain()
     gpu_support = collector.support()["gpu"]
-    assert gpu_support["state"] == "no NVIDIA GPU"
-    assert sum(1 for i in items if isinstance(i, Event) and i.kind == "telemetry_support" and i.payload["source"] == "gpu") == 1
+    assert gpu_support.state == "no NVIDIA GPU"
+    assert sum(1 for i in items if isinstance(i, Event) and i.kind == "telemetry_support" and i.payload.source == "gpu") == 1
     assert any(isinstance(i, Sample) and i.source == "host" for i in items)
     assert not any(isinstance(i, Sample) and i.source.startswith("gpu") for i in items)

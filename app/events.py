@@ -1,0 +1,302 @@
+"""What travels on the bus (:mod:`app.bus`): samples and typed events, each kind defined once here.
+
+Producers construct these types and consumers read their attributes, so a renamed or retyped
+field is a mypy error in every place that uses it, not a silent ``.get()`` returning None.
+
+Order of one run (``app.runner``): :class:`RunStarted`, then :class:`PhaseChanged` /
+:class:`LogLine` while the engine starts (held back until ``RunStarted`` went out),
+:class:`EngineReady`, per level :class:`LevelStarted`, :class:`RequestDone` per request and
+:class:`Progress` about twice a second, :class:`LevelFinished`; finally :class:`RunFinished`.
+The telemetry collector adds :class:`Sample` s (sources ``gpu<i>``, ``host``, ``engine``),
+one :class:`TelemetrySupport` per source and :class:`Notice` s. Client-side live figures are
+the :class:`Progress` event only; consumers that plot them (the GUI, the store) read them as
+the ``client`` series through :meth:`Progress.sample`.
+
+The store keeps events as JSON (``model_dump(mode="json")``): the field names below are also
+the stored payload's keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.config import RunConfig
+from app.ladder.state import LadderState
+from app.load.metrics import LevelSummary, RequestRecord
+from engine_adapters.base import FeatureCheck, Phase
+from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
+
+RunStatus = Literal["completed", "failed", "cancelled", "interrupted"]
+CLIENT_SOURCE = "client"
+"""The sample source under which client-side progress is plotted and stored."""
+
+
+def now() -> tuple[float, float]:
+    """(monotonic, wall) clock pair: monotonic orders and spaces samples, wall dates them."""
+    return time.monotonic(), time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Values one sampler read at one instant. Names carry units: ``memory_used_bytes``,
+    ``gpu_util_pct``, ``generation_tok_per_s``. ``source`` is e.g. ``gpu0``, ``host``, ``engine``,
+    ``client``."""
+
+    source: str
+    t_mono: float
+    t_wall: float
+    values: Mapping[str, float]
+
+
+class EventPayload(BaseModel):
+    """Base of every event kind; ``kind`` is its name on the bus and in the store."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload as the store keeps it."""
+        return self.model_dump(mode="json")
+
+
+class RunStarted(EventPayload):
+    """A run began: what it runs and where. Secrets (``engine_adapters.secrets``) are masked when
+    it is built: in ``config``, ``argv``, ``env`` and ``endpoint``."""
+
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    name: str
+    tags: list[str] = Field(default_factory=list)
+    config: RunConfig
+    engine_kind: str
+    model: str
+    argv: list[str] | None = None  # None when attached to an endpoint
+    env: dict[str, str] = Field(default_factory=dict)
+    engine_version: str | None = None
+    hardware: dict[str, Any] = Field(default_factory=dict)  # HardwareInfo as JSON
+    endpoint: str | None = None
+    engine_pid: int | None = None
+    started_wall_s: float
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _mask_config(cls, value: Any) -> Any:
+        """Secrets never travel on the bus: env values, ``--api-key`` in extra_args, URLs."""
+        return mask_obj(value.model_dump(mode="json") if isinstance(value, BaseModel) else value)
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _mask_argv(cls, value: Any) -> Any:
+        return mask_argv(value) if isinstance(value, list | tuple) else value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _mask_env(cls, value: Any) -> Any:
+        return mask_env(value) if isinstance(value, Mapping) else value
+
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _mask_endpoint(cls, value: Any) -> Any:
+        return mask_url(value) if isinstance(value, str) else value
+
+
+class PhaseChanged(EventPayload):
+    """The engine entered a startup (or stop) phase. ``run_id`` is None for an engine the GUI
+    keeps warm between runs."""
+
+    kind: ClassVar[str] = "phase"
+    run_id: str | None = None
+    phase: Phase
+    detail: str = ""
+
+    @field_validator("detail", mode="before")
+    @classmethod
+    def _mask_detail(cls, value: Any) -> Any:
+        return mask_text(value) if isinstance(value, str) else value
+
+
+class LogLine(EventPayload):
+    """One line of the engine's output, or a ``tunebench:`` note about the run."""
+
+    kind: ClassVar[str] = "log"
+    run_id: str | None = None
+    line: str
+
+    @field_validator("line", mode="before")
+    @classmethod
+    def _mask_line(cls, value: Any) -> Any:
+        """Where log lines enter the bus: the GUI, the CLI and the store see them masked."""
+        return mask_text(value) if isinstance(value, str) else value
+
+
+class EngineReady(EventPayload):
+    """The engine answers; startup time, KV-cache capacity and whether each requested feature
+    really took effect. ``startup_s`` is None when attached to a running endpoint."""
+
+    kind: ClassVar[str] = "engine_ready"
+    run_id: str
+    base_url: str
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _mask_base_url(cls, value: Any) -> Any:
+        return mask_url(value) if isinstance(value, str) else value
+    startup_s: float | None = None
+    kv_cache: dict[str, float] = Field(default_factory=dict)
+    feature_checks: list[FeatureCheck] = Field(default_factory=list)
+
+
+class LevelStarted(EventPayload):
+    """A load level began (closed loop at ``concurrency``, or open loop at ``rate_rps``)."""
+
+    kind: ClassVar[str] = "level_started"
+    run_id: str
+    index: int
+    label: str
+    mode: str
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    arrival: str | None = None  # open loop only
+    burstiness: float | None = None  # open loop only
+    started_wall_s: float
+    num_requests: int | None = None
+
+
+class RequestDone(EventPayload):
+    """One request finished (or failed): the client's record of it."""
+
+    kind: ClassVar[str] = "request"
+    run_id: str
+    record: RequestRecord
+
+
+class Progress(EventPayload):
+    """Rolling client-side figures of the running level, about twice a second: the CLI's live
+    line, the GUI's client tiles and graphs, and (as the ``client`` series) the store's."""
+
+    kind: ClassVar[str] = "progress"
+    run_id: str
+    level: int
+    planned: int | None = None  # requests the level will send; None when it runs for a duration
+    requests_done: int
+    errors: int
+    requests_in_flight: int
+    output_tokens: int
+    elapsed_s: float
+    output_tok_per_s: float
+    ttft_ms_p50: float | None = None  # over the last few seconds
+    itl_ms_p50: float | None = None
+
+    def series(self) -> dict[str, float]:
+        """The plotted values (names as the ``client`` sample source has them)."""
+        values = {"output_tok_per_s": self.output_tok_per_s, "requests_done": float(self.requests_done),
+                  "errors": float(self.errors), "requests_in_flight": float(self.requests_in_flight)}
+        if self.ttft_ms_p50 is not None:
+            values["ttft_ms_p50"] = self.ttft_ms_p50
+        if self.itl_ms_p50 is not None:
+            values["itl_ms_p50"] = self.itl_ms_p50
+        return values
+
+    def sample(self, t_mono: float, t_wall: float) -> Sample:
+        """These figures as a ``client`` sample at the event's time (for series and the store)."""
+        return Sample(CLIENT_SOURCE, t_mono, t_wall, self.series())
+
+
+class LevelFinished(EventPayload):
+    """A load level ended; its figures."""
+
+    kind: ClassVar[str] = "level_finished"
+    run_id: str
+    index: int
+    label: str
+    summary: LevelSummary
+
+
+class RunFinished(EventPayload):
+    """The run ended, however it ended; ``summary`` has each level's flat figures."""
+
+    kind: ClassVar[str] = "run_finished"
+    run_id: str
+    status: RunStatus
+    reason: str | None = None
+    ended_wall_s: float
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _mask_reason(cls, value: Any) -> Any:
+        return mask_text(value) if isinstance(value, str) else value
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class TelemetrySupport(EventPayload):
+    """Once per telemetry source (``gpu<i>``; ``gpu`` when there is no usable NVIDIA GPU;
+    ``host``; ``engine`` after its first scrape): what it can measure and why not the rest."""
+
+    kind: ClassVar[str] = "telemetry_support"
+    source: str
+    available: bool
+    supported: list[str] = Field(default_factory=list)
+    unsupported: dict[str, str] = Field(default_factory=dict)  # value name -> why not
+    detail: str = ""
+    state: str | None = None  # "no NVIDIA GPU" for the ``gpu`` source without one
+    name: str | None = None  # GPU name
+    uuid: str | None = None
+    url: str | None = None  # the engine's /metrics
+    peak_bandwidth: dict[str, Any] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)  # value name -> what it means here
+
+    @field_validator("detail", "url", mode="before")
+    @classmethod
+    def _mask_text(cls, value: Any) -> Any:
+        return mask_text(value) if isinstance(value, str) else value
+
+
+class Notice(EventPayload):
+    """A new condition worth a line, reported once (endpoint unreachable, counters reset)."""
+
+    kind: ClassVar[str] = "notice"
+    source: str
+    message: str
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _mask_message(cls, value: Any) -> Any:
+        return mask_text(value) if isinstance(value, str) else value
+
+
+class LadderUpdated(EventPayload):
+    """An acceleration ladder moved (``app.ladder.run``): planned, a step started, skipped or
+    finished, the ladder ended. Carries the whole staircase, so a consumer just redraws it."""
+
+    kind: ClassVar[str] = "ladder"
+    state: LadderState
+
+
+AnyEvent = (RunStarted | PhaseChanged | LogLine | EngineReady | LevelStarted | RequestDone | Progress
+            | LevelFinished | RunFinished | TelemetrySupport | Notice | LadderUpdated)
+"""Every event kind; ``isinstance`` (or ``match``) on an event's payload narrows it."""
+
+EVENT_TYPES: tuple[type[EventPayload], ...] = (
+    RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, RequestDone, Progress, LevelFinished, RunFinished,
+    TelemetrySupport, Notice, LadderUpdated)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event on the timeline: a typed payload and the moment it was published."""
+
+    t_mono: float
+    t_wall: float
+    payload: AnyEvent
+
+    @property
+    def kind(self) -> str:
+        return self.payload.kind
+
+
+Item = Sample | Event
