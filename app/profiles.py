@@ -18,10 +18,17 @@ class ProfileError(UserError):
     """A profile that cannot be used, with a one-line message naming the file and the problem."""
 
 
+def _key(part: str | int) -> str:
+    """A key of the path to a bad value; quoted when a typo put spaces or control characters in
+    it, so the message stays one readable line."""
+    text = str(part)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 def _format_validation(path: str, exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        where = ".".join(_key(p) for p in err["loc"]) or "(top level)"
         parts.append(f"{where}: {err['msg']}")
     return f"{path}: invalid profile: " + "; ".join(parts)
 
@@ -31,10 +38,14 @@ def profile_from_toml(text: str, source: str = "<profile>") -> RunConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ProfileError(f"{source}: not valid TOML: arrays or tables nested too deeply") from None
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(_format_validation(source, exc)) from None
+    except RecursionError:
+        raise ProfileError(f"{source}: invalid profile: values nested too deeply") from None
 
 
 def profile_to_dict(config: RunConfig) -> dict[str, Any]:
@@ -68,8 +79,15 @@ def shipped_profiles() -> dict[str, Path]:
 
 def resolve_profile(name_or_path: str) -> Path:
     """A path, or the stem of a shipped profile (``cpu-demo``)."""
+    if not name_or_path:
+        raise ProfileError("the profile name is empty: give a profile file or a shipped profile name")
     path = Path(name_or_path)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        raise ProfileError(f"{name_or_path}: cannot be a profile file: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+    if exists:
         return path
     shipped = shipped_profiles()
     if name_or_path in shipped:

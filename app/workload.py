@@ -10,7 +10,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from engine_adapters.config import StrictModel
+from app.slo import parse_slo
+from engine_adapters.config import MAX_SEED, StrictModel
+
+MAX_TOKENS = 2_000_000
+"""Longest prompt or output a request may ask for: admits a million-token context with room."""
+MAX_REQUESTS = 1_000_000
+"""Most requests (or conversations) one level may send."""
+MAX_LEVEL_PROMPT_TOKENS = 1_000_000_000
+"""Most prompt tokens one level's prompts may add up to: they are generated up front, in memory."""
+MAX_TURNS = 1_000
+MAX_CONCURRENCY = 100_000
+"""Most requests in flight (one task and one connection each)."""
+MAX_RATE_RPS = 1_000_000.0
+MAX_LEVELS = 1_000
+MAX_DURATION_S = 30 * 86_400.0
+"""A month: a soak longer than that is a typo."""
 
 LengthDistribution = Literal["fixed", "uniform", "normal"]
 
@@ -19,10 +34,10 @@ class LengthSpec(StrictModel):
     """A token-length distribution (clipped to [minimum, maximum])."""
 
     distribution: LengthDistribution = "fixed"
-    mean: int = Field(128, ge=1)
-    spread: int = Field(0, ge=0, description="uniform: +/- range; normal: standard deviation")
-    minimum: int = Field(1, ge=1)
-    maximum: int | None = Field(None, ge=1)
+    mean: int = Field(128, ge=1, le=MAX_TOKENS)
+    spread: int = Field(0, ge=0, le=MAX_TOKENS, description="uniform: +/- range; normal: standard deviation")
+    minimum: int = Field(1, ge=1, le=MAX_TOKENS)
+    maximum: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> LengthSpec:
@@ -38,20 +53,24 @@ class WorkloadConfig(StrictModel):
     """The prompts: kind, lengths in the model's tokens, and the API used to send them."""
 
     kind: WorkloadKind = "random"
-    seed: int = 0
-    num_requests: int = Field(64, ge=1, description="Requests (conversations for multi_turn) per load level.")
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    num_requests: int = Field(64, ge=1, le=MAX_REQUESTS,
+                              description="Requests (conversations for multi_turn) per load level.")
     input_len: LengthSpec = Field(default_factory=lambda: LengthSpec(mean=128))
     output_len: LengthSpec = Field(default_factory=lambda: LengthSpec(mean=64))
-    shared_prefix_tokens: int = Field(0, ge=0, description="Length of the system prompt shared by requests.")
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="Length of the system prompt shared by requests.")
     shared_prefix_fraction: float = Field(1.0, ge=0, le=1, description="Fraction of requests that carry it.")
-    turns: int = Field(1, ge=1, description="multi_turn: user turns per conversation (history is resent).")
+    turns: int = Field(1, ge=1, le=MAX_TURNS, description="multi_turn: user turns per conversation (history is resent).")
     dataset_path: str | None = Field(None, description="sharegpt: a ShareGPT JSON file; jsonl: one prompt per line.")
     api: Literal["completions", "chat"] = "completions"
     ignore_eos: bool = Field(True, description="Ask the engine to ignore EOS so outputs have the asked length.")
-    temperature: float = Field(0.0, ge=0)
+    temperature: float = Field(0.0, ge=0, le=100)
     model_name: str | None = Field(None, description="Model name sent in requests (default: what /v1/models lists).")
     tokenizer: str | None = Field(None, description="Local tokenizer.json or model folder for counting lengths "
                                                     "(default: the engine's model when it is local).")
+    cache: Literal["cold", "warm"] = Field("cold", description="Prefix cache at the start of each level: cold (a fresh "
+                                           "cache salt per level) or warm (the level's prompts sent once, unmeasured, "
+                                           "before the measured pass).")
 
     @model_validator(mode="after")
     def _dataset_when_needed(self) -> WorkloadConfig:
@@ -59,6 +78,11 @@ class WorkloadConfig(StrictModel):
             raise ValueError(f"workload kind '{self.kind}' needs dataset_path")
         if self.kind == "shared_prefix" and self.shared_prefix_tokens == 0:
             raise ValueError("workload kind 'shared_prefix' needs shared_prefix_tokens > 0")
+        turns = self.turns if self.kind == "multi_turn" else 1
+        planned = self.num_requests * turns * self.input_len.mean
+        if self.kind not in ("sharegpt", "jsonl") and planned > MAX_LEVEL_PROMPT_TOKENS:
+            raise ValueError(f"num_requests x turns x input_len.mean = {planned:,} prompt tokens per level; "
+                             f"at most {MAX_LEVEL_PROMPT_TOKENS:,} (prompts are generated in memory)")
         return self
 
 
@@ -77,18 +101,22 @@ class LoadConfig(StrictModel):
     """
 
     pattern: LoadPattern = "closed"
-    concurrency: int = Field(4, ge=1)
-    rate_rps: float | None = Field(None, gt=0)
-    burstiness: float = Field(1.0, gt=0)
-    ramp_start_rps: float = Field(0.5, gt=0)
-    max_concurrency: int | None = Field(None, ge=1, description="Open loop: cap on requests in flight.")
-    levels: list[float] = Field(default_factory=list)
+    concurrency: int = Field(4, ge=1, le=MAX_CONCURRENCY)
+    rate_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS)
+    burstiness: float = Field(1.0, gt=0, le=1_000)
+    ramp_start_rps: float = Field(0.5, gt=0, le=MAX_RATE_RPS)
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY,
+                                        description="Open loop: cap on requests in flight.")
+    levels: list[float] = Field(default_factory=list, max_length=MAX_LEVELS)
     sweep_of: Literal["concurrency", "rate"] = "concurrency"
-    duration_s: float | None = Field(None, gt=0, description="Stop sending after this long (per level).")
-    max_requests: int | None = Field(None, ge=1, description="Stop after this many requests (per level).")
-    warmup_requests: int = Field(0, ge=0, description="Sent before the first level, excluded from figures.")
+    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
+                                     description="Stop sending after this long (per level).")
+    max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS,
+                                     description="Stop after this many requests (per level).")
+    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS,
+                                 description="Sent before the first level, excluded from figures.")
     max_error_fraction: float = Field(0.5, ge=0, le=1, description="Error budget: stop a level beyond it.")
-    request_timeout_s: float = Field(300.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     slo: str | None = Field(None, description="Goodput SLOs, e.g. 'ttft_ms<=500,tpot_ms<=50'")
     workers: int = Field(1, ge=1, le=64, description="Client processes (when one core cannot keep up).")
     continuous_usage: bool = Field(True, description="Ask for per-chunk usage to count tokens, not chunks.")
@@ -97,8 +125,6 @@ class LoadConfig(StrictModel):
     @classmethod
     def _slo_parses(cls, value: str | None) -> str | None:
         if value:
-            from app.load.metrics import parse_slo  # local: app.load imports this module
-
             parse_slo(value)
         return value
 
@@ -113,4 +139,8 @@ class LoadConfig(StrictModel):
             raise ValueError("a concurrency sweep needs whole numbers >= 1 in levels")
         if self.pattern == "sweep" and any(v <= 0 for v in self.levels):
             raise ValueError("sweep levels must be positive")
+        if self.pattern == "sweep" and self.sweep_of == "concurrency" and any(v > MAX_CONCURRENCY for v in self.levels):
+            raise ValueError(f"concurrency levels must be at most {MAX_CONCURRENCY:,}")
+        if self.pattern == "sweep" and self.sweep_of == "rate" and any(v > MAX_RATE_RPS for v in self.levels):
+            raise ValueError(f"rate levels must be at most {MAX_RATE_RPS:,.0f} req/s")
         return self

@@ -15,6 +15,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 DEMO_MODEL = "tunebench:demo"
 """Model id that resolves to the tiny, locally generated demo model in the user cache."""
 
+MAX_SEED = 2**63 - 1
+"""Seeds are stored as SQLite integers (signed 64-bit)."""
+MAX_ENGINE_TOKENS = 2**31 - 1
+"""Engines keep lengths and batch sizes in 32-bit integers."""
+MAX_PARALLEL = 4096
+MAX_TIMEOUT_S = 7 * 86_400.0
+"""A week: a startup timeout longer than that is a typo (and ``inf`` is refused)."""
+MAX_GIB = 1_048_576.0
+"""A pebibyte of offload space: more is a typo."""
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -28,9 +38,11 @@ ArgStr = Annotated[str, AfterValidator(_no_nul)]
 
 class StrictModel(BaseModel):
     """Base for configuration models: unknown keys are errors (a typo in a profile must not
-    silently fall back to a default)."""
+    silently fall back to a default), types are strict (``concurrency = "2"`` or ``true`` and
+    ``prefix_caching = "yes"`` are refused; an integer is still a valid float), and no number
+    is ``nan`` or infinite."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 RuntimeKind = Literal["managed", "python", "executable", "docker"]
@@ -55,7 +67,7 @@ class RuntimeConfig(StrictModel):
         return self
 
 
-EngineKind = Literal["vllm"]
+EngineKind = Literal["vllm", "llamacpp"]
 
 
 class EngineConfig(StrictModel):
@@ -69,7 +81,7 @@ class EngineConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0 = pick a free port at launch.")
     require_api_key: bool = Field(True, description="Protect the server with a per-run API key.")
-    startup_timeout_s: float = Field(600.0, gt=0)
+    startup_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
 
     @field_validator("model")
     @classmethod
@@ -80,7 +92,8 @@ class EngineConfig(StrictModel):
 
 
 WeightsDtype = Literal["auto", "bf16", "fp16", "fp8", "awq", "gptq"]
-KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"]
+"""``q8_0``/``q4_0``: llama.cpp's block-quantized KV cache (8 and 4 bits plus a scale per 32 values)."""
 SpecMethod = Literal["off", "ngram", "eagle", "eagle3", "mtp", "draft_model"]
 KvOffloadBackend = Literal["native", "lmcache"]
 
@@ -112,15 +125,18 @@ class Features(StrictModel):
     kv_cache_dtype: KvCacheDtype = "auto"
     prefix_caching: bool | None = None
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
-    cpu_offload_gib: float = Field(0.0, ge=0)
-    kv_offload_gib: float = Field(0.0, ge=0)
+    cpu_offload_gib: float = Field(0.0, ge=0, le=MAX_GIB)
+    kv_offload_gib: float = Field(0.0, ge=0, le=MAX_GIB)
     kv_offload_backend: KvOffloadBackend | None = None
     gpu_memory_utilization: float | None = None
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1, le=MAX_ENGINE_TOKENS)
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_ENGINE_TOKENS)
+    max_model_len: int | None = Field(None, ge=16, le=MAX_ENGINE_TOKENS)
     cuda_graphs: bool = True
     chunked_prefill: bool | None = None
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
+    gpu_layers: int | None = Field(None, ge=0, le=MAX_ENGINE_TOKENS,
+                                   description="Layers kept on the GPU (llama.cpp -ngl); None = the engine decides.")
+    flash_attention: bool | None = None
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
+    pipeline_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     extra_args: list[ArgStr] = Field(default_factory=list)

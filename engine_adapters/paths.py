@@ -7,12 +7,22 @@ from pathlib import Path
 
 import platformdirs
 
+from engine_adapters.errors import TunebenchError
+
 APP_NAME = "tunebench"
+
+
+class UnusableDirectory(TunebenchError):
+    """A per-user directory that cannot be created: one line naming it and the variable that moves it."""
 
 
 def _dir(env_var: str, default: str) -> Path:
     path = Path(os.environ.get(env_var) or default)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:  # read-only, a file in the way, a name too long, a NUL
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UnusableDirectory(f"cannot create {path}: {reason} (set {env_var} to a writable folder)") from None
     return path
 
 

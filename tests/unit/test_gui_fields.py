@@ -13,10 +13,44 @@ from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
 
 
-def test_every_catalogue_feature_has_an_editor() -> None:
+_SCHEMA_KINDS = {"boolean": "bool", "integer": "int", "number": "float", "string": "text", "array": "list"}
+
+
+def _schema_editor(path: str) -> tuple[str, bool, tuple[str, ...], float | None, float | None]:
+    """What pydantic's own JSON schema says a field is: (editor kind, optional, choices, minimum,
+    maximum). An oracle independent of ``field_spec``'s reading of the type annotations."""
+    schema = RunConfig.model_json_schema()
+    node = schema
+    for part in path.split("."):
+        node = node["properties"][part]
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    variants = node.get("anyOf", [node])
+    optional = any(v.get("type") == "null" for v in variants)
+    (inner,) = [v for v in variants if v.get("type") != "null"]
+    if "enum" in inner:
+        return "choice", optional, tuple(str(v) for v in inner["enum"]), None, None
+    kind = _SCHEMA_KINDS[inner["type"]]
+    if kind == "bool" and optional:
+        kind = "tristate"  # "engine default" is a third state a checkbox must show
+    low = inner.get("minimum", inner.get("exclusiveMinimum"))
+    return kind, optional, (), low, inner.get("maximum", inner.get("exclusiveMaximum"))
+
+
+def test_every_catalogue_feature_gets_the_editor_its_type_needs() -> None:
+    """Each feature's editor agrees with pydantic's schema of the field: a tristate where "engine
+    default" (None) is allowed, every accepted choice offered, the same bounds. The editor can
+    set each choice and the default, and the model takes them."""
+    config = RunConfig()
     for info in FEATURES:
-        spec = field_spec(f"features.{info.key}")
-        assert spec.kind in ("choice", "bool", "tristate", "int", "float", "text", "list")
+        path = f"features.{info.key}"
+        spec = field_spec(path)
+        kind, optional, choices, low, high = _schema_editor(path)
+        assert (spec.kind, spec.optional, spec.choices) == (kind, optional, choices), path
+        assert (spec.minimum, spec.maximum) == (low, high), path
+        assert spec.default == get_path(config, path), path
+        for value in [*spec.choices, *([None] if spec.optional else [])]:
+            assert get_path(with_value(config, path, value), path) == value, (path, value)
 
 
 def test_field_kinds_follow_the_types() -> None:

@@ -1,0 +1,74 @@
+"""argparse ``type=`` functions with bounds: a value argparse accepts can be used as it is, so a
+huge, negative, empty or non-finite argument is a usage error (one line, exit 2), never an
+OverflowError or a hang further in."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from app.urls import BadEndpoint, check_api_key, check_endpoint
+
+MAX_PID = 2**31 - 1  # pid_t
+MAX_COUNT = 1_000_000_000
+
+
+def bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
+    """A whole number in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10) if len(text) <= 40 else None
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {minimum:,} to {maximum:,}, "
+                                             f"got {_short(text)}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in its message
+    return parse
+
+
+def bounded_float(minimum: float, maximum: float, *, exclusive_minimum: bool = False) -> Callable[[str], float]:
+    """A finite number in ``[minimum, maximum]`` (``(minimum, maximum]`` when ``exclusive_minimum``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 40 else math.nan
+        except ValueError:
+            value = math.nan
+        low_ok = value > minimum if exclusive_minimum else value >= minimum
+        if not (math.isfinite(value) and low_ok and value <= maximum):
+            low = "above" if exclusive_minimum else "from"
+            raise argparse.ArgumentTypeError(f"expected a number {low} {minimum:g} up to {maximum:g}, got {_short(text)}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def endpoint_url(text: str) -> str:
+    """An http(s) endpoint URL (see :func:`app.urls.check_endpoint`)."""
+    try:
+        return check_endpoint(text)
+    except BadEndpoint as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def api_key(text: str) -> str:
+    """An API key that fits in an Authorization header."""
+    try:
+        return check_api_key(text)
+    except BadEndpoint as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _short(text: str, limit: int = 24) -> str:
+    shown = text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+    return repr(shown)
+
+
+endpoint_url.__name__ = "URL"
+api_key.__name__ = "API key"
