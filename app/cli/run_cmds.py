@@ -12,37 +12,67 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+import pydantic_core
+
 from app.bus import Bus, Event
+from app.campaign import Campaign, CampaignResult, Step, repeat_lines
+from app.config import RunConfig
 from app.errors import UserError
-from app.load.metrics import format_figure, level_notes
+from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
+from app.load.metrics import level_notes
 from app.profiles import ProfileError, load_profile, resolve_profile
-from app.runner import Runner, RunResult
+from app.runner import Runner, RunResult, check_endpoint
+from app.urls import check_api_key
+from db import metric_catalog as catalog
+from engine_adapters.base import feature_check_line
+from engine_adapters.secrets import mask_obj
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
 PLAIN_PROGRESS_S = 5.0
 
 
+TABLE_KEYS = ("requests_per_s", "output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "tpot_ms_p50",
+              "e2e_ms_p50", "queue_ms_p50", "goodput_rps", "prefix_cache_hit_rate", "spec_acceptance_rate",
+              "client_lag_ms_p99")
+"""The per-level table's figures (catalogue keys: the same names and values as Compare)."""
+
+
+def table_columns(levels: list[dict[str, float]], flagged: set[str]) -> list[str]:
+    """``TABLE_KEYS``, with each client figure some level flagged unreliable preceded by the
+    engine's own figure (the headline switches to it, labelled "(engine)")."""
+    have = set().union(*levels) if levels else set()
+    out: list[str] = []
+    for key in TABLE_KEYS:
+        alt = catalog.metric(key).engine_alternative
+        if key in flagged and alt and alt in have and alt not in out:
+            out.append(alt)
+        out.append(key)
+    return out
+
+
 def format_table(result: RunResult) -> str:
-    """The final per-level table (what a person reads after a run)."""
-    header = ("level", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "TPOT p50",
-              "E2E p50", "queue p50", "goodput", "cache hit", "spec acc", "lag p99")
+    """The final per-level table (what a person reads after a run). A figure its level flagged
+    unreliable is shown in [brackets] (the level's note says why), next to the engine's own."""
+    figures = [lv.summary.figures() for lv in result.levels]
+    unreliable = [lv.summary.unreliable() for lv in result.levels]
+    columns = table_columns(figures, set().union(*unreliable) if unreliable else set())
+    header = ("level", "ok", "err", *(catalog.metric(k).header for k in columns))
     rows = [header]
-    for lv in result.levels:
-        s = lv.summary
-        rows.append((
-            lv.label, str(s.completed), str(s.errors), format_figure(s.request_throughput_rps, 2), format_figure(s.output_tok_per_s, 0),
-            format_figure(s.ttft_ms.median), format_figure(s.ttft_ms.p99), format_figure(s.itl_ms.median, 2), format_figure(s.tpot_ms.median, 2),
-            format_figure(s.e2e_ms.median, 0), format_figure(s.queue_ms.median, 2),
-            "-" if s.goodput_rps is None else f"{s.goodput_rps:.2f}/s",
-            "-" if s.engine.prefix_cache_hit_rate is None else f"{s.engine.prefix_cache_hit_rate:.0%}",
-            "-" if s.engine.spec_acceptance_rate is None else f"{s.engine.spec_acceptance_rate:.0%}",
-            format_figure(s.client_lag_ms.p99)))
+    for lv, figs, bad in zip(result.levels, figures, unreliable, strict=True):
+        cells = []
+        for key in columns:
+            text = catalog.metric(key).format(figs.get(key))
+            cells.append(f"[{text}]" if key in bad and text != "-" else text)
+        rows.append((lv.label, str(lv.summary.completed), str(lv.summary.errors), *cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("times in ms; TTFT from send, queue = scheduled -> sent; ITL per token; lag = client event-loop "
                  "lateness (docs/metrics.md)")
+    if any(unreliable):
+        lines.append("[x] = not to be trusted (the level's note says why); (engine) = the engine's own figure, "
+                     "the one to read instead")
     for lv in result.levels:
         extra = level_notes(lv.summary)
         if extra:
@@ -67,29 +97,25 @@ class _Console:
         self.out.flush()
 
     def handle(self, ev: Event) -> None:
-        p: dict[str, Any] = ev.payload or {}
-        if ev.kind == "phase":
-            self._line(f"[{p.get('phase')}] {p.get('detail', '')}")
-        elif ev.kind == "log":
-            line = str(p.get("line", ""))
-            if self.verbose or line.startswith("tunebench:"):
-                self._line(f"  | {line}")
-        elif ev.kind == "engine_ready":
-            startup = p.get("startup_s")
-            if startup is None:
-                self._line(f"attached to {p.get('base_url')}")
+        p = ev.payload
+        if isinstance(p, PhaseChanged):
+            self._line(f"[{p.phase.value}] {p.detail}")
+        elif isinstance(p, LogLine):
+            if self.verbose or p.line.startswith("tunebench:"):
+                self._line(f"  | {p.line}")
+        elif isinstance(p, EngineReady):
+            if p.startup_s is None:
+                self._line(f"attached to {p.base_url}")
             else:
-                self._line(f"engine ready at {p.get('base_url')} ({startup:.1f} s)")
-            for check in p.get("feature_checks") or []:
-                state = {True: "active", False: "NOT ACTIVE", None: "unknown"}[check.get("active")]
-                self._line(f"feature {check.get('key')}={check.get('requested')}: {state}")
-        elif ev.kind == "level_started":
-            self._line(f"level {p.get('index')}: {p.get('label')}")
-        elif ev.kind == "progress":
-            planned = p.get("planned")
-            text = (f"  {p.get('done')}{'/' + str(planned) if planned else ''} requests, "
-                    f"{p.get('output_tok_per_s', 0):,.0f} tok/s, {p.get('errors')} errors, "
-                    f"{p.get('in_flight')} in flight, {p.get('elapsed_s', 0):.0f} s")
+                self._line(f"engine ready at {p.base_url} ({p.startup_s:.1f} s)")
+            for check in p.feature_checks:
+                self._line(feature_check_line(check))
+        elif isinstance(p, LevelStarted):
+            self._line(f"level {p.index}: {p.label}")
+        elif isinstance(p, Progress):
+            text = (f"  {p.requests_done}{'/' + str(p.planned) if p.planned else ''} requests, "
+                    f"{p.output_tok_per_s:,.0f} tok/s, {p.errors} errors, "
+                    f"{p.requests_in_flight} in flight, {p.elapsed_s:.0f} s")
             if self.tty:
                 self.out.write("\r\x1b[K" + text)
                 self.out.flush()
@@ -97,19 +123,19 @@ class _Console:
             elif ev.t_mono - self._last_plain >= PLAIN_PROGRESS_S:  # a pipe or a log file: a line now and then
                 self._last_plain = ev.t_mono
                 self._line(text)
-        elif ev.kind == "level_finished":
-            s = p.get("summary") or {}
-            self._line(f"  done: {s.get('completed')} ok, {s.get('errors')} errors, "
-                       f"{s.get('output_tok_per_s', 0):,.0f} tok/s")
-        elif ev.kind == "run_finished":
-            self._line(f"run {p.get('status')}" + (f": {p.get('reason')}" if p.get("reason") else ""))
+        elif isinstance(p, LevelFinished):
+            s = p.summary
+            self._line(f"  done: {s.completed} ok, {s.errors} errors, {s.output_tok_per_s:,.0f} tok/s")
+        elif isinstance(p, RunFinished):
+            self._line(f"run {p.status}" + (f": {p.reason}" if p.reason else ""))
 
 
-def write_json(result: RunResult, path: Path) -> None:
-    """Atomic: a crash never leaves half a result file."""
+def write_json(result: RunResult | CampaignResult, path: Path) -> None:
+    """Atomic: a crash never leaves half a result file. Secrets masked (engine_adapters.secrets)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(result.model_dump_json(indent=1), encoding="utf-8")
+        doc = result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json")
+        tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
         tmp.replace(path)
     except OSError as exc:
         raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
@@ -120,13 +146,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = load_profile(resolve_profile(args.profile))
     except ProfileError as exc:
         raise UserError(str(exc)) from None
+    check_endpoint(args.endpoint)  # an empty or bad URL is refused before anything starts
     json_path = Path(args.json) if args.json else None
     if json_path is not None and not json_path.parent.exists():
         raise UserError(f"{json_path}: its folder does not exist")
     api_key = args.api_key or (os.environ.get("TUNEBENCH_API_KEY") if args.endpoint else None)
+    if api_key is not None:
+        check_api_key(api_key)  # a newline would end the Authorization header and start another
     bus = Bus()
-    sub = bus.subscribe(kinds=("phase", "log", "engine_ready", "level_started", "progress", "level_finished",
-                               "run_finished"))
+    sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished, RunFinished))
     recorder = None
     if not args.no_store:
         from app.recording import record_to_default_store
@@ -136,13 +164,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             recorder = record_to_default_store(bus, args.db)  # before run_started is published
         except (StoreError, OSError) as exc:
             raise UserError(f"cannot open the run database: {exc}") from None
-    runner = Runner(config, bus, endpoint=args.endpoint, api_key=api_key, telemetry=not args.no_telemetry)
+    if args.repeat < 1:
+        raise UserError(f"--repeat must be at least 1 (got {args.repeat})")
+
+    def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
+        return Runner(run_config, run_bus, keep_requests=args.json_requests, **kwargs)
+
     cancel = threading.Event()
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["result"] = runner.run(cancel)
+            if args.repeat > 1:  # each repeat on a cold cache, the engine kept between them (app.campaign)
+                box["campaign"] = Campaign([Step(config.name, config, args.repeat)], bus, endpoint=args.endpoint,
+                                           api_key=api_key, recorder=recorder, telemetry=not args.no_telemetry,
+                                           runner_factory=make_runner).run(cancel)
+            else:
+                box["result"] = make_runner(config, bus, endpoint=args.endpoint, api_key=api_key,
+                                            telemetry=not args.no_telemetry).run(cancel)
         except BaseException as exc:  # re-raised on the main thread
             box["error"] = exc
 
@@ -167,7 +206,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             recorder.close()
     if "error" in box:
         raise box["error"]
+    if "campaign" in box:
+        return _report_campaign(box["campaign"], json_path, recorder)
     result: RunResult = box["result"]
+    unstored = recorder.check_stored(result) if recorder is not None else None  # not "completed" if not stored
     if result.levels:
         print()
         print(format_table(result))
@@ -178,10 +220,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         for problem in recorder.errors:
             print(f"tunebench: store: {problem}", file=sys.stderr)
         if recorder.recorded:
-            print(f"stored as run {recorder.recorded[-1]} (tunebench runs show {recorder.recorded[-1]})")
+            print(f"stored{' incompletely' if unstored else ''} as run {recorder.recorded[-1]} "
+                  f"(tunebench runs show {recorder.recorded[-1]})")
+    if unstored:
+        print(f"run {result.status}: {unstored}", file=sys.stderr)
     if result.status == "cancelled":
         return EXIT_CANCELLED
     return 0 if result.status == "completed" else EXIT_FAILED
+
+
+def _report_campaign(campaign: CampaignResult, json_path: Path | None, recorder: Any) -> int:
+    """The tables of every repeat, then each figure's mean and 95% confidence interval."""
+    for step in campaign.steps:
+        for i, result in enumerate(step.runs):
+            if result.levels:
+                print(f"\nrepeat {i + 1} of {step.step.repeats} ({result.status}):")
+                print(format_table(result))
+        lines = repeat_lines(step)
+        if lines:
+            print(f"\n{step.step.name}: {len(step.runs)} repeat(s), each on a cold prefix cache")
+            for line in lines:
+                print(f"  {line}")
+    if json_path is not None:
+        write_json(campaign, json_path)
+        print(f"result written to {json_path}")
+    if recorder is not None:
+        for problem in recorder.errors:
+            print(f"tunebench: store: {problem}", file=sys.stderr)
+        ids = [i for step in campaign.steps for i in step.stored_ids]
+        if ids:
+            print(f"stored as runs {', '.join(map(str, ids))} (tag {campaign.steps[0].repeat_tag}; "
+                  f"tunebench compare {ids[-1]} <other run> compares the whole set)")
+    if campaign.status == "cancelled":
+        return EXIT_CANCELLED
+    if campaign.status != "completed":
+        print(f"tunebench: {campaign.reason}", file=sys.stderr)
+    return 0 if campaign.status == "completed" else EXIT_FAILED
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -189,10 +263,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-demo)")
     run.add_argument("--endpoint", help="attach to a running OpenAI-compatible server instead of launching one")
     run.add_argument("--api-key", help="API key for --endpoint (default: $TUNEBENCH_API_KEY)")
-    run.add_argument("--json", metavar="FILE", help="write the full result (levels, requests) as JSON")
+    run.add_argument("--json", metavar="FILE", help="write the result (levels and their figures) as JSON")
+    run.add_argument("--json-requests", action="store_true",
+                     help="with --json: every request record too (kept in memory for the whole run; the run "
+                          "database has them either way)")
     run.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     run.add_argument("--db", metavar="PATH", default=None,
                      help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
     run.add_argument("--no-store", action="store_true", help="do not record the run in the database")
+    run.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
+                          "each figure's mean and 95%% confidence interval (compare treats the set as one)")
     run.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
     run.set_defaults(handler=cmd_run)

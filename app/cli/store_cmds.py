@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -16,25 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.cli.argtypes import MAX_COUNT, bounded_int
+from app.cli.terminal import safe
 from app.errors import UserError
-from app.export import (
-    DATA_FORMATS,
-    SCRIPT_FORMATS,
-    import_results,
-    render_launch,
-    render_report,
-    run_to_csv,
-    run_to_json,
-    spec_from_profile,
-    spec_from_run,
-)
+from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, import_results
+from app.export.files import check_target
 from app.profiles import ProfileError, resolve_profile
-from db.compare import Comparison, MetricDelta, align_series, compare_runs, run_metrics
+from db.compare import Comparison, MetricDelta, compare_runs
+from db.metric_catalog import metric
 from db.models import RUN_STATUSES
 from db.store import RunInfo, RunStore, StoreError
-from db.summary import lower_is_better
 
-_AGO_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_AGO_RE = re.compile(r"^(\d{1,12}(?:\.\d{1,12})?)\s*([smhdw])$")
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -56,16 +47,29 @@ def open_store(args: argparse.Namespace) -> Iterator[RunStore]:
 def parse_when(text: str) -> float:
     """``2026-11-01``, ``2026-11-01T10:00`` (UTC) or an age such as ``36h`` / ``7d``."""
     text = text.strip()
+    if not text:
+        raise UserError("the date is empty: give YYYY-MM-DD[THH:MM] (UTC) or an age like 36h or 7d")
     match = _AGO_RE.match(text)
     if match:
         return time.time() - float(match.group(1)) * _UNITS_S[match.group(2)]
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise UserError(f"'{text}' is not a date (YYYY-MM-DD[THH:MM]) or an age like 36h or 7d") from None
+        raise UserError(f"{text[:40]!r} is not a date (YYYY-MM-DD[THH:MM]) or an age like 36h or 7d") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
+
+
+def _when_arg(text: str) -> float:
+    """``parse_when`` for argparse: a bad date is a usage error."""
+    try:
+        return parse_when(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_when_arg.__name__ = "date"
 
 
 def _when(ts: float | None) -> str:
@@ -82,13 +86,14 @@ def _print_json(data: Any) -> None:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    cells = [[safe(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _one_line(text: str, limit: int = 40) -> str:
-    text = " ".join(str(text).split())
+    text = safe(" ".join(str(text).split()))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -97,15 +102,13 @@ def _one_line(text: str, limit: int = 40) -> str:
 def cmd_runs_list(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         runs = store.list_runs(engine=args.engine, model=args.model, tag=args.tag, status=args.status,
-                               since=parse_when(args.since) if args.since else None,
-                               until=parse_when(args.until) if args.until else None, name=args.name,
-                               limit=args.limit)
+                               since=args.since, until=args.until, name=args.name, limit=args.limit)
     if args.json:
         _print_json([r.model_dump(mode="json") for r in runs])
         return 0
     if not runs:
-        print("no runs" + (" match" if any([args.engine, args.model, args.tag, args.status, args.since, args.until,
-                                             args.name]) else " stored yet"))
+        filters = [args.engine, args.model, args.tag, args.status, args.since, args.until, args.name]
+        print("no runs" + (" match" if any(f is not None for f in filters) else " stored yet"))
         return 0
     _table([[str(r.id), r.status + ("*" if r.imported else ""), _one_line(r.name, 30), _one_line(r.model, 30),
              _when(r.started_at), _num(r.metrics.get("output_tok_per_s")), _num(r.metrics.get("ttft_ms_p50")),
@@ -118,42 +121,48 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 def _show_text(store: RunStore, run_id: int, show_log: bool) -> None:
     run = store.get_run(run_id)
-    print(f"run {run.id}  {run.name}")
-    print(f"  uid:       {run.uid}")
-    print(f"  status:    {run.status}" + (f" ({run.reason})" if run.reason else ""))
-    print(f"  started:   {_when(run.started_at)} UTC" + (f", {run.duration_s:.1f} s" if run.duration_s else ""))
-    print(f"  engine:    {run.engine_kind} {run.engine_version or ''}".rstrip())
-    print(f"  model:     {run.model}")
+
+    def out(line: str) -> None:
+        """Every line holds user text (name, notes, tags, endpoint, log): escaped."""
+        print(safe(line))
+
+    out(f"run {run.id}  {run.name}")
+    out(f"  uid:       {run.uid}")
+    out(f"  status:    {run.status}" + (f" ({run.reason})" if run.reason else ""))
+    out(f"  started:   {_when(run.started_at)} UTC" + (f", {run.duration_s:.1f} s" if run.duration_s else ""))
+    out(f"  engine:    {run.engine_kind} {run.engine_version or ''}".rstrip())
+    out(f"  model:     {run.model}")
     if run.imported_from:
-        print(f"  imported:  {run.imported_from}")
+        out(f"  imported:  {run.imported_from}")
     if run.tags:
-        print(f"  tags:      {', '.join(run.tags)}")
+        out(f"  tags:      {', '.join(run.tags)}")
     if run.notes:
-        print(f"  notes:     {run.notes}")
+        out(f"  notes:     {run.notes}")
     if run.endpoint:
-        print(f"  endpoint:  {run.endpoint}")
+        out(f"  endpoint:  {run.endpoint}")
     if run.argv:
-        print(f"  argv:      {' '.join(run.argv)}")
+        out(f"  argv:      {' '.join(run.argv)}")
     hw = run.hardware or {}
     if hw:
         gpus = ", ".join(str(g.get("name")) for g in hw.get("gpus") or []) or "no GPU"
-        print(f"  hardware:  {gpus}; CPU {hw.get('cpu_model', '?')} x{hw.get('cpu_count_logical', '?')}, "
+        out(f"  hardware:  {gpus}; CPU {hw.get('cpu_model', '?')} x{hw.get('cpu_count_logical', '?')}, "
               f"{(hw.get('ram_total_bytes') or 0) / 2**30:.0f} GiB RAM")
-    print(f"  recorded:  {run.n_requests:,} requests, {run.n_samples:,} samples, {run.n_log_lines:,} log lines"
+    out(f"  recorded:  {run.n_requests:,} requests, {run.n_samples:,} samples, {run.n_log_lines:,} log lines"
           + (f", {run.dropped_items:,} items dropped by a slow writer" if run.dropped_items else ""))
     for level in run.levels:
         summary = level.summary or {}
-        print(f"  level {level.idx} {level.label}: " + ", ".join(
+        out(f"  level {level.idx} {level.label}: " + ", ".join(
             f"{k}={_num(v, '{:,.4g}')}" for k, v in list(summary.items())[:6] if isinstance(v, int | float)))
     if run.metrics:
-        print("  metrics:")
+        out("  metrics:")
         for key, value in run.metrics.items():
-            if not key.startswith("L"):
-                print(f"    {key:24s} {value:,.4g}")
+            if not key.startswith("L") and isinstance(value, int | float):  # per-level and reliability notes aside
+                shown = metric(key)
+                out(f"    {shown.label:34s} {shown.format(value)}")
     if show_log:
-        print("  engine log:")
+        out("  engine log:")
         for line in store.log_lines(run.id):
-            print(f"    | {line}")
+            out(f"    | {line}")
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
@@ -185,7 +194,7 @@ def cmd_runs_tag(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"id": run_id, "tags": tags})
     else:
-        print(f"run {run_id}: tags {', '.join(tags) or '(none)'}")
+        print(safe(f"run {run_id}: tags {', '.join(tags) or '(none)'}"))
     return 0
 
 
@@ -198,16 +207,34 @@ def cmd_runs_rename(args: argparse.Namespace) -> int:
         store.rename(run_id, name)
         if args.notes is not None:
             store.set_notes(run_id, args.notes)
-    print(f"run {run_id}: renamed to {name}")
+    print(safe(f"run {run_id}: renamed to {name}"))
     return 0
 
 
 # --- compare --------------------------------------------------------------------------------------
 
+def _comparison_cell(m: MetricDelta, i: int, footnotes: dict[str, int]) -> str:
+    """A figure with its change and verdict (``2,345.6 (x1.90 better)``); an unreliable one is
+    marked and its reason goes to a numbered footnote, so the table stays narrow."""
+    text = m.value_text(i)
+    if m.values[i] is None:
+        return text
+    verdict = m.verdict(i)
+    own = m.unreliable[i]
+    if own is not None or verdict == "unreliable":
+        reason = own or f"the baseline's figure is unreliable: {m.unreliable[m.baseline]}"
+        mark = footnotes.setdefault(reason, len(footnotes) + 1)
+        return f"{text} (unreliable [{mark}])"
+    note = m.note(i)
+    return f"{text} ({note})" if note else text
+
+
 def _print_comparison(c: Comparison) -> None:
-    labels = [f"#{r.id}" + (" (base)" if i == c.baseline else "") for i, r in enumerate(c.runs)]
+    labels = [f"#{r.id}" + (f" x{len(m)}" if len(m) > 1 else "") + (" (base)" if i == c.baseline else "")
+              for i, (r, m) in enumerate(zip(c.runs, c.members, strict=True))]
     for i, r in enumerate(c.runs):
-        print(f"{labels[i]:12s} {r.name}  [{r.status}]  {r.model}  {_when(r.started_at)}")
+        print(safe(f"{labels[i]:14s} {r.name}  [{r.status}]  {r.model}  {_when(r.started_at)}"
+                   + (f"  (mean of runs {', '.join(str(x) for x in c.members[i])})" if len(c.members[i]) > 1 else "")))
     print()
     if c.config_diff:
         print("configuration differences:")
@@ -215,20 +242,19 @@ def _print_comparison(c: Comparison) -> None:
                 for k, vals in c.config_diff], ["SETTING", *labels])
     else:
         print("configuration: identical")
-    print()
-    rows = []
-    for m in c.metrics:
-        cells = []
-        for i, v in enumerate(m.values):
-            cell = _num(v, "{:,.4g}")
-            if i != c.baseline and m.delta[i] is not None:
-                pct = m.delta_pct[i]
-                verdict = {"better": ", better", "worse": ", worse"}.get(m.verdict(i), "")
-                cell += f" ({pct:+.1f}%{verdict})" if pct is not None else f" ({m.delta[i]:+,.4g})"
-            cells.append(cell)
-        rows.append([m.name, *cells])
-    print("metrics (delta vs baseline):")
-    _table(rows, ["METRIC", *labels])
+    footnotes: dict[str, int] = {}
+    for title, rows in (("headline", c.headline()), ("all figures", [m for m in c.metrics if not m.headline])):
+        if not rows:
+            continue
+        print(f"\n{title} (against the baseline; x = factor where higher is better, % where lower is better):")
+        _table([[f"{m.metric.label}, {m.metric.direction_text}" if m.metric.direction != "neutral"
+                 else m.metric.label, *[_comparison_cell(m, i, footnotes) for i in range(len(m.values))]]
+                for m in rows], ["METRIC", *labels])
+    for reason, mark in footnotes.items():
+        print(f"[{mark}] {reason}")
+    if any(len(m) > 1 for m in c.members):
+        print("repeat sets: mean ± half the 95% confidence interval; 'no significant difference' = "
+              "Welch's t-test p >= 0.05 (docs/metrics.md)")
     if c.series:
         print(f"\n{len(c.series)} telemetry series aligned at {c.bin_s:g} s (see --json or an html export)")
 
@@ -245,25 +271,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 # --- export / import -----------------------------------------------------------------------------
 
-def _write_output(text: str, output: str | None, executable: bool) -> None:
-    if output in (None, "-"):
-        sys.stdout.write(text)
-        return
-    path = Path(output)
-    if path.is_dir():
-        raise UserError(f"{path} is a directory: give a file name with -o")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        if executable:
-            tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    print(f"wrote {path}", file=sys.stderr)
-
-
 def _profile_target(target: str) -> Path | None:
     if target.endswith(".toml") or Path(target).is_file():
         try:
@@ -271,49 +278,6 @@ def _profile_target(target: str) -> Path | None:
         except ProfileError as exc:
             raise UserError(str(exc)) from None
     return None
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    fmt = args.format
-    targets = args.targets
-    if fmt in SCRIPT_FORMATS:
-        if len(targets) != 1:
-            raise UserError(f"--format {fmt} exports one run or profile")
-        profile = _profile_target(targets[0])
-        if profile is not None:
-            spec = spec_from_profile(profile)
-        else:
-            with open_store(args) as store:
-                try:
-                    spec = spec_from_run(store.get_run(targets[0]))
-                except StoreError:
-                    try:
-                        spec = spec_from_profile(resolve_profile(targets[0]))
-                    except (ProfileError, UserError):
-                        raise UserError(f"'{targets[0]}' is neither a stored run nor a profile") from None
-        _write_output(render_launch(spec, fmt), args.output, executable=fmt in ("bash", "docker"))
-        return 0
-    with open_store(args) as store:
-        for target in targets:
-            try:
-                store.resolve(target)
-            except StoreError:
-                if target.endswith(".toml") or Path(target).is_file() or _is_shipped_profile(target):
-                    raise UserError(f"--format {fmt} needs runs; '{target}' is a profile, which has no "
-                                    "results") from None
-                raise
-        if fmt == "html":
-            comparison = (compare_runs(store, targets, args.baseline) if len(targets) > 1
-                          else _single(store, targets[0]))
-            text = render_report(comparison, args.title)
-        elif len(targets) != 1:
-            raise UserError(f"--format {fmt} exports one run")
-        elif fmt == "json":
-            text = json.dumps(run_to_json(store, targets[0]), indent=1, default=str) + "\n"
-        else:
-            text = run_to_csv(store, targets[0])
-    _write_output(text, args.output, executable=False)
-    return 0
 
 
 def _is_shipped_profile(name: str) -> bool:
@@ -324,12 +288,51 @@ def _is_shipped_profile(name: str) -> bool:
     return True
 
 
-def _single(store: RunStore, ref: str) -> Comparison:
-    """A report of one run: the same tables and charts, with no deltas."""
-    run = store.get_run(ref)
-    series, bin_s = align_series(store, [run])
-    metrics = [MetricDelta(k, [v], [0.0], [0.0], lower_is_better(k)) for k, v in run_metrics(run).items()]
-    return Comparison([run], 0, [], metrics, series, bin_s)
+def _script_target(args: argparse.Namespace, store: RunStore) -> Target:
+    """A launch script's source: a stored run, else a shipped profile of that name."""
+    ref = args.targets[0]
+    try:
+        store.resolve(ref)
+        return Target(runs=[ref])
+    except StoreError:
+        try:
+            return Target(profile=resolve_profile(ref))
+        except ProfileError:
+            raise UserError(f"'{ref}' is neither a stored run nor a profile") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Render with ``app.export.export`` (the GUI's dialog calls the same), to ``-o FILE`` or
+    standard output (no ``-o``, or ``-o -``)."""
+    fmt, targets = args.format, args.targets
+    output = None if args.output in (None, STDOUT) else Path(args.output)
+    if output is not None:
+        check_target(output)  # before the work: a bad path is refused at once
+    if fmt in SCRIPT_FORMATS:
+        if len(targets) != 1:
+            raise UserError(f"--format {fmt} exports one run or profile")
+        profile = _profile_target(targets[0])
+        if profile is not None:
+            text = export(Target(profile=profile), fmt, output)
+        else:
+            with open_store(args) as store:
+                text = export(_script_target(args, store), fmt, output, store=store)
+    else:
+        with open_store(args) as store:
+            for target in targets:
+                try:
+                    store.resolve(target)
+                except StoreError:
+                    if target.endswith(".toml") or Path(target).is_file() or _is_shipped_profile(target):
+                        raise UserError(f"--format {fmt} needs runs; '{target}' is a profile, which has no "
+                                        "results") from None
+                    raise
+            text = export(Target(runs=targets, baseline=args.baseline, title=args.title), fmt, output, store=store)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        print(safe(f"wrote {output}"), file=sys.stderr)
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -339,8 +342,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         _print_json([r.model_dump(mode="json") for r in runs])
     else:
         for run in runs:
-            print(f"imported {args.file} as run {run.id} ({run.name}, "
-                  f"{run.metrics.get('requests_total', 0):,.0f} requests)")
+            print(safe(f"imported {args.file} as run {run.id} ({run.name}, "
+                       f"{run.metrics.get('requests_total', 0):,.0f} requests)"))
     return 0
 
 
@@ -367,9 +370,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--name", help="run name contains this")
     ls.add_argument("--tag", help="has this tag")
     ls.add_argument("--status", choices=RUN_STATUSES)
-    ls.add_argument("--since", help="started at or after: YYYY-MM-DD[THH:MM] (UTC) or an age like 7d")
-    ls.add_argument("--until", help="started before: YYYY-MM-DD[THH:MM] (UTC) or an age like 1h")
-    ls.add_argument("--limit", type=int, help="at most N runs")
+    ls.add_argument("--since", type=_when_arg, help="started at or after: YYYY-MM-DD[THH:MM] (UTC) or an age like 7d")
+    ls.add_argument("--until", type=_when_arg, help="started before: YYYY-MM-DD[THH:MM] (UTC) or an age like 1h")
+    ls.add_argument("--limit", type=bounded_int(1, MAX_COUNT), help="at most N runs")
     ls.set_defaults(handler=cmd_runs_list)
 
     show = rsub.add_parser("show", parents=[db, as_json], help="everything recorded about one run")
@@ -404,7 +407,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("targets", nargs="+", metavar="RUN_OR_PROFILE",
                         help="a run (id, uid or name) or a profile (.toml or shipped name); html compares several runs")
     export.add_argument("--format", "-f", required=True, choices=[*SCRIPT_FORMATS, *DATA_FORMATS])
-    export.add_argument("-o", "--output", metavar="FILE", help="output file (default: standard output)")
+    export.add_argument("-o", "--output", metavar="FILE",
+                        help="output file, replaced whole (scripts are made executable); '-' or none: standard "
+                             "output. Links, pipes and devices are refused")
     export.add_argument("--baseline", metavar="RUN", help="html: the baseline run (default: the first)")
     export.add_argument("--title", help="html: report title")
     export.set_defaults(handler=cmd_export)

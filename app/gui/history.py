@@ -8,17 +8,21 @@ workers and the views only display what they return.
 from __future__ import annotations
 
 import datetime as dt
+import html
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QInputDialog,
@@ -26,25 +30,33 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
+from app.distributions import RunDistributions, Sweep, aligned, load_start_offsets, run_distributions, sweeps
+from app.gui.series import series_label
 from app.gui.theme import LIGHT
-from db.compare import Comparison
-from db.store import RunInfo
+from app.headline import Headline, headlines
+from app.labels import engine_defaults, label_for, value_text
+from db import metric_catalog as catalog
+from db.compare import Comparison, compare_runs
+from db.store import RunInfo, RunStore
 
-HEADLINES: tuple[tuple[str, str, str], ...] = (
-    ("output_tok_per_s", "tok/s", "{:,.0f}"),
-    ("ttft_ms_p50", "TTFT p50 ms", "{:,.0f}"),
-    ("itl_ms_p50", "ITL p50 ms", "{:,.1f}"),
-    ("requests_total", "requests", "{:,.0f}"),
-    ("requests_failed", "errors", "{:,.0f}"),
+HEADLINES: tuple[tuple[str, str], ...] = (
+    ("output_tok_per_s", "tok/s"),
+    ("ttft_ms_p50", "TTFT p50 ms"),
+    ("itl_ms_p50", "ITL p50 ms"),
+    ("requests_total", "requests"),
+    ("requests_failed", "errors"),
 )
-COLUMNS = ("id", "name", "status", "started", "model", "tags", *(h[1] for h in HEADLINES))
+"""History columns: catalogue key and a short header (the catalogue's name is in the tooltip)."""
+COLUMNS = ("id", "name", "status", "started", "model", "tags", *(h[1] for h in HEADLINES), "note")
 STATUSES = ("any status", "completed", "failed", "cancelled", "interrupted", "running")
 
 
@@ -64,10 +76,28 @@ class _Item(QTableWidgetItem):
             return str(mine) < str(theirs)
 
 
-def _fmt(value: Any, fmt: str) -> str:
+def _fmt(value: Any, key: str) -> str:
     if isinstance(value, int | float) and math.isfinite(value):
-        return fmt.format(value)
+        return catalog.metric(key).format(float(value))
     return ""
+
+
+def headline_cell(metrics: dict[str, Any], key: str) -> tuple[str, Any, str | None]:
+    """What History shows for a run's headline figure: (text, sort key, reason it was replaced).
+    A client figure the run flagged unreliable is replaced by the engine's own figure, labelled
+    "(engine)", as everywhere else; without one it is shown with the reason."""
+    flags = metrics.get("unreliable") if isinstance(metrics.get("unreliable"), dict) else {}
+    value = metrics.get(key)
+    reason = flags.get(key) if flags else None
+    if reason is not None:
+        alt = catalog.metric(key).engine_alternative
+        alt_value = metrics.get(alt) if alt else None
+        if alt and isinstance(alt_value, int | float):
+            return f"{_fmt(alt_value, alt)} (engine)", alt_value, (
+                f"{catalog.metric(alt).name} shown: the client's {catalog.metric(key).name} "
+                f"({_fmt(value, key)}) is unreliable: {reason}")
+        return _fmt(value, key), value if isinstance(value, int | float) else -1.0, f"unreliable: {reason}"
+    return _fmt(value, key), value if isinstance(value, int | float) else -1.0, None
 
 
 class HistoryView(QWidget):
@@ -138,9 +168,16 @@ class HistoryView(QWidget):
             started = dt.datetime.fromtimestamp(run.started_at).strftime("%Y-%m-%d %H:%M:%S")
             cells = [_Item(str(run.id), run.id), _Item(run.name), _Item(run.status), _Item(started, run.started_at),
                      _Item(run.model), _Item(", ".join(run.tags))]
-            for key, _label, fmt in HEADLINES:
-                value = run.metrics.get(key)
-                cells.append(_Item(_fmt(value, fmt), value if isinstance(value, int | float) else -1.0))
+            for key, _label in HEADLINES:
+                text, sort_key, why = headline_cell(run.metrics, key)
+                figure = _Item(text, sort_key)
+                figure.setToolTip(why or catalog.metric(key).label)
+                if why is not None and not text.endswith("(engine)"):
+                    figure.setForeground(QBrush(QColor(LIGHT.muted)))
+                cells.append(figure)
+            cells.append(_Item(run.notes))
+            if run.notes:
+                cells[1].setToolTip(run.notes)
             cells[0].setData(Qt.ItemDataRole.UserRole, run.id)
             if run.reason:
                 cells[2].setToolTip(run.reason)
@@ -161,7 +198,8 @@ class HistoryView(QWidget):
         query = self.filter.text().strip().lower()
         status = self.status.currentText()
         for row in range(self.table.rowCount()):
-            text = " ".join((self.table.item(row, c) or QTableWidgetItem("")).text().lower() for c in (1, 4, 5))
+            text = " ".join((self.table.item(row, c) or QTableWidgetItem("")).text().lower()
+                            for c in (1, 4, 5, len(COLUMNS) - 1))
             row_status = (self.table.item(row, 2) or QTableWidgetItem("")).text()
             hidden = (bool(query) and query not in text) or (status != STATUSES[0] and row_status != status)
             self.table.setRowHidden(row, hidden)
@@ -234,75 +272,205 @@ class HistoryView(QWidget):
             self.delete_requested.emit(ids)
 
 
-def _short(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.4g}"
-    text = str(value)
+GROUP_TITLES = {"throughput": "Throughput", "latency": "Latency (as the client saw it)",
+                "engine": "The engine's own figures", "errors": "Errors", "run": "The run", "client": "The load client"}
+DETAIL_SUFFIXES = ("_p90", "_p95")
+"""Figures the compact table leaves out (the full one has them): the tails p50/p99 bracket."""
+
+
+def is_detail(key: str, values: Sequence[float | None]) -> bool:
+    """A row the compact metric table hides: unknown everywhere, a middle percentile, the
+    client's own queueing, or a count that is zero in every run."""
+    level, base = catalog.split_key(key)
+    if level is not None or all(v is None for v in values):
+        return True
+    if base.endswith(DETAIL_SUFFIXES) or base.startswith("queue_ms_"):
+        return True
+    m = catalog.metric(base)
+    return m.group in ("errors", "client") and all(not v for v in values)
+
+
+@dataclass
+class CompareExtras:
+    """What the Compare view shows beyond the comparison itself, computed in the same worker."""
+
+    headlines: list[Headline] = field(default_factory=list)
+    distributions: list[RunDistributions] = field(default_factory=list)
+    sweeps: list[Sweep] = field(default_factory=list)
+    load_start_s: list[float] = field(default_factory=list)
+    """Per run, seconds from the run's start to the start of its load (the engine's start before)."""
+
+
+def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None) -> tuple[Comparison, CompareExtras]:
+    """Everything the Compare view draws (run it in a worker: it reads the store)."""
+    comparison = compare_runs(store, ids, baseline)
+    extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),
+                           load_start_offsets(comparison))
+    return comparison, extras
+
+
+def _setting_text(key: str, value: Any) -> str:
+    text = value_text(key, value, engine_defaults().get(key.removeprefix("features.")))
     return text if len(text) < 60 else text[:57] + "..."
 
 
+class HeadlineCard(QFrame):
+    """The A/B headline above the tables: one sentence per compared run, and each headline
+    figure before -> after, coloured only when it can be trusted (greyed with the reason else)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("headlineCard")
+        self.setStyleSheet(f"QFrame#headlineCard {{ background: {LIGHT.panel}; border-radius: 8px; }}")
+        self.layout_ = QVBoxLayout(self)
+        self.layout_.setContentsMargins(12, 8, 12, 8)
+        self.layout_.setSpacing(2)
+        self.lines: list[QLabel] = []
+
+    def show_headlines(self, items: Sequence[Headline]) -> None:
+        for label in self.lines:
+            label.deleteLater()
+        self.lines = []
+        for headline in items:
+            sentence = QLabel(html.escape(headline.sentence()))
+            sentence.setObjectName("headlineSentence")
+            sentence.setWordWrap(True)
+            sentence.setStyleSheet("font-size: 13pt; font-weight: 600;")
+            parts = []
+            for fig in headline.figures:
+                colour = {"better": LIGHT.good, "worse": LIGHT.bad}.get(fig.verdict, LIGHT.muted)
+                style = f"color:{colour};" + ("font-style:italic;" if fig.verdict == "unreliable" else "")
+                change = fig.factor if fig.verdict != "same" else "no significant difference"
+                title = html.escape(fig.note) if fig.note else ""
+                parts.append(f'<span style="{style}" title="{title}">{html.escape(fig.text().split(",")[0])}'
+                             f"{', ' + html.escape(change) if change else ''}</span>")
+            figures = QLabel(" &nbsp;·&nbsp; ".join(parts))
+            figures.setWordWrap(True)
+            figures.setToolTip("\n".join(f"{f.name}: {f.note}" for f in headline.figures if f.note))
+            for label in (sentence, figures):
+                self.layout_.addWidget(label)
+                self.lines.append(label)
+        self.setVisible(bool(items))
+
+    def text(self) -> str:
+        return "\n".join(label.text() for label in self.lines)
+
+
 class CompareView(QWidget):
-    """Config differences, metric deltas vs the baseline, overlaid series and bar charts."""
+    """The A/B headline, config differences in words, metric deltas grouped with human names,
+    and charts: series over time from the start of the load, headline bars, TTFT/ITL
+    distributions and, for sweeps, throughput against latency."""
 
     baseline_changed = Signal(int)
     export_requested = Signal()
+    present_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.comparison: Comparison | None = None
+        self.extras = CompareExtras()
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
         top = QHBoxLayout()
         self.title = QLabel("Select two or more runs in History and press Compare.")
+        self.title.setWordWrap(True)
+        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.baseline = QComboBox()
         self.baseline.setToolTip("Deltas are shown against this run")
-        self.export_button = QPushButton("Export comparison…")
+        self.baseline.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.baseline.setMinimumContentsLength(14)
+        self.present_button = QPushButton("Present before/after")
+        self.present_button.setToolTip("The baseline and the first other run, side by side in presentation mode")
+        self.present_button.setEnabled(False)
+        self.export_button = QPushButton("Export report…")
         self.export_button.setEnabled(False)
+        self.all_figures = QCheckBox("All figures")
+        self.all_figures.setToolTip("Also the middle percentiles, the client's queueing and zero counts")
         top.addWidget(self.title, 1)
         top.addWidget(QLabel("Baseline:"))
         top.addWidget(self.baseline)
+        top.addWidget(self.present_button)
         top.addWidget(self.export_button)
         layout.addLayout(top)
+        self.card = HeadlineCard()
+        self.card.setVisible(False)
+        layout.addWidget(self.card)
         split = QSplitter(Qt.Orientation.Vertical)
         tables = QSplitter(Qt.Orientation.Horizontal)
         self.diff = QTableWidget(0, 1)
         self.diff.verticalHeader().setVisible(False)
         self.diff.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.diff.setWordWrap(True)
         self.metrics = QTableWidget(0, 1)
         self.metrics.verticalHeader().setVisible(False)
         self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        tables.addWidget(self._titled("Configuration differences", self.diff))
-        tables.addWidget(self._titled("Metrics (delta vs baseline; green = better, red = worse)", self.metrics))
+        self.metrics.verticalHeader().setDefaultSectionSize(22)
+        tables.addWidget(self._titled("What differs", self.diff))
+        metrics_box = self._titled("Against the baseline: green better \u00b7 red worse \u00b7 grey not "
+                                   "trusted (hover)", self.metrics, self.all_figures)
+        tables.addWidget(metrics_box)
+        tables.setStretchFactor(0, 2)
+        tables.setStretchFactor(1, 3)
         split.addWidget(tables)
-        charts = QWidget()
-        charts_layout = QHBoxLayout(charts)
-        charts_layout.setContentsMargins(0, 0, 0, 0)
-        series_box = QVBoxLayout()
+        self.charts = QTabWidget()
+        self.charts.setDocumentMode(True)
+        over_time = QWidget()
+        series_box = QVBoxLayout(over_time)
+        series_box.setContentsMargins(0, 0, 0, 0)
         self.series_choice = QComboBox()
         self.series_plot = pg.PlotWidget(background=LIGHT.background)
         self.series_plot.getPlotItem().showGrid(x=True, y=True, alpha=0.15)
-        self.series_plot.getPlotItem().setLabel("bottom", "seconds since run start")
-        self.series_legend = self.series_plot.getPlotItem().addLegend(offset=(-4, 4))
+        self.series_plot.getPlotItem().setLabel("bottom", "seconds since the load started")
         series_box.addWidget(self.series_choice)
         series_box.addWidget(self.series_plot, 1)
-        charts_layout.addLayout(series_box, 3)
         self.bars = pg.GraphicsLayoutWidget()
         self.bars.setBackground(LIGHT.background)
-        charts_layout.addWidget(self.bars, 2)
-        split.addWidget(charts)
+        self.dists = pg.GraphicsLayoutWidget()
+        self.dists.setBackground(LIGHT.background)
+        self.dist_note = QLabel("")
+        self.dist_note.setWordWrap(True)
+        self.dist_note.setStyleSheet(f"color: {LIGHT.muted};")
+        dist_page = QWidget()
+        dist_box = QVBoxLayout(dist_page)
+        dist_box.setContentsMargins(0, 0, 0, 0)
+        dist_box.addWidget(self.dists, 1)
+        dist_box.addWidget(self.dist_note)
+        self.sweep = pg.GraphicsLayoutWidget()
+        self.sweep.setBackground(LIGHT.background)
+        self.sweep_note = QLabel("")
+        self.sweep_note.setWordWrap(True)
+        self.sweep_note.setStyleSheet(f"color: {LIGHT.muted};")
+        sweep_page = QWidget()
+        sweep_box = QVBoxLayout(sweep_page)
+        sweep_box.setContentsMargins(0, 0, 0, 0)
+        sweep_box.addWidget(self.sweep, 1)
+        sweep_box.addWidget(self.sweep_note)
+        self.charts.addTab(self.bars, "Headline figures")
+        self.charts.addTab(over_time, "Over time")
+        self.charts.addTab(dist_page, "TTFT and ITL distributions")
+        self.charts.addTab(sweep_page, "Throughput vs latency")
+        split.addWidget(self.charts)
         split.setSizes([300, 300])
         layout.addWidget(split, 1)
         self.series_choice.currentIndexChanged.connect(lambda _i: self._draw_series())
         self.baseline.activated.connect(self._baseline_chosen)
         self.export_button.clicked.connect(self.export_requested.emit)
+        self.present_button.clicked.connect(self.present_requested.emit)
+        self.all_figures.toggled.connect(lambda _on: self._fill_metrics())
 
     @staticmethod
-    def _titled(title: str, widget: QWidget) -> QWidget:
+    def _titled(title: str, widget: QWidget, extra: QWidget | None = None) -> QWidget:
         box = QWidget()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(QLabel(f"<b>{title}</b>"))
+        head = QHBoxLayout()
+        label = QLabel(f"<b>{title}</b>")
+        label.setWordWrap(True)
+        label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        head.addWidget(label, 1)
+        if extra is not None:
+            head.addWidget(extra)
+        layout.addLayout(head)
         layout.addWidget(widget, 1)
         return box
 
@@ -313,110 +481,240 @@ class CompareView(QWidget):
 
     def run_labels(self) -> list[str]:
         assert self.comparison is not None
-        return [f"#{r.id} {r.name}" for r in self.comparison.runs]
+        return self.comparison.labels()
 
-    def show_comparison(self, comparison: Comparison) -> None:
+    def headline_text(self) -> str:
+        return "\n".join(h.sentence() for h in self.extras.headlines)
+
+    def show_comparison(self, comparison: Comparison, extras: CompareExtras | None = None) -> None:
         self.comparison = comparison
+        self.extras = extras or CompareExtras(load_start_s=load_start_offsets(comparison))
         runs = comparison.runs
         labels = self.run_labels()
-        self.title.setText(f"Comparing {len(runs)} runs")
+        self.title.setText(f"Comparing {len(runs)} runs against #{runs[comparison.baseline].id}")
         self.export_button.setEnabled(True)
+        self.present_button.setEnabled(bool(self.extras.headlines))
         self.baseline.blockSignals(True)
         self.baseline.clear()
         for run in runs:
             self.baseline.addItem(f"#{run.id} {run.name}", run.id)
         self.baseline.setCurrentIndex(comparison.baseline)
         self.baseline.blockSignals(False)
+        self.card.show_headlines(self.extras.headlines)
+        headers = [label.replace(" ", "\n", 1) for label in labels]  # "#12" over the name: narrow columns
 
         self.diff.clear()
         self.diff.setColumnCount(1 + len(runs))
-        self.diff.setHorizontalHeaderLabels(["setting", *labels])
+        self.diff.setHorizontalHeaderLabels(["setting", *headers])
         self.diff.setRowCount(len(comparison.config_diff))
         for row, (key, values) in enumerate(comparison.config_diff):
-            self.diff.setItem(row, 0, QTableWidgetItem(key))
+            name = QTableWidgetItem(label_for(key))
+            name.setData(Qt.ItemDataRole.UserRole, key)
+            name.setToolTip(key)
+            self.diff.setItem(row, 0, name)
             for col, value in enumerate(values):
-                self.diff.setItem(row, col + 1, QTableWidgetItem(_short(value)))
+                item = QTableWidgetItem(_setting_text(key, value))
+                item.setToolTip(repr(value))
+                self.diff.setItem(row, col + 1, item)
         self.diff.resizeColumnsToContents()
-
-        self.metrics.clear()
-        self.metrics.setColumnCount(1 + len(runs))
-        self.metrics.setHorizontalHeaderLabels(["metric", *labels])
-        rows = [m for m in comparison.metrics if not (m.name.startswith("L") and "." in m.name)]
-        self.metrics.setRowCount(len(rows))
-        for row, metric in enumerate(rows):
-            self.metrics.setItem(row, 0, QTableWidgetItem(metric.name))
-            for col, value in enumerate(metric.values):
-                text = _short(value)
-                pct = metric.delta_pct[col]
-                if col != comparison.baseline and pct is not None:
-                    text += f"  ({pct:+.1f}%)"
-                item = QTableWidgetItem(text)
-                verdict = metric.verdict(col) if col != comparison.baseline else ""
-                if verdict:
-                    item.setForeground(QBrush(QColor(LIGHT.good if verdict == "better" else LIGHT.bad)))
-                    item.setToolTip(verdict)
-                item.setData(Qt.ItemDataRole.UserRole, verdict)
-                self.metrics.setItem(row, col + 1, item)
-        self.metrics.resizeColumnsToContents()
+        self._fill_metrics()
 
         self.series_choice.blockSignals(True)
-        current = self.series_choice.currentText()
+        current = self.series_choice.currentData()
         self.series_choice.clear()
         for series in comparison.series:
-            self.series_choice.addItem(series.key)
+            finite = [v[np.isfinite(v)] for v in series.values]
+            if not any(f.size and float(np.ptp(f)) > 0 for f in finite):
+                continue  # nothing moved: noise for a chart
+            self.series_choice.addItem(series_label(series.source, series.name), series.key)
         preferred = [current, "client.output_tok_per_s", "engine.generation_tok_per_s"]
         for key in preferred:
-            index = self.series_choice.findText(key)
+            index = self.series_choice.findData(key)
             if index >= 0:
                 self.series_choice.setCurrentIndex(index)
                 break
         self.series_choice.blockSignals(False)
         self._draw_series()
         self._draw_bars()
+        self._draw_distributions()
+        self._draw_sweep()
+
+    def _fill_metrics(self) -> None:
+        comparison = self.comparison
+        if comparison is None:
+            return
+        labels = [label.replace(" ", "\n", 1) for label in self.run_labels()]
+        everything = self.all_figures.isChecked()
+        rows = [r for r in comparison.rows() if catalog.split_key(r["key"])[0] is None]  # per-level rows: CLI/report
+        by_key = {m.name: m for m in comparison.metrics}
+        shown = [r for r in rows if everything or r["headline"] or not is_detail(r["key"], by_key[r["key"]].values)]
+        sections: list[tuple[str, list[dict[str, Any]]]] = [("Headline", [r for r in shown if r["headline"]])]
+        for group, title in GROUP_TITLES.items():
+            members = [r for r in shown if not r["headline"] and catalog.metric(r["key"]).group == group]
+            if members:
+                sections.append((title, members))
+        table = self.metrics
+        table.clear()
+        table.setColumnCount(1 + len(labels))
+        table.setHorizontalHeaderLabels(["figure", *labels])
+        table.setRowCount(sum(1 + len(members) for _, members in sections if members))
+        row = 0
+        bold = QFont()
+        bold.setBold(True)
+        for title, members in sections:
+            if not members:
+                continue
+            for col in range(1 + len(labels)):
+                head = QTableWidgetItem(title if col == 0 else "")
+                head.setFont(bold)
+                head.setBackground(QBrush(QColor(LIGHT.panel)))
+                head.setFlags(Qt.ItemFlag.ItemIsEnabled)
+                table.setItem(row, col, head)
+            row += 1
+            for data in members:
+                self._metric_row(row, data)
+                row += 1
+        table.resizeColumnsToContents()
+
+    def _metric_row(self, row: int, data: dict[str, Any]) -> None:
+        table = self.metrics
+        name = QTableWidgetItem(data["name"])
+        name.setData(Qt.ItemDataRole.UserRole, data["key"])
+        m = catalog.metric(data["key"])
+        name.setToolTip(f"{m.description + '; ' if m.description else ''}{data['direction']}")
+        if data["headline"]:
+            font = name.font()
+            font.setBold(True)
+            name.setFont(font)
+        table.setItem(row, 0, name)
+        for col, cell in enumerate(data["cells"]):
+            item = QTableWidgetItem(f"{cell['value']}  {cell['note']}".rstrip() if cell["note"] and
+                                    cell["cls"] != "unreliable" else cell["value"])
+            cls = cell["cls"]
+            if cls == "unreliable":  # greyed, never coloured better or worse; the reason on hover
+                item.setForeground(QBrush(QColor(LIGHT.muted)))
+                font = item.font()
+                font.setItalic(True)
+                item.setFont(font)
+                item.setToolTip(cell["note"] or f"unreliable: {cell['reason']}")
+            elif cls in ("better", "worse"):
+                item.setForeground(QBrush(QColor(LIGHT.good if cls == "better" else LIGHT.bad)))
+                item.setToolTip(cell["note"])
+            elif cell["note"]:
+                item.setToolTip(cell["note"])
+            item.setData(Qt.ItemDataRole.UserRole, cell["verdict"])
+            table.setItem(row, col + 1, item)
 
     def _draw_series(self) -> None:
         item = self.series_plot.getPlotItem()
         item.clear()
-        self.series_legend.clear()
         comparison = self.comparison
         if comparison is None:
             return
-        key = self.series_choice.currentText()
+        key = self.series_choice.currentData()
         series = next((s for s in comparison.series if s.key == key), None)
         if series is None:
             return
+        legend = []
+        offsets = self.extras.load_start_s or [0.0] * len(comparison.runs)
         for i, (label, values) in enumerate(zip(self.run_labels(), series.values, strict=True)):
             color = LIGHT.curves[i % len(LIGHT.curves)]
-            finite = np.isfinite(values)  # bins without a sample are skipped, not drawn as gaps
-            item.plot(series.t_s[finite], values[finite], pen=pg.mkPen(color, width=2), name=label)
-        item.setTitle(key)
+            shifted = aligned(values, offsets[i], comparison.bin_s)
+            finite = np.isfinite(shifted)  # bins without a sample are skipped, not drawn as gaps
+            item.plot(series.t_s[finite], shifted[finite], pen=pg.mkPen(color, width=2), name=label)
+            legend.append(f'<span style="color:{color}">\u2501\u2501 {html.escape(label)}</span>')
+        # The legend is in the title: it never covers a line.
+        item.setTitle(f"<b>{html.escape(series_label(series.source, series.name))}</b>&nbsp;&nbsp;"
+                      + "&nbsp;&nbsp;".join(legend), size="10pt")
 
     def _draw_bars(self) -> None:
         self.bars.clear()
         comparison = self.comparison
         if comparison is None:
             return
-        by_name = {m.name: m for m in comparison.metrics}
-        for col, (name, title) in enumerate((("output_tok_per_s", "Throughput (tok/s)"),
-                                             ("ttft_ms_p50", "TTFT p50 (ms)"), ("itl_ms_p50", "ITL p50 (ms)"))):
-            plot = self.bars.addPlot(row=col, col=0, title=title)
-            metric = by_name.get(name)
-            values = [v if v is not None else 0.0 for v in (metric.values if metric else [])]
-            if not values:
-                continue
+        # The reliable figures only: a client figure any run flagged gives way to the engine's own;
+        # a chart whose bars would all be zero (or unknown) says nothing and is left out.
+        charts = [m for m in comparison.chart_metrics() if any(v for v in m.values)]
+        for col, metric in enumerate(charts):
+            plot = self.bars.addPlot(row=0, col=col, title=metric.metric.label)
+            values = [v if v is not None else 0.0 for v in metric.values]
             x = np.arange(len(values))
             brushes = [pg.mkBrush(LIGHT.curves[i % len(LIGHT.curves)]) for i in range(len(values))]
             plot.addItem(pg.BarGraphItem(x=x, height=values, width=0.6, brushes=brushes))
+            for i, value in enumerate(metric.values):
+                text = pg.TextItem(metric.metric.format(value), color=LIGHT.foreground, anchor=(0.5, 1.0))
+                text.setPos(i, values[i])
+                plot.addItem(text)
             plot.getAxis("bottom").setTicks([[(i, f"#{r.id}") for i, r in enumerate(comparison.runs)]])
+            plot.setYRange(0, max(values) * 1.2 if max(values) > 0 else 1)
             plot.setMouseEnabled(x=False, y=False)
+
+    def _draw_distributions(self) -> None:
+        self.dists.clear()
+        notes = []
+        for col, (attr, title) in enumerate((("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"))):
+            plot = self.dists.addPlot(row=0, col=col)
+            plot.setLabel("bottom", title)
+            plot.setLabel("left", "share of requests (%)" if attr == "ttft_ms" else "share of token gaps (%)")
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            legend = []
+            for i, dist in enumerate(self.extras.distributions):
+                data = getattr(dist, attr)
+                if data is None:
+                    continue
+                color = LIGHT.curves[i % len(LIGHT.curves)]
+                flagged = dist.unreliable.get(attr)
+                pen = pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine if flagged else Qt.PenStyle.SolidLine)
+                plot.plot(data.x, data.p * 100.0, pen=pen)
+                legend.append(f'<span style="color:{color}">\u2501 #{dist.run_id}{" (unreliable)" if flagged else ""}'
+                              "</span>")
+                if flagged:
+                    notes.append(f"#{dist.run_id} {title.split()[0]}: {flagged}")
+            plot.setTitle(f"<b>{title.split()[0]} distribution</b>&nbsp;&nbsp;" + "&nbsp;&nbsp;".join(legend),
+                          size="10pt")
+        self.dist_note.setText(("Dashed: as the client measured it, which the run flagged — " + "; ".join(notes))
+                               if notes else "Cumulative share of completed requests (TTFT) and of token gaps (ITL) "
+                               "at or below each latency, as the client measured them.")
+
+    def _draw_sweep(self) -> None:
+        self.sweep.clear()
+        sweeps_ = self.extras.sweeps
+        if not sweeps_:
+            self.sweep_note.setText("A sweep (Load pattern: sweep) plots throughput against latency for each of "
+                                    "its levels here; none of these runs is one.")
+            return
+        self.sweep_note.setText("Each point is one load level; further right is more throughput, lower is "
+                                "faster. Engine-side figures stand in where a level flagged the client's.")
+        labels = self.run_labels()
+        for col, sweep in enumerate(sweeps_):
+            plot = self.sweep.addPlot(row=0, col=col)
+            plot.setLabel("bottom", sweep.x_label)
+            plot.setLabel("left", sweep.y_label)
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            for curve in sweep.curves:
+                i = next((k for k, r in enumerate(self.comparison.runs if self.comparison else []) if r.id == curve.run_id), 0)
+                color = LIGHT.curves[i % len(LIGHT.curves)]
+                xs = [p.x for p in curve.points]
+                ys = [p.y for p in curve.points]
+                plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolBrush=color, symbolSize=7,
+                          name=labels[i] if i < len(labels) else str(curve.run_id))
+                for point in curve.points:
+                    text = pg.TextItem(point.level, color=LIGHT.muted, anchor=(0, 1))
+                    text.setPos(point.x, point.y)
+                    plot.addItem(text)
 
     def clear(self) -> None:
         self.comparison = None
+        self.extras = CompareExtras()
         self.diff.setRowCount(0)
         self.metrics.setRowCount(0)
         self.series_plot.getPlotItem().clear()
         self.bars.clear()
+        self.dists.clear()
+        self.sweep.clear()
+        self.card.setVisible(False)
         self.export_button.setEnabled(False)
+        self.present_button.setEnabled(False)
 
 
 Callback = Callable[[Any], None]

@@ -7,12 +7,15 @@ per second) and say where they differ (ITL is per token, not per chunk).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
+
+from app.slo import SLO_METRICS, SloError, parse_slo  # noqa: F401 - re-exported: figures apply SLOs
+from db import metric_catalog
+from db.summary import distribution, level_summary_figures
 
 ErrorKind = str  # connect | http | timeout | stream | malformed | cancelled
 
@@ -61,13 +64,12 @@ class Stats(BaseModel):
 
     @classmethod
     def of(cls, values: Sequence[float] | np.ndarray) -> Stats:
-        arr = np.asarray(values, dtype=float)
-        if arr.size == 0:
+        """The distribution as ``db.summary.distribution`` defines it (the store uses the same)."""
+        d = distribution(values)
+        if not d:
             return cls()
-        p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
-        return cls(count=int(arr.size), mean=float(arr.mean()), median=float(p50), p90=float(p90),
-                   p95=float(p95), p99=float(p99), max=float(arr.max()), min=float(arr.min()),
-                   std=float(arr.std()))
+        return cls(count=int(d["count"]), mean=d["mean"], median=d["p50"], p90=d["p90"], p95=d["p95"],
+                   p99=d["p99"], max=d["max"], min=d["min"], std=d["std"])
 
 
 class EngineDeltas(BaseModel):
@@ -127,6 +129,15 @@ class LevelSummary(BaseModel):
     tokens_match_engine: bool | None = None
     stop_reason: str = "completed"
 
+    def figures(self) -> dict[str, float]:
+        """The level's figures under their catalogue keys (``ttft_ms_p50``, ``requests_per_s``,
+        ``engine_ttft_ms_mean``...): the names Compare, the store and the reports use."""
+        return level_summary_figures(self.model_dump(mode="json"))
+
+    def unreliable(self) -> dict[str, str]:
+        """Client figures of this level that cannot be trusted -> why (``db.metric_catalog``)."""
+        return metric_catalog.unreliable_figures(self.figures())
+
     def flat(self) -> dict[str, float | int | str | bool | None]:
         """One level as flat columns (``ttft_ms_p99``, ``ttft_ms_p50`` = ``ttft_ms_median``,
         ``engine_prefix_cache_hit_rate``...)."""
@@ -148,29 +159,7 @@ class LevelSummary(BaseModel):
 
 # --- SLOs and goodput ---------------------------------------------------------------------------
 
-SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
-_SLO_RE = re.compile(r"^\s*(?P<key>[a-z0-9_]+)\s*(?P<op><=|<)\s*(?P<value>[0-9]*\.?[0-9]+)\s*$")
-
-
-class SloError(ValueError):
-    """An SLO string that does not parse (message names the bad part)."""
-
-
-def parse_slo(text: str) -> list[tuple[str, str, float]]:
-    """``'ttft_ms<=500,tpot_ms<50'`` -> [(metric, op, limit)]."""
-    out = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        match = _SLO_RE.match(part)
-        if not match:
-            raise SloError(f"SLO '{part.strip()}' is not like 'ttft_ms<=500' (metric, <= or <, number)")
-        if match["key"] not in SLO_METRICS:
-            raise SloError(f"SLO metric '{match['key']}' is unknown (known: {', '.join(SLO_METRICS)})")
-        out.append((match["key"], match["op"], float(match["value"])))
-    if not out:
-        raise SloError("empty SLO")
-    return out
+# The grammar (parse_slo, SloError, SLO_METRICS) lives in app.slo, which app.workload imports too.
 
 
 def meets_slo(record: RequestRecord, slos: Sequence[tuple[str, str, float]]) -> bool:
@@ -247,48 +236,16 @@ def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str |
               peak_concurrency: int = 0, lengths_exact: bool = True,
               engine: EngineDeltas | None = None, stop_reason: str = "completed",
               client_lag_ms: Sequence[float] = ()) -> LevelSummary:
-    """The figures of one level from its request records (see docs/metrics.md)."""
-    recs = list(records)
-    done = [r for r in recs if r.ok]
-    cancelled = [r for r in recs if r.error_kind == "cancelled"]
-    failed = [r for r in recs if not r.ok and r.error_kind != "cancelled"]
-    kinds: dict[str, int] = {}
-    examples: list[str] = []
-    for r in failed:
-        kinds[r.error_kind or "error"] = kinds.get(r.error_kind or "error", 0) + 1
-        if r.error and r.error not in examples and len(examples) < 5:
-            examples.append(r.error)
-    # Tokens are counted for every request, failed ones too: the engine generated them.
-    out_tokens = sum(r.output_tokens for r in recs)
-    in_tokens = sum((r.input_tokens if r.input_tokens is not None else r.input_tokens_counted) for r in done)
-    done_out = sum(r.output_tokens for r in done)
-    sources = {r.tokens_source for r in recs if r.output_tokens}
-    dur = max(duration_s, 1e-9)
-    summary = LevelSummary(
-        requests=len(recs), completed=len(done), errors=len(failed), cancelled=len(cancelled),
-        error_kinds=kinds, error_examples=examples, duration_s=duration_s,
-        input_tokens=in_tokens, output_tokens=out_tokens,
-        request_throughput_rps=len(done) / dur, output_tok_per_s=done_out / dur,
-        total_tok_per_s=(done_out + in_tokens) / dur,
-        ttft_ms=Stats.of([r.ttft_ms for r in done if r.ttft_ms is not None]),
-        itl_ms=Stats.of([x for r in done for x in r.itl_ms]),
-        tpot_ms=Stats.of([r.tpot_ms for r in done if r.tpot_ms is not None]),
-        e2e_ms=Stats.of([r.e2e_ms for r in done if r.e2e_ms is not None]),
-        queue_ms=Stats.of([r.queue_ms for r in recs if r.error_kind != "cancelled"]),
-        peak_concurrency=peak_concurrency,
-        client_lag_ms=Stats.of(client_lag_ms),
-        tokens_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage"),
-        lengths_exact=lengths_exact,
-        engine=engine or EngineDeltas(),
-        stop_reason=stop_reason,
-    )
-    if slo:
-        slos = parse_slo(slo)
-        good = sum(1 for r in done if meets_slo(r, slos))
-        summary.slo, summary.good_requests, summary.goodput_rps = slo, good, good / dur
-    if engine is not None and engine.generation_tokens is not None:
-        summary.tokens_match_engine = int(round(engine.generation_tokens)) == out_tokens
-    return summary
+    """The figures of one level from its request records (see docs/metrics.md). The runner
+    builds them one record at a time (``app.load.aggregate.LevelAccumulator``); this is the same
+    computation over a list."""
+    from app.load.aggregate import LevelAccumulator  # local: aggregate imports this module
+
+    acc = LevelAccumulator(slo)
+    for r in records:
+        acc.add(r)
+    return acc.summary(duration_s, peak_concurrency=peak_concurrency, lengths_exact=lengths_exact, engine=engine,
+                       stop_reason=stop_reason, client_lag_ms=client_lag_ms)
 
 
 # --- what a person should know about a level ---------------------------------------------------
@@ -299,9 +256,9 @@ def format_figure(value: float | None, digits: int = 1) -> str:
 
 
 def client_starved(s: LevelSummary) -> bool:
-    """The client's event loop woke later than a token gap: its TTFT/ITL are late and bunched."""
-    lag, itl = s.client_lag_ms.p99, s.itl_ms.median
-    return lag is not None and itl is not None and lag > max(itl, 5.0)
+    """The client's event loop woke later than a token gap: its TTFT/ITL are late and bunched
+    (the rule is ``db.metric_catalog.client_starved``)."""
+    return metric_catalog.client_starved(s.client_lag_ms.p99, s.itl_ms.median)
 
 
 def level_notes(s: LevelSummary) -> list[str]:
@@ -317,7 +274,7 @@ def level_notes(s: LevelSummary) -> list[str]:
         notes.append("prompt lengths approximate (no local tokenizer)")
     if client_starved(s):
         notes.append(f"client starved of CPU (loop lag p99 {s.client_lag_ms.p99:.0f} ms > ITL p50 "
-                     f"{s.itl_ms.median:.1f} ms): client TTFT/ITL are late and bunched; trust the engine-side means")
+                     f"{format_figure(s.itl_ms.median)} ms): client TTFT/ITL are late and bunched; trust the engine-side means")
     if s.engine.engine_itl_ms_mean is not None:
         notes.append(f"engine-side means: TTFT {format_figure(s.engine.engine_ttft_ms_mean)}, ITL "
                      f"{format_figure(s.engine.engine_itl_ms_mean, 2)}")

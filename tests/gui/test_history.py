@@ -36,8 +36,8 @@ def seed_runs(db_path: Path) -> list[int]:
         records = [{"level": 0, "start_wall": t0 + k * duration_s / 40, "ttft_ms": ttft_ms + k % 3,
                     "e2e_ms": ttft_ms + 63 * 5.0, "input_tokens": 128, "output_tokens": 64, "itl_ms": [5.0] * 63}
                    for k in range(40)]
-        store.add_requests(run_id, records)
-        store.add_samples(run_id, [Sample("client", float(s), t0 + s, {"output_tok_per_s": tok_s + s})
+        store.write_batch(run_id, requests=records)
+        store.write_batch(run_id, samples=[Sample("client", float(s), t0 + s, {"output_tok_per_s": tok_s + s})
                                    for s in range(12)])
         store.finish_run(run_id, "completed", None, {}, t0 + duration_s + 1)
         ids.append(run_id)
@@ -107,16 +107,16 @@ def test_compare_colours_deltas_against_the_chosen_baseline(qtbot, seeded) -> No
 
     def verdicts() -> dict[str, str]:
         table = window.compare.metrics
-        return {table.item(r, 0).text(): table.item(r, 2).data(Qt.ItemDataRole.UserRole)
+        return {table.item(r, 0).data(Qt.ItemDataRole.UserRole): table.item(r, 2).data(Qt.ItemDataRole.UserRole)
                 for r in range(table.rowCount())}
 
     comparison = window.compare.comparison
     assert comparison is not None and [r.id for r in comparison.runs][comparison.baseline] == fast
     v = verdicts()
     assert v["output_tok_per_s"] == "worse" and v["ttft_ms_p50"] == "worse"
-    diff = {window.compare.diff.item(r, 0).text() for r in range(window.compare.diff.rowCount())}
+    diff = {window.compare.diff.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in range(window.compare.diff.rowCount())}
     assert {"load.concurrency", "features.prefix_caching"} <= diff
-    assert window.compare.series_choice.currentText() == "client.output_tok_per_s"
+    assert window.compare.series_choice.currentData() == "client.output_tok_per_s"
     assert len(window.compare.bars.ci.items) == 3  # throughput, TTFT and ITL bar charts
 
     # the other run as the baseline flips the verdicts
@@ -125,7 +125,8 @@ def test_compare_colours_deltas_against_the_chosen_baseline(qtbot, seeded) -> No
     qtbot.waitUntil(lambda: window.compare.comparison is not None and window.compare.comparison.baseline == 1,
                     timeout=10_000)
     table = window.compare.metrics
-    row = next(r for r in range(table.rowCount()) if table.item(r, 0).text() == "output_tok_per_s")
+    row = next(r for r in range(table.rowCount()) if table.item(r, 0).data(Qt.ItemDataRole.UserRole) == "output_tok_per_s")
+    assert table.item(row, 0).text() == "Output throughput (tok/s)"  # the human name; the key is its data
     assert table.item(row, 1).data(Qt.ItemDataRole.UserRole) == "better"
 
 
@@ -145,11 +146,12 @@ def test_export_previews_every_format_and_copies(qtbot, seeded, fmt: str) -> Non
     dialog.close()
 
 
-def test_export_html_report_needs_two_runs_and_saves(qtbot, seeded, tmp_path: Path) -> None:
+def test_export_html_report_of_one_or_more_runs_and_saves(qtbot, seeded, tmp_path: Path) -> None:
     window, (fast, slow) = seeded
-    single = window.open_export([fast])
-    html_row = single.format.findData("html")
-    assert not single.format.model().item(html_row).isEnabled()
+    single = window.open_export([fast])  # one run: the same report as `tunebench export RUN -f html`
+    single.format.setCurrentIndex(single.format.findData("html"))
+    qtbot.waitUntil(lambda: single.rendered_fmt == "html" and bool(single.text), timeout=20_000)
+    assert "tunebench report:" in single.text and "demo c16" in single.text
     single.close()
     window.compare_runs([fast, slow])
     qtbot.waitUntil(lambda: window.compare.export_button.isEnabled(), timeout=10_000)
@@ -163,3 +165,54 @@ def test_export_html_report_needs_two_runs_and_saves(qtbot, seeded, tmp_path: Pa
     qtbot.waitUntil(lambda: target.exists() and "Saved" in dialog.message.text(), timeout=10_000)
     assert target.read_text(encoding="utf-8") == dialog.text
     dialog.close()
+
+
+def test_compare_greys_a_starved_clients_figures_and_leads_with_the_engines(qtbot, make_window, tmp_path: Path) -> None:
+    """The issue's demo in the Compare tab: the engine's TTFT (91.2 -> 19.7 ms) leads and is green;
+    the starved client's TTFT p50 is grey with its reason, never red; the bars draw the engine's."""
+    from tests.unit.test_compare_reliability import _store_run
+
+    db = tmp_path / "demo.db"
+    with RunStore(db) as store:
+        off = _store_run(store, "prefix off", prefix=False, client_ttft_ms=121.0, itl_ms=12.0, lag_ms=3.0,
+                         engine_ttft_ms=91.2)
+        on = _store_run(store, "prefix on", prefix=True, client_ttft_ms=173.0, itl_ms=0.0, lag_ms=900.0,
+                        engine_ttft_ms=19.7)
+    window = make_window(db_path=db)
+    window.compare_runs([off, on])
+    qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=10_000)
+    table = window.compare.metrics
+    rows = {table.item(r, 0).data(Qt.ItemDataRole.UserRole): r for r in range(table.rowCount())}
+    assert rows["engine_ttft_ms_mean"] < rows["ttft_ms_p50"]  # the reliable figure comes first
+    engine = table.item(rows["engine_ttft_ms_mean"], 2)
+    assert engine.data(Qt.ItemDataRole.UserRole) == "better" and "-78% better" in engine.text()
+    assert table.item(rows["engine_ttft_ms_mean"], 0).text() == "TTFT mean (engine) (ms)"
+    for key in ("ttft_ms_p50", "itl_ms_p50"):
+        cell = table.item(rows[key], 2)
+        assert cell.data(Qt.ItemDataRole.UserRole) == "unreliable" and cell.font().italic()
+        assert cell.foreground().color().name() == "#5f6368"  # the theme's muted grey, not green or red
+        assert "unreliable" in cell.toolTip() and ("starved" in cell.toolTip() or "bunched" in cell.toolTip())
+    titles = [item.titleLabel.text for item in window.compare.bars.ci.items]
+    assert titles == ["Output throughput (tok/s)", "TTFT mean (engine) (ms)", "ITL mean (engine) (ms)"]
+
+
+def test_repeats_box_beside_start_runs_a_set(qtbot, make_window, tmp_path: Path, monkeypatch) -> None:
+    import app.gui.main_window as mw
+
+    seen: dict[str, object] = {}
+
+    def fake_run_work(session, config, bus, cancel, *, keep_engine, db_path, repeats):  # type: ignore[no-untyped-def]
+        seen["repeats"] = repeats
+
+        def work():  # type: ignore[no-untyped-def]
+            raise RuntimeError("not run in this test")
+        return work
+
+    monkeypatch.setattr(mw, "run_work", fake_run_work)
+    window = make_window(db_path=tmp_path / "r.db")
+    assert window.repeats.minimum() == 1 and window.repeats.value() == 1
+    window.repeats.setValue(3)
+    qtbot.waitUntil(lambda: window.start_button.isEnabled(), timeout=30_000)
+    window.start_run()
+    assert seen["repeats"] == 3
+    qtbot.waitUntil(lambda: not window.running, timeout=30_000)

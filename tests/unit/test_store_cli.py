@@ -44,7 +44,7 @@ def test_list_show_compare_json(db: Path, capsys: pytest.CaptureFixture[str]) ->
     code, out, _ = run_cli(capsys, "runs", "show", "prefix on", "--db", str(db))
     assert "run 2" in out and "4 requests" in out
     code, out, _ = run_cli(capsys, "compare", "1", "2", "--db", str(db))
-    assert code == 0 and "features.prefix_caching" in out and "-50.0%, better" in out
+    assert code == 0 and "features.prefix_caching" in out and "30.0 (-50% better)" in out
     code, out, _ = run_cli(capsys, "compare", "1", "2", "--baseline", "2", "--db", str(db), "--json")
     data = json.loads(out)
     assert data["baseline_id"] == 2 and data["series"]["items"][0]["name"] == "output_tok_per_s"

@@ -1,0 +1,352 @@
+"""Campaigns: a sequence of runs driven headlessly, like ``Runner`` (the CLI and the GUI both
+drive it). Today it runs repeats (``tunebench run --repeat N``, the GUI's Repeats box); the
+acceleration ladder and the tuner (issues 13 and 14) are the same machinery with other steps.
+
+- **Steps.** A :class:`Step` is a named run configuration repeated ``repeats`` times. Steps run in
+  order; one that fails ends the campaign (``stop_on_failure``) or is recorded and skipped.
+- **Engine reuse.** The engine is relaunched only when engine flags change (engine and features,
+  the same rule as the GUI's kept engine): a load-only change reuses it. An :class:`EngineSource`
+  provides engines: :class:`EngineKeeper` by default (it stops its engine at the end), or the
+  GUI's ``EngineSession`` (which keeps it).
+- **Cold caches.** Every measured level starts on a cold prefix cache: the runner gives each level
+  a fresh cache salt (``app.load.cache``), so every repeat is cold with nothing to do here.
+- **Stored as a group.** Each run is stored as usual (``app.recording``) and tagged
+  ``campaign:<id>``; the runs of one step share ``repeat:<id>`` (``db.compare`` compares such a
+  set as one column: mean, 95% confidence interval, Welch's test). After a step, its mean and CI
+  per figure are written into each of its runs' summary under ``repeat``.
+
+- **Prepared step by step.** A ``prepare`` hook may rebuild a step just before it runs, from the
+  outcomes so far (the ladder applies each step's change to the last step that ran), or return
+  why it cannot run here: the step is then ``skipped`` with that reason and the campaign goes on.
+  ``on_step_start`` / ``on_step_done`` hooks let the owner publish its own view (the ladder's
+  ``LadderUpdated`` event); each outcome says whether the step reused the previous step's engine.
+
+Events: everything the runner publishes, plus a ``tunebench:`` log line before each run naming
+the step and repeat.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from app.bus import Bus
+from app.config import RunConfig
+from app.engines import launch_engine
+from app.errors import EngineFailed, UserError
+from app.events import LogLine, PhaseChanged
+from app.runner import Runner, RunResult
+from db.compare import CAMPAIGN_TAG, REPEAT_TAG
+from db.stats import Aggregate, aggregate
+from db.summary import numbers
+from engine_adapters.base import Phase
+from engine_adapters.launcher import EngineProcess, EngineStartError
+
+CampaignStatus = Literal["completed", "failed", "cancelled"]
+StepStatus = Literal["completed", "failed", "cancelled", "skipped"]
+
+
+def engine_key(config: RunConfig) -> str:
+    """Two configurations can share a running engine when engine and features are equal."""
+    return config.engine.model_dump_json() + config.features.model_dump_json()
+
+
+class EngineSource(Protocol):
+    """Hands out a ready engine for a configuration (reusing one when engine flags are equal)."""
+
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess: ...
+
+
+class EngineKeeper:
+    """One engine at a time, kept while the engine flags stay the same; :meth:`close` stops it."""
+
+    def __init__(self) -> None:
+        self._engine: EngineProcess | None = None
+        self._key: str | None = None
+        self.launches = 0
+
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
+        key = engine_key(config)
+        if self._engine is not None and self._key == key and self._engine.is_running():
+            bus.emit(LogLine(line=f"tunebench: reusing the running engine at {self._engine.base_url}"))
+            return self._engine
+        self.close()
+
+        def on_phase(phase: Phase, detail: str) -> None:
+            bus.emit(PhaseChanged(phase=phase, detail=detail))
+
+        def on_log(line: str) -> None:
+            bus.emit(LogLine(line=line))
+
+        engine = launch_engine(config, on_log=on_log, on_phase=on_phase)
+        self.launches += 1
+        try:
+            engine.wait_ready(cancel=cancel)
+        except EngineStartError as exc:
+            engine.stop()
+            raise EngineFailed(str(exc.diagnosis or exc)) from None
+        except BaseException:
+            engine.stop()
+            raise
+        self._engine, self._key = engine, key
+        return engine
+
+    def close(self) -> None:
+        engine, self._engine, self._key = self._engine, None, None
+        if engine is not None:
+            engine.stop()
+
+
+@dataclass
+class Step:
+    """One configuration of a campaign, run ``repeats`` times."""
+
+    name: str
+    config: RunConfig
+    repeats: int = 1
+
+
+@dataclass
+class StepResult:
+    step: Step
+    repeat_tag: str
+    runs: list[RunResult] = field(default_factory=list)
+    stored_ids: list[int] = field(default_factory=list)
+    aggregate: dict[str, Aggregate] = field(default_factory=dict)
+    """Mean and 95% CI of each figure over the step's completed runs."""
+    status: StepStatus = "completed"
+    reason: str | None = None
+    engine_reused: bool | None = None
+    """Whether the step's first run got the engine the previous run used (None: no engine of ours)."""
+
+
+Prepare = Callable[[int, Step, Sequence[StepResult]], "Step | str"]
+"""``prepare(index, step, outcomes so far)``: the step to run, or why it cannot run here."""
+
+
+@dataclass
+class CampaignResult:
+    campaign_id: str
+    steps: list[StepResult] = field(default_factory=list)
+    status: CampaignStatus = "completed"
+    reason: str | None = None
+
+    @property
+    def runs(self) -> list[RunResult]:
+        return [r for s in self.steps for r in s.runs]
+
+    @property
+    def last_run(self) -> RunResult | None:
+        runs = self.runs
+        return runs[-1] if runs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``--json`` writes for a campaign: every run's result and each step's aggregate."""
+        return {"campaign_id": self.campaign_id, "status": self.status, "reason": self.reason,
+                "steps": [{"name": s.step.name, "repeat_tag": s.repeat_tag, "repeats": s.step.repeats,
+                           "status": s.status, "reason": s.reason, "stored_ids": s.stored_ids,
+                           "engine_reused": s.engine_reused,
+                           "aggregate": {k: a.to_dict() for k, a in s.aggregate.items()},
+                           "runs": [r.model_dump(mode="json") for r in s.runs]} for s in self.steps]}
+
+
+class RunnerLike(Protocol):
+    """What the campaign needs of ``app.runner.Runner`` (tests pass a stand-in)."""
+
+    def run(self, cancel: threading.Event | None = None) -> RunResult: ...
+
+
+class Recorder(Protocol):
+    """What the campaign needs of ``app.recording.RunRecorder``."""
+
+    recorded: list[int]
+    store: Any
+
+    def flush(self, timeout_s: float = 10.0) -> None: ...
+
+
+def result_figures(result: RunResult) -> dict[str, float]:
+    """A run's figures from the runner's own result (used when nothing is stored): a one-level
+    run's figures, or ``L<idx>.``-prefixed figures of each level."""
+    if len(result.levels) == 1:
+        return result.levels[0].summary.figures()
+    return {f"L{lv.index}.{k}": v for lv in result.levels for k, v in lv.summary.figures().items()}
+
+
+def aggregate_figures(per_run: Sequence[dict[str, float]]) -> dict[str, Aggregate]:
+    """Mean and 95% CI per figure over runs (figures missing from a run are left out of it)."""
+    keys = sorted(set().union(*per_run)) if per_run else []
+    out = {}
+    for key in keys:
+        agg = aggregate([f[key] for f in per_run if key in f])
+        if agg is not None:
+            out[key] = agg
+    return out
+
+
+class Campaign:
+    """Runs steps in order (see the module docstring); ``run(cancel)`` blocks."""
+
+    def __init__(self, steps: Sequence[Step], bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
+                 engines: EngineSource | None = None, recorder: Recorder | None = None, telemetry: bool = True,
+                 stop_on_failure: bool = True, campaign_id: str | None = None,
+                 runner_factory: Callable[..., RunnerLike] = Runner, prepare: Prepare | None = None,
+                 on_step_start: Callable[[int, Step], None] | None = None,
+                 on_step_done: Callable[[int, StepResult], None] | None = None,
+                 extra_tags: Sequence[str] = ()) -> None:
+        if not steps:
+            raise UserError("a campaign needs at least one step")
+        for step in steps:
+            if step.repeats < 1:
+                raise UserError(f"step '{step.name}': repeats must be at least 1 (got {step.repeats})")
+        self.steps = list(steps)
+        self.bus = bus
+        self.endpoint = endpoint
+        self.api_key = api_key
+        self._own_keeper = engines is None and endpoint is None
+        self.engines: EngineSource | None = EngineKeeper() if self._own_keeper else engines
+        self.recorder = recorder
+        self.telemetry = telemetry
+        self.stop_on_failure = stop_on_failure
+        self.campaign_id = campaign_id or uuid.uuid4().hex[:12]
+        self.runner_factory = runner_factory
+        self.prepare = prepare
+        self.on_step_start = on_step_start
+        self.on_step_done = on_step_done
+        self.extra_tags = list(extra_tags)
+        self._last_engine: EngineProcess | None = None
+
+    def run(self, cancel: threading.Event | None = None) -> CampaignResult:
+        cancel = cancel or threading.Event()
+        result = CampaignResult(self.campaign_id)
+        try:
+            for index, step in enumerate(self.steps):
+                if cancel.is_set():
+                    result.status, result.reason = "cancelled", "cancelled"
+                    break
+                prepared = self.prepare(index, step, list(result.steps)) if self.prepare is not None else step
+                if isinstance(prepared, str):
+                    outcome = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}", status="skipped",
+                                         reason=prepared)
+                    result.steps.append(outcome)
+                    if self.on_step_done is not None:
+                        self.on_step_done(index, outcome)
+                    continue
+                if prepared.repeats < 1:
+                    raise UserError(f"step '{prepared.name}': repeats must be at least 1 (got {prepared.repeats})")
+                if self.on_step_start is not None:
+                    self.on_step_start(index, prepared)
+                outcome = self._run_step(index, prepared, cancel)
+                result.steps.append(outcome)
+                if self.on_step_done is not None:
+                    self.on_step_done(index, outcome)
+                if outcome.status in ("failed", "cancelled"):  # (a step is skipped before it runs)
+                    result.status, result.reason = ("cancelled" if outcome.status == "cancelled" else "failed"), \
+                        outcome.reason
+                    if outcome.status == "cancelled" or self.stop_on_failure:
+                        break
+        finally:
+            if self._own_keeper and isinstance(self.engines, EngineKeeper):
+                self.engines.close()
+        return result
+
+    def _config(self, step: Step, repeat_tag: str, i: int) -> RunConfig:
+        name = step.config.name if step.repeats == 1 else f"{step.config.name} (repeat {i + 1}/{step.repeats})"
+        tags = [t for t in step.config.tags if not t.startswith((REPEAT_TAG, CAMPAIGN_TAG))]
+        tags += [CAMPAIGN_TAG + self.campaign_id, repeat_tag, *(t for t in self.extra_tags if t not in tags)]
+        return step.config.model_copy(update={"name": name, "tags": tags})
+
+    def _run_step(self, index: int, step: Step, cancel: threading.Event) -> StepResult:
+        out = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}")
+        for i in range(step.repeats):
+            if cancel.is_set():
+                out.status, out.reason = "cancelled", "cancelled"
+                break
+            config = self._config(step, out.repeat_tag, i)
+            self.bus.emit(LogLine(line=f"tunebench: campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
+                                       f"'{step.name}': run {i + 1} of {step.repeats}"))
+            engine = None
+            if self.endpoint is None and self.engines is not None:
+                try:
+                    engine = self.engines.engine_for(config, self.bus, cancel)
+                except (EngineFailed, UserError) as exc:
+                    out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
+                    self._last_engine = None
+                    break
+                if i == 0:
+                    out.engine_reused = engine is self._last_engine
+                self._last_engine = engine
+            known = len(self.recorder.recorded) if self.recorder is not None else 0
+            runner = self.runner_factory(config, self.bus, endpoint=self.endpoint, api_key=self.api_key,
+                                         engine=engine, telemetry=self.telemetry)
+            run = runner.run(cancel)
+            out.runs.append(run)
+            if self.recorder is not None:
+                self.recorder.flush()
+                out.stored_ids.extend(self.recorder.recorded[known:])
+                check = getattr(self.recorder, "check_stored", None)
+                if check is not None:
+                    check(run)  # a run whose data could not all be stored is not "completed"
+            if run.status != "completed":
+                out.status, out.reason = ("cancelled" if run.status == "cancelled" else "failed"), run.reason
+                break
+        self._aggregate(out)
+        return out
+
+    def _aggregate(self, out: StepResult) -> None:
+        """Mean and CI per figure over the step's completed runs; stored into each run's summary."""
+        store = self.recorder.store if self.recorder is not None else None
+        completed_ids = [i for i, r in zip(out.stored_ids, out.runs, strict=False) if r.status == "completed"]
+        if store is not None and completed_ids:
+            per_run = [{k: v for k, v in numbers(store.get_run(i).metrics).items()} for i in completed_ids]
+        else:
+            per_run = [result_figures(r) for r in out.runs if r.status == "completed"]
+        out.aggregate = aggregate_figures(per_run)
+        if store is None or len(completed_ids) < 2:
+            return
+        summary = {"repeat": {"tag": out.repeat_tag, "n": len(completed_ids), "runs": completed_ids,
+                              "figures": {k: a.to_dict() for k, a in out.aggregate.items()}}}
+        for run_id in out.stored_ids:
+            store.update_run(run_id, summary=summary)
+
+
+def repeat_lines(step: StepResult, keys: Sequence[str] | None = None) -> list[str]:
+    """One line per headline figure of a repeated step: ``Output throughput: 1,234.5 ± 56.7 tok/s
+    (95% CI, 3 runs)``; the same words in the CLI and the GUI."""
+    from db import metric_catalog as catalog
+
+    chosen = list(keys) if keys is not None else [k for k in catalog.HEADLINE if k in step.aggregate]
+    lines = []
+    for key in chosen:
+        agg = step.aggregate.get(key)
+        if agg is None:
+            continue
+        m = catalog.metric(key)
+        spread = (f" \u00b1 {m.format(agg.half_width)}" if agg.half_width is not None and math.isfinite(agg.half_width)
+                  else "")
+        lines.append(f"{m.name}: {m.format(agg.mean)}{spread} {m.unit} (95% CI, {agg.n} run{'s' if agg.n != 1 else ''})"
+                     .replace("  ", " "))
+    return lines
+
+
+def run_repeats(config: RunConfig, repeats: int, bus: Bus, cancel: threading.Event | None = None, *,
+                engines: EngineSource | None = None, db_path: str | None = None, endpoint: str | None = None,
+                api_key: str | None = None, record: bool = True, telemetry: bool = True) -> CampaignResult:
+    """``config`` run ``repeats`` times, each on a cold cache, recorded to the run database, with
+    the engine kept between repeats (what ``--repeat`` and the GUI's Repeats box do)."""
+    recorder = None
+    if record:
+        from app.recording import record_to_default_store
+
+        recorder = record_to_default_store(bus, db_path)
+    try:
+        campaign = Campaign([Step(config.name, config, repeats)], bus, endpoint=endpoint, api_key=api_key,
+                            engines=engines, recorder=recorder, telemetry=telemetry)
+        return campaign.run(cancel)
+    finally:
+        if recorder is not None:
+            recorder.close()
