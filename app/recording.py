@@ -7,9 +7,15 @@ Usage (what ``tunebench run`` and the GUI do)::
 
     recorder = record_to_default_store(bus)      # before the runner publishes run_started
     try:
-        Runner(config, bus).run()
+        result = Runner(config, bus).run()
     finally:
         recorder.close()                         # flushes and finalises
+    recorder.check_stored(result)                # not "completed" if its data was not all stored
+
+A run whose items could not all be written (disk full, a database locked for too long, a
+mailbox that overflowed) is stored as ``failed`` with the count in its reason, never as
+``completed``; :meth:`RunRecorder.check_stored` carries that verdict to the run's result and
+so to the exit code.
 """
 
 from __future__ import annotations
@@ -24,6 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from app.bus import Bus, Event, Sample
+from app.events import (
+    EngineReady,
+    LevelFinished,
+    LevelStarted,
+    LogLine,
+    PhaseChanged,
+    Progress,
+    RequestDone,
+    RunFinished,
+    RunStarted,
+)
 from db.store import RunStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -31,8 +48,16 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 0.5
 """Pending items are written at least this often (the contract is at least once a second)."""
 PRE_RUN_LOG_LINES = 50_000
-MAX_HELD_ITEMS = 2_000_000
-"""Items kept in memory while the database refuses writes, before they are dropped."""
+MAX_HELD_ITEMS = 250_000
+"""Items kept in memory while the database refuses writes, before they are dropped (a request
+record with its ITLs is about a kilobyte: a few minutes of a 1,000-stream soak)."""
+
+
+def _short(exc: BaseException) -> str:
+    """The database's own words (the first line; SQLAlchemy appends the statement and its values)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _jsonable(value: Any) -> Any:
@@ -69,6 +94,12 @@ class RunRecorder:
         self._flushed = threading.Condition()
         self._flush_count = 0
         self._dropped_written = 0
+        self.unstored: dict[str, str] = {}
+        """Runner run id -> why some of its data is not in the store (see check_stored)."""
+        self._uid = ""
+        self._lost = 0  # items of the open run dropped after failed writes
+        self._last_write_error = ""
+        self._dropped_at_start = 0
         self._sub = bus.subscribe(maxlen=maxlen)
         self._thread = threading.Thread(target=self._loop, name="run-recorder", daemon=True)
         self._thread.start()
@@ -78,7 +109,8 @@ class RunRecorder:
     def flush(self, timeout_s: float = 10.0) -> None:
         """Write everything published so far (blocks until the recorder thread has done it)."""
         with self._flushed:
-            target = self._flush_count + 1
+            # +2: the loop may be past its drain in this very round; the next round drains after us.
+            target = self._flush_count + 2
             self._flush_now.set()
             self._flushed.wait_for(lambda: self._flush_count >= target or not self._thread.is_alive(), timeout_s)
 
@@ -98,6 +130,19 @@ class RunRecorder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def check_stored(self, result: Any) -> str | None:
+        """After :meth:`close`: if ``result``'s data (a RunResult: ``run_id``, ``status``,
+        ``reason``) could not all be stored, mark it ``failed`` with why (a ``cancelled`` run
+        stays cancelled, with the reason added) and return the reason; None when it is all stored."""
+        problem = self.unstored.get(str(getattr(result, "run_id", "")))
+        if problem is None:
+            return None
+        if result.status == "completed":
+            result.status, result.reason = "failed", problem
+        else:
+            result.reason = f"{result.reason}; {problem}" if result.reason else problem
+        return problem
+
     # -- the thread ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -108,7 +153,7 @@ class RunRecorder:
                 try:
                     self._handle(item)
                 except Exception as exc:  # a bad payload must not stop the recording
-                    self._error(f"could not record {getattr(item, 'kind', 'sample')}: {exc}")
+                    self._error(f"could not record {getattr(item, 'kind', 'sample')}: {_short(exc)}")
             due = time.monotonic() - self._last_flush >= self.flush_interval_s
             if due or self._flush_now.is_set() or stopping:
                 self._flush_now.clear()
@@ -119,12 +164,17 @@ class RunRecorder:
             if stopping and not len(self._sub):
                 break
         if self._open and self.run_id is not None:
-            self._finish("interrupted", "recording stopped before the run finished", None, time.time())
+            try:
+                self._finish("interrupted", "recording stopped before the run finished", None, time.time())
+            except Exception as exc:  # the database refuses even that: the row is found "running" later
+                self._error(f"could not end run {self.run_id}: {_short(exc)}")
         with self._flushed:
             self._flushed.notify_all()
 
     def _error(self, message: str) -> None:
-        log.warning("run recorder: %s", message)
+        if self.errors and self.errors[-1] == message:
+            return  # the same failure at every flush (a full disk): once is enough
+        log.info("run recorder: %s", message)  # the CLI prints ``errors`` once, at the end
         self.errors.append(message)
 
     def _handle(self, item: Sample | Event) -> None:
@@ -132,65 +182,69 @@ class RunRecorder:
             if self._open:
                 self._samples.append(item)
             return
-        kind, payload = item.kind, item.payload if isinstance(item.payload, Mapping) else {}
-        if kind == "run_started":
-            self._start(item, payload)
+        p = item.payload
+        if isinstance(p, RunStarted):
+            self._start(item, p)
+        elif isinstance(p, RunFinished) and not self._open and self._uid and self._uid in self.unstored:
+            self._uid = ""  # a run that could not even be created: its verdict is already in unstored
         elif not self._open:
-            if kind == "log":
-                self._pre_log.append(str(payload.get("line", "")))
-            elif kind == "phase":
-                self._pre_events.append((item.t_wall, kind, _jsonable(dict(payload))))
+            if isinstance(p, LogLine):
+                self._pre_log.append(p.line)
+            elif isinstance(p, PhaseChanged):
+                self._pre_events.append((item.t_wall, p.kind, p.to_json()))
             return
-        elif kind == "request":
-            self._requests.append(payload)
-        elif kind == "log":
-            self._log.append(str(payload.get("line", "")))
-        elif kind == "run_finished":
+        elif isinstance(p, RequestDone):
+            self._requests.append(p.record.model_dump())
+        elif isinstance(p, Progress):  # the client's live figures: stored as the "client" series
+            self._samples.append(p.sample(item.t_mono, item.t_wall))
+        elif isinstance(p, LogLine):
+            self._log.append(p.line)
+        elif isinstance(p, RunFinished):
             self._write_pending()
-            self._finish(str(payload.get("status") or "completed"), payload.get("reason"),
-                         _jsonable(payload.get("summary") or {}), item.t_wall)
-        elif kind == "level_started":
+            self._finish(p.status, p.reason, _jsonable(p.summary), item.t_wall)
+        elif isinstance(p, LevelStarted):
             self._write_pending()
-            params = {k: v for k, v in payload.items() if k not in ("index", "label")}
-            self.store.start_level(self._rid, int(payload.get("index", 0)), str(payload.get("label", "")),
-                                   _jsonable(params), item.t_wall)
-        elif kind == "level_finished":
+            params = {k: v for k, v in p.to_json().items() if k not in ("index", "label", "run_id") and v is not None}
+            self.store.start_level(self._rid, p.index, p.label, params, item.t_wall)
+        elif isinstance(p, LevelFinished):
             self._write_pending()
-            self.store.finish_level(self._rid, int(payload.get("index", 0)), _jsonable(payload.get("summary") or {}),
-                                    item.t_wall)
-        elif kind == "engine_ready":
-            info = _jsonable(dict(payload))
-            self._events.append((item.t_wall, kind, info))
+            self.store.finish_level(self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall)
+        elif isinstance(p, EngineReady):
+            info = p.to_json()
+            self._events.append((item.t_wall, p.kind, info))
             self._write_pending()
-            self.store.update_run(self._rid, engine_info=info, **(
-                {"endpoint": str(payload["base_url"])} if payload.get("base_url") else {}))
-        elif kind == "progress":
-            return  # derived from requests; too frequent to keep
-        else:  # phase, notice, ...
-            self._events.append((item.t_wall, kind, _jsonable(dict(payload)) if payload else None))
+            self.store.update_run(self._rid, engine_info=info, **({"endpoint": p.base_url} if p.base_url else {}))
+        else:  # phase, notice, telemetry support...
+            self._events.append((item.t_wall, p.kind, p.to_json()))
 
     @property
     def _rid(self) -> int:
         assert self.run_id is not None
         return self.run_id
 
-    def _start(self, item: Event, p: Mapping[str, Any]) -> None:
+    def _start(self, item: Event, p: RunStarted) -> None:
         if self._open:
             self._write_pending()
             self._finish("interrupted", "a new run started before this one finished", None, item.t_wall)
-        config = p.get("config") or {}
-        uid = str(p.get("run_id") or "") or None
+        uid = p.run_id or None
+        self._uid = uid or ""
+        self._lost = 0
+        self._last_write_error = ""
+        self._dropped_at_start = self._sub.dropped
         kwargs = dict(
-            name=str(p.get("name") or (config.get("name") if isinstance(config, Mapping) else "") or ""),
-            tags=[str(t) for t in (p.get("tags") or [])], config=_jsonable(config),
-            engine_kind=str(p.get("engine_kind") or ""), engine_version=p.get("engine_version"),
-            model=str(p.get("model") or ""), argv=p.get("argv"), env=p.get("env") or {},
-            hardware=_jsonable(p.get("hardware") or {}), endpoint=p.get("endpoint"),
-            started_at=item.t_wall, t0_mono=item.t_mono)
+            name=p.name or p.config.name, tags=list(p.tags), config=p.config.model_dump(mode="json"),
+            engine_kind=p.engine_kind, engine_version=p.engine_version, model=p.model, argv=p.argv, env=dict(p.env),
+            hardware=_jsonable(p.hardware), endpoint=p.endpoint, started_at=item.t_wall, t0_mono=item.t_mono)
         try:
-            self.run_id = self.store.create_run(uid=uid, **kwargs)
-        except StoreError:  # the same run id published twice: keep both, the second under a fresh id
-            self.run_id = self.store.create_run(uid=None, **kwargs)
+            try:
+                self.run_id = self.store.create_run(uid=uid, **kwargs)
+            except StoreError:  # the same run id published twice: keep both, the second under a fresh id
+                self.run_id = self.store.create_run(uid=None, **kwargs)
+        except Exception as exc:  # disk full, read-only, locked: nothing of this run can be kept
+            self.run_id = None
+            self.unstored[self._uid] = f"the run could not be stored: {_short(exc)}"
+            self._error(self.unstored[self._uid])
+            return
         self.recorded.append(self.run_id)
         self._open = True
         self._log[:0], self._events[:0] = list(self._pre_log), list(self._pre_events)
@@ -198,14 +252,29 @@ class RunRecorder:
         self._pre_events.clear()
 
     def _finish(self, status: str, reason: Any, summary: Mapping[str, Any] | None, t_wall: float) -> None:
+        status = status if status in ("completed", "failed", "cancelled", "interrupted") else "failed"
+        reason = None if reason is None else str(reason)
+        held = len(self._requests) + len(self._samples) + len(self._log)
+        if held:  # held after failed writes: they must not leak into the next run
+            self._error(f"{held} items of run {self.run_id} could not be written before it ended")
+        dropped = self._sub.dropped - self._dropped_at_start
+        lost = held + self._lost + dropped
+        if lost:
+            why = f": {self._last_write_error}" if self._last_write_error and held + self._lost else \
+                " (the recorder fell behind)"
+            problem = f"{lost} items of the run could not be stored{why}"
+            self.unstored[self._uid] = problem
+            if status == "completed":
+                status, reason = "failed", problem
+            else:
+                reason = f"{reason}; {problem}" if reason else problem
         try:
-            self.store.finish_run(self._rid, status if status in ("completed", "failed", "cancelled", "interrupted")
-                                  else "failed", None if reason is None else str(reason), summary, t_wall)
+            self.store.finish_run(self._rid, status, reason, summary, t_wall)
+        except Exception as exc:
+            self.unstored.setdefault(self._uid, f"the run's end could not be stored: {_short(exc)}")
+            raise
         finally:
             self._open = False
-            lost = len(self._requests) + len(self._samples) + len(self._log)
-            if lost:  # held after failed writes: they must not leak into the next run
-                self._error(f"{lost} items of run {self.run_id} could not be written before it ended")
             self._requests, self._samples, self._log, self._events = [], [], [], []
 
     def _write_pending(self) -> None:
@@ -220,13 +289,16 @@ class RunRecorder:
                                    dropped_items=dropped if dropped != self._dropped_written else None)
             self._dropped_written = dropped
         except Exception as exc:  # locked past the busy timeout, disk full...: keep it for the next flush
+            self._last_write_error = _short(exc)
             held = len(requests) + len(samples) + len(lines) + len(self._requests) + len(self._samples)
             if held <= MAX_HELD_ITEMS:
                 self._requests[:0], self._samples[:0] = requests, samples
                 self._log[:0], self._events[:0] = lines, events
-                self._error(f"could not write a batch ({exc}); retrying with the next flush")
+                self._error(f"could not write a batch ({self._last_write_error}); retrying with the next flush")
             else:
-                self._error(f"could not write {len(requests)} requests and {len(samples)} samples, dropped: {exc}")
+                self._lost += len(requests) + len(samples) + len(lines)
+                self._error(f"could not write {len(requests)} requests and {len(samples)} samples, dropped: "
+                            f"{self._last_write_error}")
 
 
 def record_to_default_store(bus: Bus, db_path: str | Path | None = None) -> RunRecorder:

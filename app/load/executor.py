@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from app.bus import Bus
+from app.events import Progress
 from app.load.client import Cancelled, ClientOptions, StreamClient, make_session
 from app.load.datasets import Conversation, Dataset
 from app.load.metrics import RequestRecord
@@ -28,6 +30,20 @@ from app.load.patterns import LevelPlan, arrival_offsets_s
 MIN_REQUESTS_FOR_BUDGET = 5
 TICK_S = 0.5
 LAG_PROBE_S = 0.005
+WINDOW_REQUESTS = 20_000
+WINDOW_ITLS = 256
+
+
+def _prune(window: deque[tuple[float, Any]], oldest: float) -> None:
+    """Drop entries older than ``oldest`` (appended in time order)."""
+    while window and window[0][0] < oldest:
+        window.popleft()
+
+
+class CancelFlag(Protocol):
+    """A threading.Event, or a multiprocessing one shared with a client process."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass
@@ -39,16 +55,19 @@ class StopRule:
 
 @dataclass
 class LevelOutcome:
-    records: list[RequestRecord]
+    records: list[RequestRecord]  # empty unless the level was run with keep_records
     duration_s: float
     peak_concurrency: int
     stop_reason: str  # completed | duration reached | error budget exceeded: ... | cancelled
-    client_lag_ms: list[float] = field(default_factory=list)
+    client_lag_ms: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
+    output_tokens: int = 0  # of every record, kept or not
 
 
 @dataclass
 class LiveStats:
-    """Rolling client-side figures, published as ``progress`` events and ``client`` samples."""
+    """Rolling client-side figures, published as :class:`~app.events.Progress` events (the one
+    client-side live figure; consumers plot it as the ``client`` series).
+    Its windows are bounded in time and size: a long run does not pile up in them."""
 
     bus: Bus | None
     run_id: str = ""
@@ -61,8 +80,8 @@ class LiveStats:
     tokens: int = 0
     level_started: float = field(default_factory=time.perf_counter)
     _token_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
-    _ttfts: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=20_000))
-    _itls: deque[tuple[float, list[float]]] = field(default_factory=lambda: deque(maxlen=20_000))
+    _ttfts: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_REQUESTS))
+    _itls: deque[tuple[float, np.ndarray]] = field(default_factory=lambda: deque(maxlen=WINDOW_REQUESTS))
 
     def start_level(self, index: int, planned: int | None) -> None:
         self.level, self.planned, self.done, self.errors, self.in_flight = index, planned, 0, 0, 0
@@ -74,7 +93,9 @@ class LiveStats:
         self.tokens += n
 
     def on_first(self, ttft_ms: float) -> None:
-        self._ttfts.append((time.perf_counter(), ttft_ms))
+        now = time.perf_counter()
+        self._ttfts.append((now, ttft_ms))
+        _prune(self._ttfts, now - self.window_s)
 
     def on_record(self, rec: RequestRecord) -> None:
         if rec.error_kind == "cancelled":
@@ -82,8 +103,11 @@ class LiveStats:
         self.done += 1
         if not rec.ok:
             self.errors += 1
-        elif rec.itl_ms:
-            self._itls.append((time.perf_counter(), rec.itl_ms))
+        elif len(rec.itl_ms):
+            now = time.perf_counter()
+            # A window's median needs no more than its last WINDOW_ITLS values per request.
+            self._itls.append((now, np.asarray(rec.itl_ms[-WINDOW_ITLS:], dtype=np.float32)))
+            _prune(self._itls, now - self.window_s)
 
     def snapshot(self) -> dict[str, float]:
         now = time.perf_counter()
@@ -99,37 +123,49 @@ class LiveStats:
         ttfts = [v for t, v in self._ttfts if now - t <= self.window_s]
         if ttfts:
             values["ttft_ms_p50"] = float(np.median(ttfts))
-        itls = [x for t, v in self._itls if now - t <= self.window_s for x in v]
+        itls = [v for t, v in self._itls if now - t <= self.window_s]
         if itls:
-            values["itl_ms_p50"] = float(np.median(itls))
+            values["itl_ms_p50"] = float(np.median(np.concatenate(itls)))
         return values
 
     def publish(self) -> dict[str, float]:
         values = self.snapshot()
-        if self.bus is not None:
-            self.bus.sample("client", values)
-            self.bus.event("progress", {
-                "run_id": self.run_id, "level": self.level, "done": self.done, "errors": self.errors,
-                "in_flight": self.in_flight, "planned": self.planned,
-                "output_tok_per_s": values["output_tok_per_s"], "output_tokens": self.tokens,
-                "elapsed_s": time.perf_counter() - self.level_started,
-                "ttft_ms_p50": values.get("ttft_ms_p50"), "itl_ms_p50": values.get("itl_ms_p50")})
+        if self.bus is not None:  # the one client-side live figure on the bus (the "client" series)
+            self.bus.emit(Progress(
+                run_id=self.run_id, level=self.level, planned=self.planned, requests_done=self.done,
+                errors=self.errors, requests_in_flight=self.in_flight, output_tokens=self.tokens,
+                elapsed_s=time.perf_counter() - self.level_started, output_tok_per_s=values["output_tok_per_s"],
+                ttft_ms_p50=values.get("ttft_ms_p50"), itl_ms_p50=values.get("itl_ms_p50")))
         return values
+
+
+def _conversations(dataset: Dataset, rule: StopRule) -> int | None:
+    """Conversations a level sends (None: until its duration is up)."""
+    if rule.max_requests is not None:
+        return rule.max_requests
+    return None if rule.duration_s is not None else len(dataset.conversations)
+
+
+def planned_requests(dataset: Dataset, rule: StopRule) -> int | None:
+    """Requests (turns) a level sends, for progress; None when it runs for a duration."""
+    convs, total = dataset.conversations, _conversations(dataset, rule)
+    if total is None or not convs:
+        return total
+    if all(len(c.turns) == 1 for c in convs):
+        return total
+    return sum(len(convs[i % len(convs)].turns) for i in range(total))
 
 
 async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
                     live: LiveStats, on_record: Callable[[RequestRecord], None] | None = None,
-                    cancel: threading.Event | None = None, seed: int = 0,
-                    index_offset: int = 0) -> LevelOutcome:
-    """Run one level to its stop rule; never raises for a failing server (errors are records)."""
+                    cancel: CancelFlag | None = None, seed: int = 0, index_offset: int = 0,
+                    keep_records: bool = True) -> LevelOutcome:
+    """Run one level to its stop rule; never raises for a failing server (errors are records).
+    Each record goes to ``on_record`` as it completes; ``keep_records=False`` (the client process)
+    keeps none in the outcome, so a long level holds no per-request objects."""
     convs = dataset.conversations
-    if rule.max_requests is not None:
-        total: int | None = rule.max_requests
-    elif rule.duration_s is not None:
-        total = None
-    else:
-        total = len(convs)
-    live.start_level(plan.index, None if total is None else sum(len(convs[i % len(convs)].turns) for i in range(total)))
+    total = _conversations(dataset, rule)
+    live.start_level(plan.index, planned_requests(dataset, rule))
     records: list[RequestRecord] = []
     stop = asyncio.Event()
     stop_reason = ["completed"]
@@ -147,8 +183,12 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     tally = {"failed": 0, "counted": 0}
     first_error: list[str] = []
 
+    out_tokens = [0]
+
     def record(rec: RequestRecord) -> None:
-        records.append(rec)
+        if keep_records:
+            records.append(rec)
+        out_tokens[0] += rec.output_tokens
         live.on_record(rec)
         if on_record is not None:
             on_record(rec)
@@ -215,7 +255,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                     live.publish()
                     next_tick += TICK_S
 
-        lags: list[float] = []
+        lags = array("f")
 
         async def lag_probe() -> None:
             """How late the event loop wakes up: when the client is starved of CPU (an engine
@@ -279,4 +319,5 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
             await asyncio.gather(watcher, prober, return_exceptions=True)
     duration = time.perf_counter() - t0
     live.publish()
-    return LevelOutcome(records, duration, in_flight[1], stop_reason[0], lags)
+    return LevelOutcome(records, duration, in_flight[1], stop_reason[0], np.frombuffer(lags, dtype=np.float32).copy(),
+                        out_tokens[0])

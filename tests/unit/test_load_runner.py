@@ -1,11 +1,16 @@
-"""The Runner's event contract and failure handling, and `tunebench run`, against a fake server
-(the real engine is exercised in tests/e2e/test_load_e2e.py)."""
+"""The Runner's event contract and failure handling, its client in processes of its own, and
+`tunebench run`, against a fake server (the real engine is exercised in tests/e2e/test_load_e2e.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,9 +18,16 @@ import pytest
 from app.bus import Bus, Event, Item
 from app.cli import main
 from app.config import RunConfig
-from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer
+from app.events import LevelFinished, RequestDone, RunFinished, RunStarted
+from app.load.client import ClientOptions
+from app.load.datasets import build_dataset
+from app.load.executor import LiveStats, StopRule
+from app.load.patterns import LevelPlan
+from app.load.procs import ClientPool
+from app.load.tokens import load_token_counter
 from app.runner import Runner, RunResult, mask_env
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
+from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +59,21 @@ def test_event_order_and_result(server: FakeOpenAIServer) -> None:
     assert kinds.index("engine_ready") < kinds.index("level_started")
     assert kinds.count("level_started") == kinds.count("level_finished") == 2
     assert kinds.count("request") == 12  # warm-up requests are not published
-    assert all(e.payload["run_id"] == runner.run_id for e in evs)
+    assert all(getattr(e.payload, "run_id", runner.run_id) == runner.run_id for e in evs)
     started = evs[0].payload
-    assert started["endpoint"] == server.base_url and started["argv"] is None and started["config"]["name"] == "unit"
+    assert isinstance(started, RunStarted)
+    assert started.endpoint == server.base_url and started.argv is None and started.config.name == "unit"
     first_level = kinds.index("level_started")
     assert all(k != "request" for k in kinds[:first_level])
     finished = evs[-1].payload
-    assert finished["status"] == "completed" and len(finished["summary"]["levels"]) == 2
-    req = next(e.payload for e in evs if e.kind == "request")
-    assert {"ttft_ms", "itl_ms", "e2e_ms", "output_tokens", "error", "level", "queue_ms"} <= set(req)
+    assert isinstance(finished, RunFinished)
+    assert finished.status == "completed" and len(finished.summary["levels"]) == 2
+    req = next(e.payload.record for e in evs if isinstance(e.payload, RequestDone))
+    assert req.ok and req.ttft_ms is not None and len(req.itl_ms) == req.output_tokens - 1 == 11
+    assert isinstance(req.itl_ms, list)  # the record crossed from the client process as a compact tuple
     # The result: two levels, the fake's generation counter matches the client's count exactly.
     assert [lv.summary.completed for lv in result.levels] == [6, 6]
+    assert all(lv.requests == [] for lv in result.levels)  # kept only when asked: the store has them
     assert all(lv.summary.tokens_match_engine for lv in result.levels)
     assert result.levels[0].summary.goodput_rps is not None and result.model == "fake-model"
     assert any("warm-up: 2 requests" in n for n in result.notes)
@@ -66,12 +82,12 @@ def test_event_order_and_result(server: FakeOpenAIServer) -> None:
 
 def test_unreachable_endpoint_fails_with_reason_and_keeps_records() -> None:
     bus = Bus()
-    sub = bus.subscribe(kinds=["run_finished", "request"])
+    sub = bus.subscribe(kinds=[RunFinished, RequestDone])
     result = Runner(config(concurrency=2), bus, endpoint="http://127.0.0.1:9", telemetry=False).run()
     assert result.status == "failed" and "cannot connect" in (result.reason or "")
     assert result.levels and result.levels[0].summary.errors >= 5
     evs = events(sub.drain())
-    assert evs[-1].kind == "run_finished" and evs[-1].payload["status"] == "failed"
+    assert evs[-1].kind == "run_finished" and evs[-1].payload.status == "failed"  # type: ignore[union-attr]
 
 
 def test_bad_dataset_fails_cleanly(server: FakeOpenAIServer, tmp_path: Path) -> None:
@@ -94,7 +110,7 @@ class _CancelAfterRequests(Bus):
 
     def publish(self, item: Item) -> None:
         super().publish(item)
-        if isinstance(item, Event) and item.kind == "request" and item.payload.get("ok"):
+        if isinstance(item, Event) and isinstance(item.payload, RequestDone) and item.payload.record.ok:
             self.completed += 1
             if self.completed >= self.n:
                 self.cancel.set()
@@ -120,17 +136,18 @@ def test_workers_split_a_level_over_processes() -> None:
     cfg = config(concurrency=4, workers=2)
     cfg.workload.num_requests = 24
     bus = Bus()
-    sub = bus.subscribe(kinds=["request", "level_finished"])
+    sub = bus.subscribe(kinds=[RequestDone, LevelFinished])
     with FakeOpenAIServer(FakeBehaviour(mode="slow", delay_s=0.01)) as slow:  # ~0.12 s a request
-        result = Runner(cfg, bus, endpoint=slow.base_url, telemetry=False).run()
+        runner = Runner(cfg, bus, endpoint=slow.base_url, telemetry=False)
+        result = runner.run()
     assert result.status == "completed", result.reason
-    recs = result.levels[0].requests
-    assert len(recs) == 24 and all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(24))
-    assert result.levels[0].summary.tokens_match_engine
+    assert result.levels[0].summary.completed == 24 and result.levels[0].summary.tokens_match_engine
+    assert len(runner.client_pids) == 2 and os.getpid() not in runner.client_pids
     events = [e for e in sub.drain() if isinstance(e, Event)]
     published = [e for e in events if e.kind == "request"]
     finished = next(e for e in events if e.kind == "level_finished")
-    assert sorted(e.payload["index"] for e in published) == list(range(24))
+    recs = [e.payload.record for e in published]  # type: ignore[union-attr]
+    assert all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(24))
     assert all(e.t_mono < finished.t_mono for e in published)
     # 6 rounds of ~0.12 s requests per worker: streamed records span most of the level
     assert published[-1].t_mono - published[0].t_mono > 0.2, [round(e.t_mono - published[0].t_mono, 3) for e in published]
@@ -153,7 +170,7 @@ def test_cli_run_writes_json_and_prints_table(server: FakeOpenAIServer, tmp_path
     assert code == 0, text
     assert "concurrency 2" in text and "out tok/s" in text and "engine 20: equal" in text
     data = json.loads(out.read_text())
-    assert data["status"] == "completed" and len(data["levels"][0]["requests"]) == 4
+    assert data["status"] == "completed" and data["levels"][0]["requests"] == []  # only with --json-requests
     # ... and the run is in the database, under the runner's id, with its requests.
     assert "stored as run" in text
     from db.store import RunStore
@@ -185,3 +202,127 @@ def test_the_profile_example_in_docs_is_valid(repo_root: Path) -> None:
     (block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
     config = RunConfig.model_validate(tomllib.loads(block))
     assert config.workload.kind == "shared_prefix" and config.load.levels == [1, 4, 16, 64]
+
+
+def test_cli_json_requests_on_request(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    profile = tmp_path / "p.toml"
+    profile.write_text('name = "cli"\n[workload]\nnum_requests = 3\n[workload.output_len]\nmean = 4\n')
+    out = tmp_path / "r.json"
+    assert main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
+                 "--json-requests", "--no-telemetry", "--no-store"]) == 0
+    requests = json.loads(out.read_text())["levels"][0]["requests"]
+    assert len(requests) == 3 and all(r["ok"] and len(r["itl_ms"]) == 3 for r in requests)
+
+
+def test_client_runs_in_its_own_process_bound_to_its_cores(server: FakeOpenAIServer) -> None:
+    """Every thread of the client process is bound to the cores it was given (Linux binds per
+    thread), and records come back whole from it."""
+    core = max(os.sched_getaffinity(0))
+    cfg = config()
+    counter = load_token_counter(None, None, None, "fake-model")
+    dataset = build_dataset(cfg.workload, counter, variant=0)
+    opts = ClientOptions(base_url=server.base_url, model="fake-model", headers={"Authorization": "Bearer k1"})
+    got: list[object] = []
+    with ClientPool(1) as pool:
+        pool.bind([core])
+        out = pool.run_level(LevelPlan(0, "c=2", "closed", concurrency=2), dataset, opts, StopRule(), live=LiveStats(None),
+                             cancel=threading.Event(), seed=0, on_record=got.append)
+        (pid,) = pool.pids
+        assert pid != os.getpid()
+        tids = os.listdir(f"/proc/{pid}/task")
+        assert len(tids) >= 2  # the event loop and the queue's feeder thread at least
+        for tid in tids:
+            assert os.sched_getaffinity(int(tid)) == {core}, tid
+    assert out.stop_reason == "completed" and len(got) == 6 and out.output_tokens == 6 * 12
+    assert sorted(r.index for r in got) == list(range(6)) and all(len(r.itl_ms) == 11 for r in got)  # type: ignore[attr-defined]
+    assert out.client_lag_ms.size > 0
+
+
+class _NotSse(BaseHTTPRequestHandler):
+    """Answers 200 with a plain JSON body: no event stream."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._reply()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._reply()
+
+    def _reply(self) -> None:
+        body = b'{"object": "list", "data": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("server_kind", ["closed port", "HTTP 500", "HTTP 401", "not SSE"])
+def test_a_run_with_no_success_fails_however_small(server_kind: str) -> None:
+    """Four requests, all failed: below the error budget's minimum of five, but still no success."""
+    cfg = config(concurrency=2)
+    cfg.workload.num_requests = 4
+    if server_kind == "closed port":
+        result = Runner(cfg, Bus(), endpoint="http://127.0.0.1:9", telemetry=False).run()
+    elif server_kind == "not SSE":
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NotSse)
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            result = Runner(cfg, Bus(), endpoint=f"http://127.0.0.1:{httpd.server_port}", telemetry=False).run()
+        finally:
+            httpd.shutdown()
+    else:
+        mode, key = ("http_500", None) if server_kind == "HTTP 500" else ("ok", "the-right-key")
+        with FakeOpenAIServer(FakeBehaviour(mode=mode, api_key=key)) as bad:
+            result = Runner(cfg, Bus(), endpoint=bad.base_url, api_key="a-wrong-key" if key else None,
+                            telemetry=False).run()
+    assert result.status == "failed", (server_kind, result.reason)
+    assert "no request succeeded (4 failed)" in (result.reason or ""), result.reason
+    assert result.levels[0].summary.errors == 4
+
+
+def test_cli_refuses_an_empty_endpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.runner
+
+    def no_launch(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("an engine was launched")
+
+    monkeypatch.setattr(app.runner, "launch_engine", no_launch)
+    profile = tmp_path / "p.toml"
+    profile.write_text("name = 'x'\n")
+    assert main(["run", str(profile), "--endpoint", "", "--db", str(tmp_path / "runs.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "empty" in err and "Traceback" not in err
+    with pytest.raises(Exception, match="empty"):
+        Runner(RunConfig(), Bus(), endpoint="")
+
+
+def test_cli_run_on_a_full_disk_is_not_completed(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    """``ulimit -f`` one page above the database's size: the run cannot be stored, so it must
+    not end ``completed`` with exit code 0."""
+    from db.store import RunStore
+
+    db = tmp_path / "runs.db"
+    with RunStore(db):
+        pass
+    limit = db.stat().st_size + 4096
+    profile = tmp_path / "p.toml"
+    profile.write_text('name = "full"\n[workload]\nnum_requests = 2000\n[workload.input_len]\nmean = 8\n'
+                       '[workload.output_len]\nmean = 40\n[load]\nconcurrency = 8\n')
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "TUNEBENCH_API_KEY": "k1"}
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(profile), "--endpoint", server.base_url,
+                           "--no-telemetry", "--db", str(db)], capture_output=True, text=True, timeout=300,
+                          preexec_fn=limit_file_size, env=env, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "could not be stored" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    with RunStore(db) as store:
+        assert all(run.status != "completed" for run in store.list_runs())

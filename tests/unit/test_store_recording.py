@@ -1,30 +1,53 @@
-"""The recorder turns bus events into stored runs, in batches during the run."""
+"""The recorder turns bus events into stored runs, in batches during the run; a run whose data
+could not all be stored is never left ``completed``."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from app.bus import Bus
+from app.config import RunConfig
+from app.events import (
+    EngineReady,
+    LevelFinished,
+    LevelStarted,
+    LogLine,
+    PhaseChanged,
+    Progress,
+    RequestDone,
+    RunFinished,
+    RunStarted,
+)
+from app.load.metrics import LevelSummary, RequestRecord
 from app.recording import RunRecorder
 from db.store import RunStore
+from engine_adapters.base import Phase
+from engine_adapters.config import Features
 
 
-def _start(bus: Bus, run_id: str = "r1", **extra: object) -> None:
-    bus.event("run_started", {"run_id": run_id, "name": "demo run", "tags": ["cpu", "demo"],
-                              "config": {"name": "demo run", "features": {"prefix_caching": True}},
-                              "engine_kind": "vllm", "model": "tunebench:demo", "argv": ["python", "-m", "x"],
-                              "env": {"VLLM_API_KEY": "secret-value", "VLLM_CPU_KVCACHE_SPACE": "1"},
-                              "engine_version": "0.32.0", "hardware": {"cpu_model": "x86"},
-                              "endpoint": None, **extra})
+def _start(bus: Bus, run_id: str = "r1") -> None:
+    bus.emit(RunStarted(run_id=run_id, name="demo run", tags=["cpu", "demo"],
+                        config=RunConfig(name="demo run", features=Features(prefix_caching=True)),
+                        engine_kind="vllm", model="tunebench:demo", argv=["python", "-m", "x"],
+                        env={"VLLM_API_KEY": "secret-value", "VLLM_CPU_KVCACHE_SPACE": "1"},
+                        engine_version="0.32.0", hardware={"cpu_model": "x86"}, started_wall_s=time.time()))
 
 
-def _request(bus: Bus, i: int, level: int = 0, error: str | None = None) -> None:
-    bus.event("request", {"level": level, "start_wall": time.time(), "ttft_ms": 10.0 + i, "e2e_ms": 100.0 + i,
-                          "input_tokens": 16, "output_tokens": 8, "itl_ms": [12.0] * 7, "error": error,
-                          "prompt_id": i})
+def _request(bus: Bus, i: int, level: int = 0, error: str | None = None, run_id: str = "r1") -> None:
+    rec = RequestRecord(level=level, index=i, scheduled_s=0.0, start_s=0.0, start_wall_s=time.time(), queue_ms=0.1,
+                        ttft_ms=10.0 + i, itl_ms=[12.0] * 7, e2e_ms=100.0 + i, input_tokens=16, output_tokens=8,
+                        ok=error is None, error=error, error_kind=None if error is None else "http")
+    bus.emit(RequestDone(run_id=run_id, record=rec))
+
+
+def _finish(bus: Bus, status: str = "completed", reason: str | None = None, run_id: str = "r1",
+            **summary: float) -> None:
+    bus.emit(RunFinished(run_id=run_id, status=status, reason=reason, ended_wall_s=time.time(),  # type: ignore[arg-type]
+                         summary=summary))
 
 
 @pytest.fixture()
@@ -37,35 +60,35 @@ def test_full_run_is_recorded(store: RunStore) -> None:
     bus = Bus()
     recorder = RunRecorder(bus, store)
     _start(bus)
-    bus.event("phase", {"phase": "loading weights", "detail": "Loading safetensors"})
-    bus.event("log", {"line": "INFO non-default args: {'model': 'x'}"})
-    bus.event("engine_ready", {"base_url": "http://127.0.0.1:1234", "startup_s": 41.5,
-                               "kv_cache": {"kv_cache_tokens": 43000.0}, "feature_checks": []})
-    bus.event("level_started", {"index": 0, "label": "c=2", "concurrency": 2})
+    bus.emit(PhaseChanged(run_id="r1", phase=Phase.LOADING_WEIGHTS, detail="Loading safetensors"))
+    bus.emit(LogLine(run_id="r1", line="INFO non-default args: {'model': 'x'}"))
+    bus.emit(EngineReady(run_id="r1", base_url="http://127.0.0.1:1234", startup_s=41.5,
+                         kv_cache={"kv_cache_tokens": 43000.0}))
+    bus.emit(LevelStarted(run_id="r1", index=0, label="c=2", mode="closed", concurrency=2, started_wall_s=time.time()))
     for i in range(5):
         _request(bus, i)
     _request(bus, 99, error="HTTP 500")
     bus.sample("host", {"cpu_util_pct": 50.0, "memory_used_bytes": 1e9})
-    bus.sample("client", {"output_tok_per_s": 300.0})
-    bus.event("level_finished", {"index": 0, "summary": {"output_tok_per_s": 321.0}})
-    bus.event("run_finished", {"run_id": "r1", "status": "completed", "reason": None,
-                               "summary": {"output_tok_per_s": 321.0, "goodput_rps": 2.0}})
+    bus.emit(Progress(run_id="r1", level=0, requests_done=6, errors=1, requests_in_flight=0, output_tokens=48,
+                      elapsed_s=1.0, output_tok_per_s=300.0))
+    bus.emit(LevelFinished(run_id="r1", index=0, label="c=2", summary=LevelSummary(output_tok_per_s=321.0)))
+    _finish(bus, output_tok_per_s=321.0, goodput_rps=2.0)
     recorder.close()
-    assert not recorder.errors
+    assert not recorder.errors and not recorder.unstored
     run = store.get_run(recorder.run_id)
     assert (run.uid, run.name, run.status, run.tags) == ("r1", "demo run", "completed", ["cpu", "demo"])
     assert run.env["VLLM_API_KEY"] == "***" and run.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert run.engine_info["startup_s"] == 41.5 and run.endpoint == "http://127.0.0.1:1234"
-    assert run.n_requests == 6 and run.n_samples == 2 and run.n_log_lines == 1
-    assert run.levels[0].label == "c=2" and run.levels[0].params == {"concurrency": 2}
-    assert run.levels[0].summary == {"output_tok_per_s": 321.0}
+    assert run.n_requests == 6 and run.n_samples == 2 and run.n_log_lines == 1  # host + the client's progress
+    assert run.levels[0].label == "c=2" and run.levels[0].params["concurrency"] == 2
+    assert run.levels[0].summary["output_tok_per_s"] == 321.0
     assert run.summary["goodput_rps"] == 2.0
     assert run.metrics["requests_failed"] == 1 and run.metrics["requests_total"] == 6
     assert run.metrics["ttft_ms_p50"] == pytest.approx(12.0)
     assert [e["kind"] for e in run.events] == ["phase", "engine_ready"]
     assert store.log_lines(run.id) == ["INFO non-default args: {'model': 'x'}"]
     records = store.request_records(run.id)
-    assert records[0]["itl_ms"] == [12.0] * 7 and records[0]["extra"] == {"prompt_id": 0}
+    assert records[0]["itl_ms"] == [12.0] * 7 and records[0]["extra"]["index"] == 0
     assert records[-1]["error"] == "HTTP 500"
 
 
@@ -94,23 +117,28 @@ def test_engine_death_keeps_partial_data(store: RunStore) -> None:
     recorder = RunRecorder(bus, store)
     _start(bus)
     _request(bus, 0)
-    bus.event("run_finished", {"run_id": "r1", "status": "failed",
-                               "reason": "the engine exited: The GPU ran out of memory", "summary": {}})
+    _finish(bus, "failed", "the engine exited: The GPU ran out of memory")
     recorder.close()
     run = store.get_run(recorder.run_id)
     assert run.status == "failed" and "ran out of memory" in (run.reason or "")
     assert run.n_requests == 1
 
 
-def test_events_before_a_run_and_bad_payloads_are_harmless(store: RunStore) -> None:
+def test_events_before_a_run_and_a_store_error_are_harmless(store: RunStore,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     bus = Bus()
     recorder = RunRecorder(bus, store)
     bus.sample("host", {"cpu_util_pct": 1.0})  # no run yet: not recorded anywhere
-    bus.event("request", {"ttft_ms": 1.0})
+    _request(bus, 0)
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("no such level")
+
+    monkeypatch.setattr(store, "finish_level", refuse)
     _start(bus)
-    bus.event("request", {"ttft_ms": "not a number", "e2e_ms": None, "itl_ms": [], "level": "zero"})
-    bus.event("level_finished", {"index": "x"})  # bad index: reported, recording goes on
-    bus.event("run_finished", {"status": "completed"})
+    _request(bus, 1)
+    bus.emit(LevelFinished(run_id="r1", index=3, label="x", summary=LevelSummary()))  # reported, recording goes on
+    _finish(bus)
     recorder.close()
     run = store.get_run(recorder.run_id)
     assert run.status == "completed" and run.n_requests == 1 and run.n_samples == 0
@@ -121,10 +149,10 @@ def test_two_runs_in_a_row_and_duplicate_ids(store: RunStore) -> None:
     bus = Bus()
     recorder = RunRecorder(bus, store)
     _start(bus, "same")
-    bus.event("run_finished", {"status": "completed"})
+    _finish(bus, run_id="same")
     _start(bus, "same")  # a runner that reuses an id must not lose the second run
-    _request(bus, 1)
-    bus.event("run_finished", {"status": "cancelled", "reason": "stopped by the user"})
+    _request(bus, 1, run_id="same")
+    _finish(bus, "cancelled", "stopped by the user", run_id="same")
     recorder.close()
     assert len(recorder.recorded) == 2
     runs = store.list_runs()
@@ -135,12 +163,12 @@ def test_engine_log_from_before_the_run_is_kept(store: RunStore) -> None:
     """The GUI warms its engine before the runner publishes run_started."""
     bus = Bus()
     recorder = RunRecorder(bus, store)
-    bus.event("phase", {"phase": "loading weights", "detail": "Loading safetensors"})
-    bus.event("log", {"line": "INFO warming up"})
+    bus.emit(PhaseChanged(phase=Phase.LOADING_WEIGHTS, detail="Loading safetensors"))
+    bus.emit(LogLine(line="INFO warming up"))
     _start(bus)
-    bus.event("log", {"line": "INFO serving"})
-    bus.event("run_finished", {"status": "completed"})
-    bus.event("log", {"line": "after the run: belongs to no run yet"})
+    bus.emit(LogLine(run_id="r1", line="INFO serving"))
+    _finish(bus)
+    bus.emit(LogLine(line="after the run: belongs to no run yet"))
     recorder.close()
     run = store.get_run(recorder.run_id)
     assert store.log_lines(run.id) == ["INFO warming up", "INFO serving"]
@@ -166,10 +194,58 @@ def test_a_failed_write_is_retried_not_lost(store: RunStore, monkeypatch: pytest
     _request(bus, 1)
     recorder.flush()
     _request(bus, 2)
-    bus.event("run_finished", {"status": "completed"})
+    _finish(bus)
     recorder.close()
-    assert failures["left"] == 0 and len(recorder.errors) == 2 and "retrying" in recorder.errors[0]
-    assert store.get_run(recorder.run_id).n_requests == 3
+    assert failures["left"] == 0 and "retrying" in recorder.errors[0]
+    assert len(recorder.errors) == 1  # the same failure twice is reported once
+    run = store.get_run(recorder.run_id)
+    assert run.n_requests == 3 and run.status == "completed" and not recorder.unstored
+
+
+def test_a_run_whose_data_could_not_be_stored_is_not_completed(store: RunStore,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: every batch fails. The run ends ``failed`` in the store, with the count, and
+    check_stored carries the verdict to the runner's result (and so to the exit code)."""
+    bus = Bus()
+    recorder = RunRecorder(bus, store)
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(28, "database or disk is full")
+
+    monkeypatch.setattr(store, "write_batch", full)
+    _start(bus)
+    for i in range(4):
+        _request(bus, i)
+    _finish(bus)
+    recorder.close()
+    run = store.get_run(recorder.run_id)
+    assert run.status == "failed" and "4 items of the run could not be stored" in (run.reason or "")
+    assert "disk is full" in (run.reason or "")
+    result = SimpleNamespace(run_id="r1", status="completed", reason=None)
+    assert recorder.check_stored(result) and result.status == "failed" and "could not be stored" in result.reason
+    cancelled = SimpleNamespace(run_id="r1", status="cancelled", reason="stopped by the user")
+    recorder.check_stored(cancelled)  # stays cancelled; the loss is added to its reason
+    assert cancelled.status == "cancelled" and "could not be stored" in cancelled.reason
+    other = SimpleNamespace(run_id="another", status="completed", reason=None)
+    assert recorder.check_stored(other) is None and other.status == "completed"
+
+
+def test_a_run_that_could_not_be_created_is_reported(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    bus = Bus()
+    recorder = RunRecorder(bus, store)
+
+    def full(*_args: object, **_kwargs: object) -> int:
+        raise OSError(28, "database or disk is full")
+
+    monkeypatch.setattr(store, "create_run", full)
+    _start(bus)
+    _request(bus, 0)
+    _finish(bus)
+    recorder.close()
+    assert store.list_runs() == [] and recorder.recorded == []
+    result = SimpleNamespace(run_id="r1", status="completed", reason=None)
+    assert recorder.check_stored(result) and result.status == "failed"
+    assert "could not be stored" in result.reason and "disk is full" in result.reason
 
 
 def test_items_a_slow_recorder_dropped_are_counted_on_the_run(store: RunStore) -> None:
@@ -179,7 +255,8 @@ def test_items_a_slow_recorder_dropped_are_counted_on_the_run(store: RunStore) -
     recorder.flush()  # the run exists before the flood (a flood can push out any oldest item)
     for i in range(20_000):  # far faster than a 50-item mailbox is drained
         bus.sample("host", {"cpu_util_pct": float(i)})
-    bus.event("run_finished", {"status": "completed"})
+    _finish(bus)
     recorder.close()
     run = store.get_run(recorder.run_id)
     assert run.dropped_items > 0 and run.n_samples + run.dropped_items <= 20_000
+    assert run.status != "completed"  # dropped data: the stored run is incomplete
