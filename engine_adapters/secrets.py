@@ -91,7 +91,9 @@ def _is_secret_name(name: str) -> bool:
     last = parts[-1]
     if len(parts) > 1 and parts[-2] in _PLAIN_BEFORE.get(last, ()):
         return any(_is_auth(p) or any(w in p for w in _ANYWHERE) for p in parts)
-    if last in _LAST_WORDS and not (last == "keys" and len(parts) == 1):
+    if len(parts) == 1 and last in ("key", "keys"):  # a record's generic "key" field (a feature's name), not a key
+        return False
+    if last in _LAST_WORDS:
         return True
     if last not in _NOT_SECRET_WORDS and last.endswith(_ENDINGS):
         return True

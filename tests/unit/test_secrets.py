@@ -27,7 +27,7 @@ SECRET_NAMES = [
     "HF_TOKEN", "OPENAI_API_KEY", "MY_PASSWORD", "DB_PASSWD", "X_AUTH", "SOME_CREDENTIAL", "AWS_SECRET_ACCESS_KEY",
     "GOOGLE_APPLICATION_CREDENTIALS", "OAUTH_TOKEN", "GITHUB_TOKEN", "VLLM_API_KEY", "api_key", "apiKey", "APIKEY",
     "hfToken", "accessToken", "Authorization", "Proxy-Authorization", "X-Api-Key", "api-key", "hf-token", "token",
-    "KEY", "SECRET", "client_secret", "secret_name", "AUTH_HEADER", "BASIC_AUTH", "OPENAI_API_KEY_2", "PASSPHRASE",
+    "SECRET", "client_secret", "secret_name", "AUTH_HEADER", "BASIC_AUTH", "OPENAI_API_KEY_2", "PASSPHRASE",
     "Cookie", "credentials",
 ]
 PLAIN_NAMES = [
@@ -37,6 +37,7 @@ PLAIN_NAMES = [
     "authority", "monkey", "hotkey", "keyboard", "keyfile", "ssl-keyfile", "HF_TOKEN_PATH", "API_KEY_ENV",
     "PWD", "PATH", "HOME", "VLLM_CPU_KVCACHE_SPACE", "sort_key", "cache_key", "public_key", "prefix_caching",
     "return-tokens-as-token-ids", "kv_cache_usage_pct", "generation_tokens", "prompt_tokens", "cache_salt", "",
+    "key", "KEY", "keys",  # a record's generic field, e.g. a feature check's {"key": "prefix_caching"}
 ]
 
 
@@ -62,6 +63,8 @@ def test_a_secret_word_last_is_a_secret_in_any_spelling(prefix: list[str], word:
     """``<anything>_KEY``, ``<anything>-token``...: whatever the prefix, separator or case (unless the
     prefix says it is a language-model token or a lookup key, as in ``eos_token``)."""
     if prefix and prefix[-1] in sec._PLAIN_BEFORE.get(word, ()):
+        return
+    if not prefix and word == "key":  # a bare "key" names a record's field, not a secret
         return
     name = sep.join([*prefix, word])
     assert is_secret_name(name.upper() if upper else name)
@@ -204,3 +207,11 @@ def test_every_form_of_a_secret_is_masked(value: str, name: str) -> None:
         assert value not in mask_text(f"line: {form} end"), form
     assert value not in json.dumps(mask_obj({name: value, "argv": ["x", "--hf-token", value]}))
     assert mask_env({name: value}) == {name: MASK}
+
+
+def test_a_feature_checks_key_field_is_not_masked_nor_remembered() -> None:
+    """A feature check names its feature under "key": masking the record must keep the feature's
+    name, and must not teach the process to mask "prefix_caching" everywhere afterwards."""
+    check = {"key": "prefix_caching", "requested": True, "status": "verified"}
+    assert mask_obj(check) == check
+    assert mask_text("feature prefix_caching=True: active") == "feature prefix_caching=True: active"
