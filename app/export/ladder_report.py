@@ -26,7 +26,7 @@ from app.ladder.state import LadderState, StepRow, factor_text, limit_text
 from engine_adapters.base import feature_status_text
 from engine_adapters.runtimes import MANAGED_RUNTIMES
 
-OUTPUT_COLOUR, TOTAL_COLOUR, LOSS_COLOUR, MUTED = "#1f77b4", "#aec7e8", "#d62728", "#888888"
+OUTPUT_COLOUR, LOSS_COLOUR, MUTED = "#1f77b4", "#d62728", "#888888"
 
 
 def _uri(svg: str) -> str:
@@ -34,20 +34,21 @@ def _uri(svg: str) -> str:
 
 
 def staircase_svg(rows: Sequence[StepRow], width: int = 820, height: int = 380) -> str:
-    """Output tok/s (dark) and total tok/s (light) per step, the factor against the baseline
-    and the previous step above each bar, a loss in red, a skipped step greyed with its word,
-    and the reference figure (when there is one) as a dashed mark labelled "ref"."""
+    """Output tok/s per step, with its total tok/s, the factor against the baseline and the
+    previous step above each bar (total tok/s is written, not drawn: prompts often outweigh
+    outputs tenfold and would flatten the output bars), a loss in red, a skipped step greyed
+    with its word, and the reference figure (when there is one) as a dashed mark labelled "ref"."""
     left, right, top, bottom = 64, 12, 40, 74
     pw, ph = width - left - right, height - top - bottom
-    values = [v for r in rows for v in (r.output_tok_per_s, r.total_tok_per_s, r.reference_tok_per_s)
+    values = [v for r in rows for v in (r.output_tok_per_s, r.reference_tok_per_s)
               if v is not None and math.isfinite(v)]
     vmax = max(values) if values else 1.0
-    vmax = vmax * 1.15 if vmax > 0 else 1.0
+    vmax = vmax * 1.3 if vmax > 0 else 1.0
     slot = pw / max(1, len(rows))
-    bar = min(56.0, slot * 0.32)
+    bar = min(60.0, slot * 0.3)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             f'font-size="11"><text x="4" y="16" font-weight="bold">Output tok/s (dark) and total tok/s (light) '
-             f'per step</text>',
+             f'font-size="11"><text x="4" y="16" font-weight="bold">Output tok/s per step (total tok/s in '
+             f'brackets)</text>',
              f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#999"/>',
              f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{xml_escape(format_value(vmax))}</text>',
              f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">0</text>']
@@ -56,7 +57,7 @@ def staircase_svg(rows: Sequence[StepRow], width: int = 820, height: int = 380) 
         return top + ph * (1 - max(value, 0.0) / vmax)
 
     for i, row in enumerate(rows):
-        x0 = left + i * slot + (slot - 2 * bar - 4) / 2
+        x0 = left + i * slot + (slot - bar) / 2
         name = row.name if len(row.name) <= 26 else row.name[:25] + "\u2026"
         parts.append(f'<text x="{left + i * slot + slot / 2:.1f}" y="{top + ph + 16}" text-anchor="middle">'
                      f'{xml_escape(f"{i + 1}. {name}")}</text>')
@@ -69,27 +70,25 @@ def staircase_svg(rows: Sequence[StepRow], width: int = 820, height: int = 380) 
         colour = LOSS_COLOUR if row.loss else OUTPUT_COLOUR
         parts.append(f'<rect x="{x0:.1f}" y="{y_of(out):.1f}" width="{bar:.1f}" height="{top + ph - y_of(out):.1f}" '
                      f'fill="{colour}"/>')
-        if row.total_tok_per_s is not None:
-            tot = row.total_tok_per_s
-            parts.append(f'<rect x="{x0 + bar + 4:.1f}" y="{y_of(tot):.1f}" width="{bar:.1f}" '
-                         f'height="{top + ph - y_of(tot):.1f}" fill="{TOTAL_COLOUR}"/>')
-        label_y = y_of(max(out, row.total_tok_per_s or 0.0)) - 32
+        label_y = y_of(out) - 44
         lines = [(format_value(out), colour, "bold")]
+        if row.total_tok_per_s is not None:
+            lines.append((f"(total {format_value(row.total_tok_per_s)})", MUTED, "normal"))
         if row.index == _first_ran(rows):
             lines.append(("baseline", "#333", "normal"))
         else:
             lines.append((f"{factor_text(row.factor_baseline)} vs baseline", "#333", "normal"))
             lines.append((("loss " if row.loss else "") + f"{factor_text(row.factor_previous)} vs previous",
                           LOSS_COLOUR if row.loss else "#333", "bold" if row.loss else "normal"))
-        cx = x0 + bar + 2
+        cx = x0 + bar / 2
         for k, (text, fill, weight) in enumerate(lines):
             parts.append(f'<text x="{cx:.1f}" y="{label_y + 12 * k:.1f}" text-anchor="middle" font-weight="{weight}" '
                          f'fill="{fill}">{xml_escape(text)}</text>')
         if row.reference_tok_per_s is not None:
             ry = y_of(row.reference_tok_per_s)
-            parts.append(f'<line x1="{x0 - 4:.1f}" y1="{ry:.1f}" x2="{x0 + 2 * bar + 8:.1f}" y2="{ry:.1f}" '
+            parts.append(f'<line x1="{x0 - 4:.1f}" y1="{ry:.1f}" x2="{x0 + bar + 4:.1f}" y2="{ry:.1f}" '
                          f'stroke="#555" stroke-dasharray="4,3"/>')
-            parts.append(f'<text x="{x0 + 2 * bar + 10:.1f}" y="{ry + 4:.1f}" fill="#555">'
+            parts.append(f'<text x="{x0 + bar + 6:.1f}" y="{ry + 4:.1f}" fill="#555">'
                          f'ref {xml_escape(format_value(row.reference_tok_per_s))}</text>')
     parts.append(f'<text x="{left}" y="{height - 22}" fill="{MUTED}">factors of output tok/s: against the baseline '
                  f'(the first step that ran) and the previous step that ran</text>')

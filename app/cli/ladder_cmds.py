@@ -1,0 +1,420 @@
+"""``tunebench ladder PROFILE [--json FILE]``: the acceleration ladder with a live line per step and
+a final table; ``--dry-run`` checks and plans every step without launching; ``--export FILE``
+writes a step's launch script. ``tunebench ladders [list|show|compare|report|export]``: ladders
+read back from the run store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+import pydantic_core
+
+from app.bus import Bus, Event
+from app.cli.run_cmds import _Console
+from app.cli.terminal import safe
+from app.errors import UserError
+from app.events import EngineReady, LadderUpdated, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
+from app.export.files import STDOUT, check_target
+from app.ladder.spec import ladder_of
+from app.ladder.state import LadderState, StepRow, factor_text, limit_text
+from app.profiles import ProfileError, load_profile, resolve_profile
+from engine_adapters.secrets import mask_obj
+
+EXIT_FAILED, EXIT_CANCELLED = 1, 130
+SCRIPT_FORMATS = ("bash", "docker", "compose", "k8s")
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def step_line(row: StepRow, total: int) -> str:
+    """One line per step as it ends (the CLI's live line per step)."""
+    head = f"step {row.index + 1}/{total} '{row.name}'"
+    if row.status == "skipped":
+        return f"{head}: skipped: {row.reason}"
+    if row.status != "completed" or row.output_tok_per_s is None:
+        return f"{head}: {row.status}" + (f": {row.reason}" if row.reason else "")
+    parts = [f"{_num(row.output_tok_per_s)} output tok/s"]
+    if row.factor_previous is not None:
+        parts.append(f"{factor_text(row.factor_baseline)} vs baseline, {factor_text(row.factor_previous)} vs previous"
+                     + (" (a LOSS)" if row.loss else ""))
+    else:
+        parts.append("the baseline")
+    parts.append(f"total {_num(row.total_tok_per_s)} tok/s")
+    if row.ttft_ms is not None:
+        parts.append(f"{row.ttft_label} {_num(row.ttft_ms, 1)} ms")
+    if row.itl_ms is not None:
+        parts.append(f"{row.itl_label} {_num(row.itl_ms, 2)} ms")
+    parts.append(limit_text(row))
+    parts.append(f"features {row.verification}" if row.verification != "none" else "no features to verify")
+    parts.append("engine reused" if row.engine_reused else "engine launched")
+    return f"{head}: " + ", ".join(parts)
+
+
+def format_ladder_table(state: LadderState) -> str:
+    """The final table: one row per step, then the notes (losses, skips, flags, the reference)."""
+    header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
+              "ITL ms", "limit", "engine", "verified")
+    rows: list[tuple[str, ...]] = [header]
+    for r in state.rows:
+        engine = "-" if r.engine_reused is None else "reused" if r.engine_reused else "launched"
+        previous = ("LOSS " if r.loss else "") + factor_text(r.factor_previous)
+        rows.append((f"{r.index + 1}. {r.name}", r.status, _num(r.output_tok_per_s),
+                     factor_text(r.factor_baseline) or "-", previous or "-", _num(r.total_tok_per_s), factor_text(r.total_factor_baseline) or "-",
+                     factor_text(r.total_factor_previous) or "-", _num(r.ttft_ms, 1), _num(r.itl_ms, 2),
+                     limit_text(r).replace(" of limit", ""), engine, r.verification if r.ran else "-"))
+    cells = [[safe(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if 1 < i < 10 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [f"workload: {state.workload}"] if state.workload else []
+    for r in state.rows:
+        where = f"{r.index + 1}. {r.name}"
+        if r.status in ("skipped", "failed", "cancelled", "interrupted") and r.reason:
+            notes.append(f"{where}: {r.status}: {r.reason}")
+        if r.loss:
+            notes.append(f"{where}: slower than the previous step ({factor_text(r.factor_previous)}): a loss, "
+                         "shown as measured")
+        if r.ceiling_note and r.ceiling_tok_per_s:
+            notes.append(f"{where}: {r.ceiling_note}")
+        for check in r.checks:
+            if check.status == "not active":
+                notes.append(f"{where}: {check.feature} = {check.requested}: NOT ACTIVE ({check.evidence})")
+        if r.reference_tok_per_s is not None:
+            notes.append(f"{where}: {r.reference_label}: {_num(r.reference_tok_per_s)} tok/s")
+    if any(r.ceiling_tok_per_s for r in state.rows):
+        notes.append(f"limit: output tok/s against the decode ceiling at the batch the engine ran"
+                     f"{' (' + state.planned_for + ')' if state.planned_for else ''}")
+    lines += [safe(n) for n in notes]
+    return "\n".join(lines)
+
+
+def format_plan(state: LadderState) -> str:
+    """``--dry-run``: each step's change, engine action, planned ceiling, reference, and whether it can run."""
+    lines = [safe(f"{state.name}: {len(state.rows)} steps; {state.workload}"),
+             safe(f"ceilings planned for {state.planned_for}")]
+    if state.reference:
+        lines.append(safe(f"reference figures: {state.reference}"))
+    for r in state.rows:
+        engine = "launch" if r.index == 0 else "relaunch" if r.engine_restart else "reuse the engine"
+        ready = f"skipped: {r.reason}" if r.status == "skipped" else "ready"
+        ceiling = f"ceiling {_num(r.ceiling_tok_per_s)} tok/s at a batch of {_num(r.ceiling_batch)}" \
+            if r.ceiling_tok_per_s else (r.ceiling_note or "no ceiling")
+        ref = f"; reference {_num(r.reference_tok_per_s)} tok/s" if r.reference_tok_per_s is not None else ""
+        lines.append(safe(f"{r.index + 1}. {r.name}: {r.change}; {engine}; {ceiling}{ref}: {ready}"))
+    return "\n".join(lines)
+
+
+class _LadderConsole(_Console):
+    """The run console (phases, feature checks, the live progress line) plus a line per step."""
+
+    def __init__(self, out: TextIO, verbose: bool) -> None:
+        super().__init__(out, verbose)
+        self._seen: dict[int, str] = {}
+
+    def handle(self, ev: Event) -> None:
+        p = ev.payload
+        if not isinstance(p, LadderUpdated):
+            super().handle(ev)
+            return
+        state = p.state
+        if not self._seen:
+            self._line(safe(f"{state.name}: {len(state.rows)} steps; {state.workload}"))
+        for row in state.rows:
+            if self._seen.get(row.index) == row.status:
+                continue
+            self._seen[row.index] = row.status
+            if row.status == "running":
+                how = "launching the engine" if row.engine_restart else "reusing the engine"
+                self._line(safe(f"== step {row.index + 1}/{len(state.rows)} '{row.name}': {row.change} ({how})"))
+            elif row.status != "pending":
+                self._line(safe(step_line(row, len(state.rows))))
+
+
+def _write_json(doc: dict[str, Any], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
+        tmp.replace(path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
+
+
+def _profile(name: str) -> tuple[Any, str]:
+    try:
+        path = resolve_profile(name)
+        return load_profile(path), path.stem
+    except ProfileError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _step_index(state: LadderState, step: int | None) -> StepRow:
+    """``--step N`` (1-based), or the last step that ran (a stored ladder) or can run (a plan)."""
+    if step is not None:
+        if not 1 <= step <= len(state.rows):
+            raise UserError(f"--step {step}: the ladder has steps 1 to {len(state.rows)}")
+        return state.rows[step - 1]
+    chosen = state.final_row or next((r for r in reversed(state.rows) if r.config and r.status != "skipped"), None)
+    if chosen is None:
+        raise UserError("no step of the ladder has a configuration to export")
+    return chosen
+
+
+def _export_step(row: StepRow, fmt: str, output: str, engine_version: str | None = None) -> int:
+    from app.export import save
+    from app.export.ladder_report import launch_script
+
+    text = launch_script(row, fmt, engine_version)
+    if output in (STDOUT, "-"):
+        sys.stdout.write(text)
+    else:
+        save(text, fmt, output)
+        print(safe(f"wrote {output} (step {row.index + 1}, {row.name}, as {fmt})"), file=sys.stderr)
+    return 0
+
+
+def cmd_ladder(args: argparse.Namespace) -> int:
+    from app.ladder.run import Ladder
+
+    config, stem = _profile(args.profile)
+    spec, default = ladder_of(config)
+    if args.output is not None and args.output not in (STDOUT, "-"):
+        check_target(Path(args.output))
+    json_path = Path(args.json) if args.json else None
+    if json_path is not None and not json_path.parent.exists():
+        raise UserError(f"{json_path}: its folder does not exist")
+    if default:
+        print(safe(f"{stem} has no [ladder] section: using the default order (baseline, FP8 weights, batching, "
+                   "FP8 KV cache, prefix caching, speculative decoding)"), file=sys.stderr)
+    bus = Bus()
+    if args.dry_run or args.output is not None:
+        planned = Ladder(config, bus, spec=spec, profile=stem, gpu=args.gpu).plan()
+        if args.output is not None:
+            return _export_step(_step_index(planned, args.step), args.format, args.output)
+        print(format_plan(planned))
+        if json_path is not None:
+            _write_json({"plan": planned.model_dump(mode="json")}, json_path)
+        return 0 if any(r.status != "skipped" for r in planned.rows) else EXIT_FAILED
+    sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished, LadderUpdated))
+    recorder = None
+    if not args.no_store:
+        from app.recording import record_to_default_store
+        from db.store import StoreError
+
+        try:
+            recorder = record_to_default_store(bus, args.db)
+        except (StoreError, OSError) as exc:
+            raise UserError(f"cannot open the run database: {exc}") from None
+    cancel = threading.Event()
+    box: dict[str, Any] = {}
+    try:
+        ladder = Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry)
+    except BaseException:
+        if recorder is not None:
+            recorder.close()
+        raise
+
+    def work() -> None:
+        try:
+            box["state"] = ladder.run(cancel)
+        except BaseException as exc:  # re-raised on the main thread
+            box["error"] = exc
+
+    console = _LadderConsole(sys.stdout, args.verbose)
+    previous = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    thread = threading.Thread(target=work, name="tunebench-ladder", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive() or len(sub):
+            try:
+                for ev in sub.drain(timeout_s=0.2):
+                    if isinstance(ev, Event):
+                        console.handle(ev)
+            except KeyboardInterrupt:
+                if not cancel.is_set():
+                    print("\ncancelling: stopping requests and the engine (Ctrl-C again does not hurry it)",
+                          file=sys.stderr)
+                cancel.set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if recorder is not None:
+            recorder.close()
+    if "error" in box:
+        raise box["error"]
+    state: LadderState = box["state"]
+    print()
+    print(format_ladder_table(state))
+    if json_path is not None:
+        campaign = ladder.campaign_result.to_dict() if ladder.campaign_result is not None else None
+        _write_json({"ladder": state.model_dump(mode="json"), "campaign": campaign}, json_path)
+        print(f"result written to {json_path}")
+    if recorder is not None:
+        for problem in recorder.errors:
+            print(safe(f"tunebench: store: {problem}"), file=sys.stderr)
+        if state.run_ids:
+            final = state.final_row
+            print(safe(f"stored as ladder {state.ladder_id}: runs {', '.join(map(str, state.run_ids))} "
+                       f"(tunebench ladders show {state.ladder_id}; tunebench ladders report {state.ladder_id} "
+                       f"-o ladder.html"
+                       + (f"; tunebench export {final.run_ids[-1]} --format bash: the final step's launch script"
+                          if final is not None and final.run_ids else "") + ")"))
+    if state.status == "cancelled":
+        return EXIT_CANCELLED
+    if state.status != "completed" or any(r.status == "failed" for r in state.rows):
+        print(safe(f"tunebench: ladder {state.status}" + (f": {state.reason}" if state.reason else "")),
+              file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+# --- stored ladders ----------------------------------------------------------------------------
+
+def _open(args: argparse.Namespace) -> Any:
+    from app.cli.store_cmds import open_store
+
+    return open_store(args)
+
+
+def cmd_ladders_list(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from app.ladder.stored import list_ladders
+
+    with _open(args) as store:
+        ladders = list_ladders(store)
+    if args.json:
+        print(pydantic_core.to_json([s.state.model_dump(mode="json") for s in ladders], indent=2,
+                                    inf_nan_mode="null").decode())
+        return 0
+    if not ladders:
+        print("no stored ladders (tunebench ladder PROFILE runs one)")
+        return 0
+    for s in ladders:
+        st = s.state
+        done = st.completed_rows
+        top = max((r.factor_baseline or 0.0 for r in done), default=0.0)
+        when = datetime.fromtimestamp(st.started_wall_s).strftime("%Y-%m-%d %H:%M")
+        print(safe(f"{st.ladder_id}  {when}  {st.status:<11}  {len(done)}/{len(st.rows)} steps ran"
+                   + (f", up to {factor_text(top)} output tok/s" if top else "") + f"  {st.name}  "
+                   f"runs {', '.join(map(str, s.run_ids))}"))
+    return 0
+
+
+def cmd_ladders_show(args: argparse.Namespace) -> int:
+    from app.ladder.stored import load_ladder
+
+    with _open(args) as store:
+        stored = load_ladder(store, args.ladder)
+    state = stored.state
+    if args.json:
+        print(pydantic_core.to_json(state.model_dump(mode="json"), indent=2, inf_nan_mode="null").decode())
+        return 0
+    print(safe(f"ladder {state.ladder_id}: {state.name} ({state.status}"
+               + (f": {state.reason}" if state.reason else "") + ")"))
+    print(format_ladder_table(state))
+    return 0
+
+
+def cmd_ladders_compare(args: argparse.Namespace) -> int:
+    from app.cli.store_cmds import cmd_compare
+    from app.ladder.stored import load_ladder
+
+    with _open(args) as store:
+        stored = load_ladder(store, args.ladder)
+    ids = stored.run_ids
+    if len(ids) < 2:
+        raise UserError(f"ladder {stored.ladder_id} has {len(ids)} stored run(s): nothing to compare")
+    return cmd_compare(argparse.Namespace(runs=[str(i) for i in ids], baseline=str(ids[0]), json=args.json,
+                                          no_series=True, db=args.db))
+
+
+def cmd_ladders_report(args: argparse.Namespace) -> int:
+    from app.export import save
+    from app.export.ladder_report import render_ladder_report
+    from app.ladder.stored import load_ladder
+
+    if args.output not in (STDOUT, "-"):
+        check_target(Path(args.output))
+    with _open(args) as store:
+        stored = load_ladder(store, args.ladder)
+    text = render_ladder_report(stored.state, title=args.title)
+    if args.output in (STDOUT, "-"):
+        sys.stdout.write(text)
+    else:
+        save(text, "html", args.output)
+        print(safe(f"wrote {args.output}"), file=sys.stderr)
+    return 0
+
+
+def cmd_ladders_export(args: argparse.Namespace) -> int:
+    from app.ladder.stored import load_ladder
+
+    if args.output not in (STDOUT, "-"):
+        check_target(Path(args.output))
+    with _open(args) as store:
+        stored = load_ladder(store, args.ladder)
+    row = _step_index(stored.state, args.step)
+    return _export_step(row, args.format, args.output, stored.state.engine_version)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", metavar="PATH", default=None,
+                    help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
+    ladder = sub.add_parser("ladder", parents=[db],
+                            help="the acceleration ladder: a plain engine, then one feature at a time, each step "
+                                 "measured against the baseline, the previous step and the physical ceiling")
+    ladder.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-ladder); without a [ladder] "
+                                        "section, the default order after the seeds")
+    ladder.add_argument("--json", metavar="FILE", help="write the ladder (its steps, figures and runs) as JSON")
+    ladder.add_argument("--dry-run", action="store_true",
+                        help="check and plan every step without launching anything (a GPU ladder on a machine without "
+                             "a GPU is checked and planned for the ladder's GPU)")
+    ladder.add_argument("--gpu", metavar="NAME", help="with --dry-run: plan for this GPU (e.g. H100)")
+    ladder.add_argument("--export", dest="output", metavar="FILE",
+                        help="write a step's launch script instead of running ('-': standard output)")
+    ladder.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash", help="with --export (default bash)")
+    ladder.add_argument("--step", type=int, metavar="N", help="with --export: step N (default: the last that can run)")
+    ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
+    ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
+    ladder.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    ladder.set_defaults(handler=cmd_ladder)
+
+    ladders = sub.add_parser("ladders", parents=[db], help="stored ladders: list (the default), show, compare, "
+                                                           "report, export")
+    lsub = ladders.add_subparsers(dest="ladders_command", metavar="ACTION")
+    ladders.set_defaults(handler=cmd_ladders_list, json=False)
+    db = argparse.ArgumentParser(add_help=False)  # after the action too, without hiding one given before it
+    db.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS, help="run database")
+    ls = lsub.add_parser("list", parents=[db], help="stored ladders, newest first")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(handler=cmd_ladders_list)
+    show = lsub.add_parser("show", parents=[db], help="one ladder's steps, figures and factors")
+    show.add_argument("ladder", help="ladder id (or a unique start), or one of its runs")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=cmd_ladders_show)
+    cmp = lsub.add_parser("compare", parents=[db],
+                          help="compare the ladder's runs as a whole, the first step as baseline")
+    cmp.add_argument("ladder")
+    cmp.add_argument("--json", action="store_true", help="print JSON")
+    cmp.set_defaults(handler=cmd_ladders_compare)
+    rep = lsub.add_parser("report", parents=[db], help="the ladder's HTML report")
+    rep.add_argument("ladder")
+    rep.add_argument("-o", "--output", metavar="FILE", required=True, help="HTML file ('-': standard output)")
+    rep.add_argument("--title", help="the report's title")
+    rep.set_defaults(handler=cmd_ladders_report)
+    exp = lsub.add_parser("export", parents=[db], help="a step's launch script (default: the final step that ran)")
+    exp.add_argument("ladder")
+    exp.add_argument("--step", type=int, metavar="N", help="step N (1-based)")
+    exp.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash")
+    exp.add_argument("-o", "--output", metavar="FILE", default=STDOUT,
+                     help="output file ('-' or none: standard output)")
+    exp.set_defaults(handler=cmd_ladders_export)

@@ -1,0 +1,106 @@
+"""The Ladder tab (offscreen): the profile's steps listed and edited (add, remove, reorder, the
+seeds' order) into the window's configuration, each step's plan shown before Start, the
+staircase growing bar by bar with its factor labels as a ladder runs (stand-in engines and runs:
+``tests.fakes.ladder``), the stored ladder opened, compared and reported, and the large
+staircase in presentation mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+import app.campaign as campaign_mod
+from app.gui.main_window import MainWindow
+from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
+
+pytestmark = pytest.mark.gui
+
+SCRIPTS = {"baseline": Script(400, 1.2, delay_s=0.6), "batching": Script(1600, 12.0, delay_s=0.6),
+           "FP8 KV": Script(1500, 12.0, delay_s=0.6), "prefix": Script(2000, 13.0, delay_s=0.6)}
+
+
+def _names(window: MainWindow) -> list[str]:
+    return [s.name for s in window.state.config.ladder.steps]  # type: ignore[union-attr]
+
+
+def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyped-def]
+        qtbot, make_window: Callable[..., MainWindow], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engines = FakeEngines()
+    monkeypatch.setattr(campaign_mod.EngineKeeper, "engine_for",
+                        lambda self, config, bus, cancel: engines.engine_for(config, bus, cancel))
+    FakeLadderRunner.scripts, FakeLadderRunner.calls = SCRIPTS, []
+    window = make_window("cpu-ladder", db_path=tmp_path / "runs.db")
+    tab = window.ladder
+    window.tabs.setCurrentWidget(tab)
+    qtbot.waitUntil(lambda: tab.table.rowCount() == 4 and "shared-prefix" in tab.workload_label.text(), timeout=60_000)
+    assert "one shared-prefix workload for every step" in tab.workload_label.text()  # said on screen
+    assert [tab.table.item(r, 10).text() for r in range(4)] == ["launch", "reuse", "relaunch", "relaunch"]
+    assert tab.table.item(1, 2).text() == "concurrency 1 \u2192 16"
+
+    # Edit: reorder, remove, add from the seeds' order; each edit is the window's configuration.
+    tab.steps.setCurrentRow(3)
+    qtbot.mouseClick(tab.up_button, Qt.MouseButton.LeftButton)
+    assert _names(window)[2:] == ["+ prefix caching", "+ FP8 KV cache"]
+    qtbot.mouseClick(tab.down_button, Qt.MouseButton.LeftButton)
+    assert _names(window)[2:] == ["+ FP8 KV cache", "+ prefix caching"]
+    spec_action = next(a for a in tab.add_menu.actions() if a.text() == "+ speculative decoding")
+    spec_action.trigger()
+    assert _names(window)[-1] == "+ speculative decoding" and tab.steps.count() == 5
+    qtbot.waitUntil(lambda: tab.table.rowCount() == 5, timeout=30_000)
+    tab.steps.setCurrentRow(4)
+    qtbot.mouseClick(tab.remove_button, Qt.MouseButton.LeftButton)
+    assert _names(window) == ["baseline", "+ continuous batching", "+ FP8 KV cache", "+ prefix caching"]
+    qtbot.waitUntil(lambda: tab.table.rowCount() == 4, timeout=30_000)
+
+    # Start: the staircase grows as steps finish, labelled with the factors.
+    tab.runner_factory = FakeLadderRunner
+    qtbot.mouseClick(tab.start_button, Qt.MouseButton.LeftButton)
+    assert window.running and not window.start_button.isEnabled() and tab.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: len(tab.chart.bars) == 1, timeout=30_000)
+    assert tab.chart.labels[0][:3] == ["400 tok/s", "(total 800)", "baseline"]
+    assert tab.chart.labels[3] == ["pending"]  # not yet a bar
+    qtbot.waitUntil(lambda: not window.running, timeout=60_000)
+    assert len(tab.chart.bars) == 4
+    assert tab.chart.labels[1][2:4] == ["\u00d74.00 vs baseline", "\u00d74.00 vs previous"]
+    assert tab.chart.labels[2][3] == "LOSS \u00d70.94 vs previous"  # a slower step is shown as a loss
+    assert tab.table.item(2, 5).text() == "LOSS \u00d70.94" and tab.table.item(1, 10).text() == "reused"
+    assert [tab.table.item(r, 11).text() for r in range(4)] == ["verified"] * 4
+    assert "Ladder completed: 4 of 4 steps ran, up to \u00d75.00" in window.banner.text()
+    assert len(engines.launched) == 3  # the load-only step reused the baseline's engine
+
+    # Stored: listed, opened, compared as a whole, reported.
+    qtbot.waitUntil(lambda: tab.stored_picker.count() == 1, timeout=30_000)
+    assert "completed (4/4 steps)" in tab.stored_picker.itemText(0)
+    tab.chart.clear()
+    qtbot.mouseClick(tab.open_button, Qt.MouseButton.LeftButton)
+    assert len(tab.chart.bars) == 4
+    qtbot.mouseClick(tab.compare_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.tabs.currentWidget() is window.compare, timeout=30_000)
+    assert window._compare_ids == tab.stored[0].run_ids and len(window._compare_ids) == 4
+    report = tmp_path / "ladder.html"
+    tab.save_report(str(report))
+    qtbot.waitUntil(report.exists, timeout=30_000)
+    assert "+ prefix caching" in report.read_text() and "data:image/svg+xml" in report.read_text()
+
+    # Presentation: the staircase, large and dark, above the live plots.
+    window.toggle_presentation()
+    assert tab.present_chart is not None and tab.present_chart.isVisible() and len(tab.present_chart.bars) == 4
+    window.toggle_presentation()
+
+
+def test_a_profile_without_a_shared_prefix_workload_says_why_it_cannot_climb(  # type: ignore[no-untyped-def]
+        qtbot, make_window: Callable[..., MainWindow]) -> None:
+    window = make_window("cpu-demo")  # a random workload and no [ladder]: the seeds' order is offered
+    tab = window.ladder
+    assert [tab.steps.item(i).text() for i in range(tab.steps.count())][-1] == "6. + speculative decoding"
+    qtbot.waitUntil(lambda: "shared-prefix workload" in tab.workload_label.text(), timeout=30_000)
+    assert not tab.start_button.isEnabled()
+    assert window.state.set("workload.shared_prefix_tokens", 256) is None
+    assert window.state.set("workload.kind", "shared_prefix") is None
+    qtbot.waitUntil(lambda: "Fair by construction" in tab.workload_label.text(), timeout=30_000)
+    assert tab.start_button.isEnabled() and "256-token shared prefix" in tab.workload_label.text()
+    qtbot.waitUntil(lambda: tab.table.rowCount() == 6, timeout=30_000)
+    assert tab.table.item(1, 1).text().startswith("skipped: weights_dtype")  # FP8 weights on the CPU build
