@@ -1,9 +1,10 @@
 """The run store's tables (SQLAlchemy 2 declarative): the schema at the newest migration.
 
-Telemetry is stored as packed chunks (one row per source per flush, values as float64 arrays)
-because a run has tens of thousands of samples: one row per sample, or one per value, would make
-writing and comparing runs slow. Requests keep one row each (they are queried and exported
-individually); their inter-token latencies are packed float32 arrays.
+A run's bulk is stored as packed chunks (``db.codecs``, ``db.series``): its requests as one row per batch
+written together (columns of their fields and their per-token latencies, compressed), its
+telemetry as one row per source per flush, packed into one row per source when it finishes.
+One row per request, sample or token would make writing, comparing and storing runs slow
+(100,000 requests of 63 tokens per run).
 """
 
 from __future__ import annotations
@@ -81,45 +82,27 @@ class Level(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
-class Request(Base):
-    """One request as the client saw it; ``seq`` numbers it within its run. Its inter-token
-    latencies and the rest of its record live in :class:`RequestChunk` (packed per batch:
-    100,000 small blobs or JSON documents are slow to write and large)."""
-
-    __tablename__ = "requests"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(Integer)
-    level: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    start_wall: Mapped[float | None] = mapped_column(Float, nullable=True)
-    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    e2e_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    input_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
-
-    __table_args__ = (Index("ix_requests_run_seq", "run_id", "seq", unique=True),)
-
-
 class RequestChunk(Base):
-    """What one batch of requests ``seq_start .. seq_start + n - 1`` carried besides the columns:
-    inter-token latencies as ``counts`` (int32, one per request) and ``values`` (float32 ms, back
-    to back), and ``extras``: the other record fields, a zlib-compressed JSON list (one object per
-    request), or NULL when there were none."""
+    """Requests ``seq_start .. seq_start + n - 1`` of a run, written together (one flush of a
+    recording, or part of an import): ``columns``, their fields (``db.codecs.encode_requests``:
+    the stored ones, any others, and the error texts) and ``itl``, their inter-token latencies
+    back to back (``db.codecs.encode_itl``). ``end_wall``: when the last of them ended (revision
+    0004; before it, one ``requests`` row per request)."""
 
     __tablename__ = "request_chunks"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     seq_start: Mapped[int] = mapped_column(Integer, primary_key=True)
     n: Mapped[int] = mapped_column(Integer)
-    counts: Mapped[bytes] = mapped_column(LargeBinary)
-    values: Mapped[bytes] = mapped_column(LargeBinary)
-    extras: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    end_wall: Mapped[float | None] = mapped_column(Float, nullable=True)
+    columns: Mapped[bytes] = mapped_column(LargeBinary)
+    itl: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class SampleChunk(Base):
-    """Samples of one source flushed together: times and an n x k float64 matrix of values."""
+    """Samples of one source: ``codec`` 0, one flush raw (times and an n x k float64 matrix of
+    values); ``codec`` 1, a finished run's samples of the source packed into ``data``
+    (``db.series.encode_series``, revision 0004), ``t_mono`` and ``t_wall`` empty."""
 
     __tablename__ = "sample_chunks"
 
@@ -131,6 +114,7 @@ class SampleChunk(Base):
     t_mono: Mapped[bytes] = mapped_column(LargeBinary)
     t_wall: Mapped[bytes] = mapped_column(LargeBinary)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+    codec: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class LogChunk(Base):
@@ -154,3 +138,52 @@ class RunEvent(Base):
     t_wall: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+# --- tuner (issue 14; owned by the tuner: db/tune_store.py reads and writes these) ----------------
+
+
+class Tune(Base):
+    """One tune (``tunebench tune``): its SLO, strategy and search space, its status and pick.
+    ``doc`` holds the rest as JSON (space, base configuration, budget, candidates, pick), so a
+    stopped or crashed tune can be resumed from the store alone (revision 0005)."""
+
+    __tablename__ = "tunes"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, default="")
+    profile: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    strategy: Mapped[str] = mapped_column(String(16), default="grid")
+    slo: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    doc: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    writer_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class TuneTrial(Base):
+    """One trial of a tune: an engine configuration (``knobs``, candidate ``candidate``) at one
+    load, measured by the run ``run_id`` (kept when the run is deleted: the figures stay here),
+    or a point imported from another tool (``source``)."""
+
+    __tablename__ = "tune_trials"
+
+    tune_id: Mapped[str] = mapped_column(ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    candidate: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(String(32), default="measured")
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    load_kind: Mapped[str] = mapped_column(String(16), default="concurrency")
+    load_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    doc: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    __table_args__ = (Index("ix_tune_trials_candidate", "tune_id", "candidate"),)

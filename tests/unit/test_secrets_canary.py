@@ -9,6 +9,7 @@ to the fake OpenAI server, or launch a fake ``vllm`` executable that serves it."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import sys
@@ -50,7 +51,7 @@ def _db_texts(path: Path, *, read_store: bool = True) -> dict[str, bytes]:
     (log and request chunks are compressed, so their raw bytes hide nothing), and what the
     store's readers return for each run."""
     out = {p.name: p.read_bytes() for p in path.parent.glob(path.name + "*") if p.is_file()}
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # closed: an open reader would keep the WAL alive
         tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for table in tables:
             for row in conn.execute(f'SELECT * FROM "{table}"'):  # noqa: S608

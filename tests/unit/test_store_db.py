@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from alembic.script import ScriptDirectory
 
 from db.compare import compare_runs
-from db.store import RunStore, SampleIn, StoreError, create_at_revision, default_db_path
+from db.store import RunStore, SampleIn, StoreError, alembic_config, create_at_revision, default_db_path
+
+
+def _head() -> str | None:
+    """The newest migration (later revisions must not break these tests)."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def _requests(n: int, ttft_ms: float, start: float = 1.9e9) -> list[dict[str, object]]:
@@ -43,7 +52,7 @@ def test_default_path_follows_the_environment(tmp_path: Path, monkeypatch: pytes
 
 def test_opens_in_wal_mode_at_the_newest_revision(tmp_path: Path) -> None:
     with RunStore(tmp_path / "r.db") as store:
-        assert store.schema_revision() == "0002"
+        assert store.schema_revision() == _head()
     conn = sqlite3.connect(tmp_path / "r.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -61,7 +70,7 @@ def test_migration_from_the_first_schema_keeps_runs(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with RunStore(path) as store:
-        assert store.schema_revision() == "0002"
+        assert store.schema_revision() == _head()
         (run,) = store.list_runs()
         assert (run.uid, run.name, run.metrics, run.imported_from) == ("old-1", "from 0001", {"output_tok_per_s": 12.5},
                                                                        None)
@@ -70,6 +79,72 @@ def test_migration_from_the_first_schema_keeps_runs(tmp_path: Path) -> None:
         assert store.get_run(new).imported_from == "x.json"
     indexes = {r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(runs)")}
     assert {"ix_runs_started_at", "ix_runs_status"} <= indexes
+
+
+def _legacy_run(conn: sqlite3.Connection, run_id: int, n: int) -> list[dict[str, object]]:
+    """A run as revision 0002 stored it: one ``requests`` row per request, latencies as float32
+    in chunks, other fields as zlib JSON, raw telemetry. Returns the records as written."""
+    conn.execute("INSERT INTO runs (id, uid, name, notes, status, created_at, started_at, finished_at, t0_mono, "
+                 "engine_kind, model, config, env, hardware, engine_info, summary, metrics, imported, dropped_items) "
+                 "VALUES (?, ?, ?, '', 'completed', 1.0, 1.9e9, 1.9e9 + 60, 100.0, 'vllm', 'm', "
+                 "'{\"features\": {\"prefix_caching\": true}}', '{}', '{}', '{}', '{}', "
+                 "'{\"output_tok_per_s\": 12.5}', 0, 0)", (run_id, f"uid-{run_id}", f"old {run_id}"))
+    conn.execute("INSERT INTO run_tags (run_id, tag) VALUES (?, 'old')", (run_id,))
+    records: list[dict[str, object]] = []
+    for chunk_start in range(0, n, 7):
+        chunk = []
+        for seq in range(chunk_start, min(n, chunk_start + 7)):
+            rec = {"seq": seq, "level": seq % 2, "start_wall": 1.9e9 + seq * 0.25, "ttft_ms": 20.0 + seq * 0.5,
+                   "e2e_ms": None if seq == 3 else 300.125 + seq, "input_tokens": 32, "output_tokens": 4 + seq % 3,
+                   "itl_ms": [10.5, 12.25, 0.125 * (seq + 1)][: 1 + seq % 3], "error": "HTTP 500" if seq == 5 else None,
+                   "extra": {"queue_ms": 0.5 + seq, "finish_reason": "length", "http_status": 500 if seq == 5 else 200}}
+            conn.execute("INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, "
+                         "output_tokens, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (run_id, seq, rec["level"], rec["start_wall"], rec["ttft_ms"], rec["e2e_ms"],
+                          rec["input_tokens"], rec["output_tokens"], rec["error"]))
+            chunk.append(rec)
+        extras = zlib.compress(json.dumps({"keys": ["queue_ms", "finish_reason", "http_status"],
+                                           "rows": [list(r["extra"].values()) for r in chunk]}).encode())  # type: ignore[attr-defined]
+        conn.execute('INSERT INTO request_chunks (run_id, seq_start, n, counts, "values", extras) '
+                     "VALUES (?, ?, ?, ?, ?, ?)",
+                     (run_id, chunk_start, len(chunk),
+                      np.array([len(r["itl_ms"]) for r in chunk], "<i4").tobytes(),  # type: ignore[arg-type]
+                      np.array([x for r in chunk for x in r["itl_ms"]], "<f4").tobytes(), extras))  # type: ignore[attr-defined]
+        records.extend(chunk)
+    t = np.arange(4.0)
+    conn.execute("INSERT INTO sample_chunks (run_id, source, n, names, t_mono, t_wall, data) "
+                 "VALUES (?, 'gpu0', 4, '[\"util_pct\"]', ?, ?, ?)",
+                 (run_id, (100.0 + t).tobytes(), (1.9e9 + t).tobytes(), (t * 10.0 + 0.1).tobytes()))
+    conn.execute("INSERT INTO log_chunks (run_id, seq, n_lines, data) VALUES (?, 0, 2, ?)",
+                 (run_id, zlib.compress(b"INFO one\nINFO two")))
+    return records
+
+
+def test_migration_to_compact_chunks_keeps_every_value(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    create_at_revision(path, "0002")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        written = {run_id: _legacy_run(conn, run_id, n) for run_id, n in ((1, 19), (2, 3))}
+        conn.commit()
+    with RunStore(path) as store:
+        assert store.schema_revision() == _head()
+        assert [(r.id, r.name, r.tags, r.metrics) for r in store.list_runs()] == [
+            (2, "old 2", ["old"], {"output_tok_per_s": 12.5}), (1, "old 1", ["old"], {"output_tok_per_s": 12.5})]
+        for run_id, records in written.items():
+            assert store.request_records(run_id) == records
+            run = store.get_run(run_id)
+            assert (run.n_requests, run.n_samples, run.n_log_lines) == (len(records), 4, 2)
+            assert run.config == {"features": {"prefix_caching": True}}
+            block = store.samples(run_id)["gpu0"]
+            assert block.t_mono.tolist() == [100.0, 101.0, 102.0, 103.0]
+            assert block.column("util_pct").tolist() == [0.1, 10.1, 20.1, 30.1]
+            assert store.log_lines(run_id) == ["INFO one", "INFO two"]
+        req = store.requests(1)
+        assert req.errors[5] == "HTTP 500" and not req.ok[5] and int(req.ok.sum()) == 18
+        store.finish_run(store.create_run(name="new"), "completed")  # and it takes new runs
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "requests" not in tables
 
 
 def test_not_a_database_is_one_line_error(tmp_path: Path) -> None:
@@ -269,3 +344,63 @@ def test_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
     with RunStore(tmp_path / "r.db") as store, store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
+
+
+def test_latencies_are_kept_to_a_thousandth_and_typed_values_exactly() -> None:
+    """Measured latencies keep 10 significant bits of their microseconds (at most 0.1% off);
+    whole microseconds, odd values and an empty list come back exactly."""
+    from db.codecs import decode_itl, encode_itl
+
+    rng = np.random.default_rng(7)
+    measured = np.concatenate([rng.gamma(8, 2, 5000), rng.uniform(0, 2, 500), rng.lognormal(3, 3, 500)])
+    back = decode_itl(encode_itl(measured))
+    assert np.all(np.abs(back - measured) <= np.maximum(measured * 2.0**-10, 0.0005))
+    assert abs(back[:5000].mean() - measured[:5000].mean()) < measured[:5000].mean() * 1e-5  # not biased
+    typed = np.array([10.0, 50.0, 0.125, 12.345, 0.0, 99999.999])
+    assert decode_itl(encode_itl(typed)).tolist() == typed.tolist()
+    odd = np.array([16.123456, -1.0, np.inf, 1e300, 2.0**70, 7.5])
+    assert decode_itl(encode_itl(odd))[1:5].tolist() == [-1.0, np.inf, 1e300, 2.0**70]
+    assert np.isnan(decode_itl(encode_itl(np.array([np.nan, 1.0]))))[0]
+    assert decode_itl(encode_itl(np.empty(0))).size == 0
+    assert len(encode_itl(rng.gamma(8, 2, 63 * 111))) < 63 * 111 * 1.35  # about 10 bits a latency
+
+
+def test_request_fields_keep_their_types_and_times_their_microseconds(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "r.db") as store:
+        run_id = store.create_run(name="x")
+        records = [{"level": 1, "start_wall_s": 1.9e9 + i / 3, "ttft_ms": 12.3456789, "e2e_ms": None,
+                    "output_tokens": "7", "ok": i != 2, "error_kind": "http" if i == 2 else None,
+                    "scheduled_s": i / 3, "index": i, "flag": True, "note": {"a": [1, 2]}, "big": 2**70,
+                    "ratio": 1 / 3} for i in range(4)]
+        store.write_batch(run_id, requests=records)
+        got = store.request_records(run_id)
+    assert [r["error"] for r in got] == [None, None, "http", None]
+    first = got[0]
+    assert (first["level"], first["ttft_ms"], first["e2e_ms"], first["output_tokens"]) == (1, 12.346, None, 7)
+    assert [r["start_wall"] for r in got] == [round(1.9e9 + i / 3, 6) for i in range(4)]
+    assert first["extra"] == {"scheduled_s": 0.0, "index": 0, "flag": True, "note": {"a": [1, 2]}, "big": 2**70,
+                              "ratio": 1 / 3, "error_kind": None}
+    assert got[3]["extra"]["scheduled_s"] == round(1 / 1, 6) and got[1]["extra"]["scheduled_s"] == 0.333333
+
+
+def test_downgrade_to_row_per_request_and_back_keeps_runs(tmp_path: Path) -> None:
+    from alembic import command
+
+    from db.schema import open_engine
+
+    path = tmp_path / "r.db"
+    with RunStore(path) as store:
+        a = _run(store, "a", 40.0, True)
+        store.write_batch(a, requests=[{"ttft_ms": 1.5, "itl_ms": [16.123456], "note": "x"}])  # a lossy latency
+        before = store.request_records(a), store.samples(a)["client"].values.tolist()
+    engine = open_engine(path, 5.0)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0003")
+    engine.dispose()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM requests").fetchone() == (21,)
+    with RunStore(path) as store:
+        assert store.schema_revision() == _head()
+        assert (store.request_records(a), store.samples(a)["client"].values.tolist()) == before

@@ -1,0 +1,117 @@
+"""What the store takes and gives back: plain pydantic models and numpy blocks, so that callers
+never see SQLAlchemy rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+
+class LevelInfo(BaseModel):
+    idx: int
+    label: str = ""
+    params: dict[str, Any] = Field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float | None = None
+    summary: dict[str, Any] | None = None
+
+
+class RunInfo(BaseModel):
+    """A run as listed: identity, status and headline metrics."""
+
+    id: int
+    uid: str
+    name: str
+    status: str
+    reason: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    notes: str = ""
+    started_at: float
+    finished_at: float | None = None
+    engine_kind: str = ""
+    engine_version: str | None = None
+    model: str = ""
+    imported: bool = False
+    imported_from: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+
+class RunDetail(RunInfo):
+    """Everything recorded about a run except the bulky series (requests, samples, log)."""
+
+    endpoint: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    argv: list[str] | None = None
+    env: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    engine_info: dict[str, Any] = Field(default_factory=dict)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    t0_mono: float | None = None
+    levels: list[LevelInfo] = Field(default_factory=list)
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    n_requests: int = 0
+    n_samples: int = 0
+    n_log_lines: int = 0
+    dropped_items: int = 0
+    writer_pid: int | None = None
+
+
+@dataclass
+class SeriesBlock:
+    """One source's samples: times and an n x k value matrix (NaN = not sampled)."""
+
+    source: str
+    names: list[str]
+    t_mono: np.ndarray
+    t_wall: np.ndarray
+    values: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        return self.values[:, self.names.index(name)]
+
+
+@dataclass
+class SampleIn:
+    """What ``write_batch`` accepts for telemetry (app.bus.Sample has the same fields)."""
+
+    source: str
+    t_mono: float
+    t_wall: float
+    values: Mapping[str, float]
+
+
+@dataclass
+class ImportedRun:
+    """A finished run read from a file, every value checked, ready for :meth:`RunStore.import_runs`.
+    Requests are records as ``write_batch`` takes them; levels carry their own summaries."""
+
+    name: str
+    imported_from: str
+    started_at: float
+    finished_at: float
+    status: str = "completed"
+    reason: str | None = None
+    notes: str = ""
+    model: str = ""
+    engine_kind: str = ""
+    engine_version: str | None = None
+    t0_mono: float | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    hardware: Mapping[str, Any] = field(default_factory=dict)
+    argv: Sequence[str] | None = None
+    tags: Sequence[str] = ()
+    summary: Mapping[str, Any] = field(default_factory=dict)
+    extra_metrics: Mapping[str, float] = field(default_factory=dict)
+    """The file's own figures, for what its requests cannot give (stored figures win)."""
+    requests: Sequence[Mapping[str, Any]] = ()
+    samples: Sequence[SampleIn] = ()
+    log_lines: Sequence[str] = ()
+    levels: Sequence[LevelInfo] = ()

@@ -1,0 +1,160 @@
+"""Opening the run database: where it is, how SQLite is set up for several processes, which files
+are refused, and migrating to the newest schema (Alembic, ``db/migrations``).
+
+The path is a path, never a URL: ``?`` and ``#`` in a file name stay in the file name. A file that
+is an SQLite database but not tunebench's is refused before anything is written to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import URL, Engine, create_engine, event
+
+from db.errors import StoreError, translate
+
+DB_ENV = "TUNEBENCH_DB"
+BUSY_TIMEOUT_S = 30.0
+"""How long a write waits for another process's write to finish before it gives up."""
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+PAGE_SIZE_BYTES = 8192
+"""Pages of new files: a flush's request chunk (about 10 KiB in a busy run) fills one overflow page
+and leaves a small rest in its leaf page; with 4 KiB pages the rests waste about 5% of the file."""
+TUNEBENCH_TABLES = frozenset({"alembic_version", "runs", "run_tags", "levels", "sample_chunks", "log_chunks",
+                              "run_events"})
+"""Tables every revision of the schema has: a database with other tables only is not ours."""
+
+
+def default_db_path() -> Path:
+    """``TUNEBENCH_DB``, else ``runs.db`` in the user data directory."""
+    env = os.environ.get(DB_ENV)
+    if env:
+        return Path(env).expanduser()
+    from engine_adapters.paths import data_dir
+
+    return data_dir() / "runs.db"
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def known_revisions() -> set[str]:
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def open_engine(path: Path, busy_timeout_s: float) -> Engine:
+    """An engine on the file ``path`` (``URL.create``: nothing in the path is parsed as a URL)
+    whose connections are set up for sharing the file (:func:`_setup`)."""
+    engine = create_engine(URL.create("sqlite+pysqlite", database=str(path)),
+                           connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+    event.listen(engine, "connect", lambda conn, _record: _setup(conn, busy_timeout_s))
+    return engine
+
+
+def _setup(dbapi_conn: Any, busy_timeout_s: float) -> None:
+    """WAL lets a reader (the GUI) and a writer (a CLI run) share the file; the busy timeout makes
+    a second writer wait instead of failing."""
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    if cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # a read-only file may already be in WAL
+        cur.execute(f"PRAGMA page_size={PAGE_SIZE_BYTES}")  # new files only (no effect once written)
+        cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def check_file(path: Path, busy_timeout_s: float) -> None:
+    """Refuse, before touching it, a path that is not a regular file or a database that is
+    neither empty nor tunebench's. A missing or empty file is fine: it becomes a new store."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot open the run database {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise StoreError(f"cannot open the run database {path}: it is a directory; pass --db with a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreError(f"cannot open the run database {path}: it is not a regular file; pass --db with a file")
+    if info.st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=busy_timeout_s)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            revision = (conn.execute("SELECT version_num FROM alembic_version").fetchone()
+                        if "alembic_version" in tables else None)
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        error = translate(exc, path, busy_timeout_s)
+        raise (error or StoreError(f"cannot open the run database {path}: {exc}")) from None
+    tables = {t for t in tables if not t.startswith("sqlite_")}
+    if not tables:
+        return
+    if not TUNEBENCH_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StoreError(f"{path} is an SQLite database but not a tunebench run database (its tables: {shown}); "
+                         f"pass --db with another file")
+    if revision is not None and revision[0] not in known_revisions():
+        raise StoreError(f"the run database {path} has schema revision {revision[0]!r}, which this tunebench "
+                         f"does not know: it was written by a newer tunebench; upgrade tunebench")
+
+
+@contextlib.contextmanager
+def migration_lock(path: Path) -> Iterator[None]:
+    """One process migrates at a time (the others wait, then find the schema current)."""
+    lock_path = path.with_name(path.name + ".migrate.lock")
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def migrate(engine: Engine, path: Path, revision: str = "head") -> None:
+    """Upgrade the schema (a no-op at the newest revision)."""
+    config = alembic_config()
+    if revision == "head" and current_revision(engine) == head_revision():
+        return
+    with migration_lock(path), engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+    # A migration may have rewritten old values (0003 masks secrets): copy the WAL into the file and
+    # empty it, so the old pages do not linger in the -wal file until some later checkpoint.
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def create_at_revision(path: str | Path, revision: str) -> None:
+    """A database at an older schema revision (for migration tests)."""
+    engine = open_engine(Path(path), BUSY_TIMEOUT_S)
+    try:
+        migrate(engine, Path(path), revision)
+    finally:
+        engine.dispose()
