@@ -27,8 +27,11 @@ from engine_adapters.config import EngineConfig, Features, RuntimeConfig, Specul
 from engine_adapters.launcher import EngineProcess
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40)
-hostile = st.sampled_from(["my model", "it's", 'say "hi"', "$(rm -rf ~)", "`reboot`", "a;b|c&d", "line\nbreak",
-                           "*?[x]", "$HOME", "--flag=value with space", "tab\there", "ünïcödé"])
+# Shell syntax that only leaves a marker if a shell ever runs it: a regression must fail the test,
+# never harm the machine it runs on.
+SHELL_MARKER = "/tmp/tunebench-shell-ran"
+hostile = st.sampled_from(["my model", "it's", 'say "hi"', f"$(touch {SHELL_MARKER})", f"`touch {SHELL_MARKER}`",
+                           "a;b|c&d", "line\nbreak", "*?[x]", "$HOME", "--flag=value with space", "tab\there", "ünïcödé"])
 maybe = lambda s: st.none() | s  # noqa: E731
 finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -150,6 +153,7 @@ def test_argv_reaches_the_process_verbatim(tmp_path_factory: pytest.TempPathFact
     assert engine.argv is not None and engine.argv[0] == str(interpreter)
     assert received == engine.argv[1:]
     assert received[received.index("--model") + 1] == model
+    assert not Path(SHELL_MARKER).exists(), "a shell interpreted the argv"
 
 
 def test_shipped_profiles_load_and_round_trip() -> None:
