@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from engine_adapters.config import Features
+
 
 class Family(StrEnum):
     """The three families of acceleration from the seeds, plus the knobs that bound them."""
@@ -40,6 +42,14 @@ class FeatureInfo:
     explanation: str
     attacks: str
     requires: tuple[Capability, ...] = ()
+    engines: tuple[str, ...] = ()
+    """The engines (kinds) that offer it; empty: every engine tunebench launches. Each adapter's
+    ``validate`` refuses a feature it lacks, with its reason, so the GUI greys the toggle."""
+
+    @property
+    def noun(self) -> str:
+        """The label inside a sentence: "GPU layers", "flash attention"."""
+        return self.label if self.label[:2].isupper() else self.label[:1].lower() + self.label[1:]
 
 
 FEATURES: tuple[FeatureInfo, ...] = (
@@ -133,6 +143,18 @@ FEATURES: tuple[FeatureInfo, ...] = (
         "GPU memory", (Capability.CUDA_GPU,),
     ),
     FeatureInfo(
+        "gpu_layers", "GPU layers", Family.MANAGE_KV_CACHE,
+        "How many transformer layers live in GPU memory (llama.cpp's -ngl); the rest run from host "
+        "memory on the CPU, which fits a model larger than the GPU at the cost of decode speed.",
+        "GPU memory", (Capability.CUDA_GPU,), engines=("llamacpp",),
+    ),
+    FeatureInfo(
+        "flash_attention", "Flash attention", Family.MOVE_FEWER_BYTES,
+        "Fused attention kernels that never write the full attention matrix to memory: less traffic "
+        "at long context, and llama.cpp needs it for a quantized V cache.",
+        "bytes moved", engines=("llamacpp",),
+    ),
+    FeatureInfo(
         "tensor_parallel_size", "Tensor parallel size", Family.SCALE_AND_LIMITS,
         "Splits each layer across GPUs: the weights each GPU reads per step shrink, so aggregate "
         "bandwidth grows (at the cost of all-reduce traffic).",
@@ -157,3 +179,24 @@ FEATURES_BY_KEY: dict[str, FeatureInfo] = {f.key: f for f in FEATURES}
 def feature_info(key: str) -> FeatureInfo:
     """Look a feature up by its field path (e.g. ``"speculative.method"``)."""
     return FEATURES_BY_KEY[key]
+
+
+def offered_by(info: FeatureInfo, engine_kind: str) -> bool:
+    """Whether ``engine_kind`` has the feature at all (its values may still be limited)."""
+    return not info.engines or engine_kind in info.engines
+
+
+def feature_value(features: Features, key: str) -> object:
+    """The value at a feature's field path (``"speculative.method"``)."""
+    value: object = features
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def not_offered(engine_kind: str, features: Features) -> list[FeatureInfo]:
+    """The features set away from their default that ``engine_kind`` does not offer: an
+    adapter refuses each (a toggle that would silently do nothing)."""
+    default = Features()
+    return [info for info in FEATURES if not offered_by(info, engine_kind)
+            and feature_value(features, info.key) != feature_value(default, info.key)]

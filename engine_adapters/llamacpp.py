@@ -1,16 +1,93 @@
-"""llama.cpp (``llama-server --metrics``): its Prometheus metric names, ready for the llama.cpp
-adapter.
+"""The llama.cpp adapter: features -> llama-server flags, flag discovery per installed version,
+validation (what llama.cpp lacks is refused with the reason, so the GUI greys it), startup
+phases, diagnosis, verification by effect and its Prometheus metric names.
 
-Names checked against the server's README (``tools/server/README.md``, "GET /metrics") and
-published scrapes. ``kv_cache_usage_ratio`` and ``kv_cache_tokens`` were dropped by newer builds
-(the unified KV cache), so KV use is simply unsupported there; speculative-decoding counters
-were renamed (``tokens_drafted*`` -> ``spec_decode_num_*``; the newer spelling is taken from a
-published scrape, not from the README). llama.cpp has no latency histograms.
+**Runtime.** Two ways to run llama.cpp's server, with one argv:
+
+- ``managed`` (``llamacpp-cpu``, the default here) or ``python``: the ``xllamacpp`` wheel, which
+  runs llama.cpp's own C++ HTTP server (slots, continuous batching, prompt cache, ``/metrics``,
+  ``/slots``) inside a Python process; ``llamacpp_serve.py`` gives it llama-server's command line.
+  Chosen as the default because it is a prebuilt, MIT-licensed CPU wheel for Linux x86-64
+  (cp310-abi3: any Python tunebench supports) that ``pip`` installs in seconds into a venv in
+  the user cache, like the vLLM CPU runtime, so ``make`` sets it up on a fresh machine with no
+  compiler and no download outside PyPI. Its version is the wheel's (llama.cpp's build number
+  is not recorded in it: it reports ``b0-unknown``). Its CPU build is compiled for portability
+  (AVX2, no AVX-512), so it is slower than a native build: fine for the demo model.
+- ``executable``: a ``llama-server`` the user already has (a native or CUDA build), started
+  with the same flags; its ``--help`` and ``--version`` are read like the wheel's.
+
+Either way the engine is a separate process started from an argv list, in its own process
+group, bound to 127.0.0.1, with the API key in ``LLAMA_API_KEY`` (llama-server reads it from
+there; never on the command line) and ``/metrics`` on (``--metrics``).
+
+**Feature map.** KV cache precision -> ``-ctk/-ctv`` (``q8_0``, ``q4_0``; FP8 requests run as
+``q8_0``, its nearest type, with a warning); max concurrent sequences -> ``-np`` (slots: its
+batching); prefix caching -> ``--cache-prompt`` / ``--no-cache-prompt --cache-ram 0``;
+speculative decoding -> ``--spec-type ngram-simple`` or a draft model (``-md``), EAGLE-3 and
+MTP; GPU layers -> ``-ngl``; flash attention -> ``-fa on|off``; max model length -> ``-c``
+(per slot); max batched tokens -> ``-b``. Weight precision comes from the GGUF file, and
+llama.cpp has no utilization fraction, GiB offload, tensor/pipeline parallel sizes or
+CUDA-graph switch: those are refused with what to do instead.
+
+Facts about llama.cpp live here; ``llamacpp_serve.py`` (the wheel's command line),
+``llamacpp_gguf.py`` (the GGUF demo model) and ``llamacpp_runtime.py`` (its cache) serve it.
 """
 
 from __future__ import annotations
 
-from engine_adapters.base import MetricNames
+import hashlib
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine_adapters.base import (
+    Diagnosis,
+    FeatureCheck,
+    FeatureStatus,
+    FlagSet,
+    MetricNames,
+    Phase,
+    PhasePattern,
+    ValidationIssue,
+    http_ok,
+)
+from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
+from engine_adapters.features import not_offered
+from engine_adapters.hardware import HardwareInfo
+from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
+from engine_adapters.paths import cache_dir
+from engine_adapters.runtimes import (
+    COMPLETE_MARKER,
+    RuntimeErrorMessage,
+    demo_model_dir,
+    managed_runtime,
+    resolve_executable,
+    resolve_python,
+)
+
+SERVE_SCRIPT = Path(__file__).with_name("llamacpp_serve.py")
+API_KEY_ENV = "LLAMA_API_KEY"
+PORTABLE_EXECUTABLE = "llama-server"
+"""What an exported script runs: the flags are llama-server's, whichever runtime ran here."""
+LOG_VERBOSITY = "4"
+"""Verbosity at which llama.cpp logs the context and KV cache it allocated (read by verify)."""
+HTTP_THREADS = "128"
+"""llama.cpp's HTTP server serves each connection, keep-alive included, on one thread of a fixed
+pool (by default slots + 4), so a load client with more connections than slots (requests queue
+at the server) plus the telemetry scraper could wait for a thread; idle threads cost little. (A
+precaution: it did not change the keep-alive failures in docs/engines.md, "Known problem".)"""
+
+# --- metric names ---------------------------------------------------------------------------
+# Checked against the server's README ("GET /metrics"), published scrapes and a scrape of the
+# managed runtime (xllamacpp 2026.10.11549). ``kv_cache_usage_ratio`` and ``kv_cache_tokens``
+# were dropped by newer builds (the unified KV cache), so KV use is unsupported there;
+# speculative-decoding counters were renamed (``tokens_drafted*`` -> ``spec_decode_num_*``).
+# ``prompt_tokens_total`` counts only the prompt tokens computed (cached ones are in
+# ``prompt_tokens_cached_total``), so there is no count of prefix-cache queries and no hit rate.
+# llama.cpp has no latency histograms.
 
 METRIC_NAMES = MetricNames(
     gauges={
@@ -22,6 +99,8 @@ METRIC_NAMES = MetricNames(
     counters={
         "generation_tokens": ("llamacpp:tokens_predicted_total",),
         "prompt_tokens": ("llamacpp:prompt_tokens_total",),
+        "prefix_cache_hits": ("llamacpp:prompt_tokens_cached_total",),
+        "spec_decode_drafts": ("llamacpp:spec_decode_num_drafts_total",),
         "spec_decode_draft_tokens": ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:tokens_drafted_total"),
         "spec_decode_accepted_tokens": ("llamacpp:spec_decode_num_accepted_tokens_total",
                                         "llamacpp:tokens_drafted_accepted_total"),
@@ -31,3 +110,646 @@ METRIC_NAMES = MetricNames(
     },
     histograms={},
 )
+
+# --- feature -> flag mapping --------------------------------------------------------------------
+
+KV_CACHE_TYPES: dict[str, str] = {"fp8": "q8_0", "fp8_e4m3": "q8_0", "fp8_e5m2": "q8_0", "q8_0": "q8_0", "q4_0": "q4_0"}
+"""KV-cache precision -> llama.cpp's cache type (it has no FP8 cache: q8_0 is the 8-bit one)."""
+KV_BYTES_PER_ELEMENT: dict[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
+                                          "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+"""Bytes per stored value of each cache type (ggml's block sizes: q8_0 keeps 32 values in 34 bytes)."""
+SPEC_TYPES: dict[str, str] = {"ngram": "ngram-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp"}
+
+
+def speculative_flags(features: Features) -> list[str]:
+    spec = features.speculative
+    n = str(spec.num_speculative_tokens)
+    if spec.method == "ngram":
+        # One n-gram size: the window's minimum, the shortest match that proposes a draft, as in
+        # vLLM (with the demo model, size 4 drafted nothing in 128 tokens; size 1 drafted 93).
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(spec.ngram_prompt_lookup_min),
+                "--spec-ngram-simple-size-m", n, "--spec-draft-n-max", n]
+    if spec.method in ("draft_model", "eagle3") and spec.draft_model:
+        kind = ["--spec-type", SPEC_TYPES[spec.method]] if spec.method in SPEC_TYPES else []
+        return [*kind, "-md", spec.draft_model, "--spec-draft-n-max", n]
+    if spec.method == "mtp":
+        return ["--spec-type", "draft-mtp", "--spec-draft-n-max", n]
+    return []  # off, or refused by validate (eagle, a drafter without its model)
+
+
+def _ctx_size(features: Features) -> list[str]:
+    """-c is the whole context: per slot times the slots (the auto slots share one unified cache,
+    so there it is the per-request limit itself)."""
+    if features.max_model_len is None:
+        return []
+    return ["-c", str(features.max_model_len * (features.max_num_seqs or 1))]
+
+
+@dataclass(frozen=True)
+class FlagRule:
+    """How one feature becomes llama-server flags; [] when the engine default applies."""
+
+    key: str
+    render: Callable[[Features], list[str]]
+
+
+FLAG_RULES: tuple[FlagRule, ...] = (
+    FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_TYPES.get(f.kv_cache_dtype)) is None
+             else ["-ctk", t, "-ctv", t]),
+    FlagRule("prefix_caching", lambda f: [] if f.prefix_caching is None else
+             ["--cache-prompt"] if f.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]),
+    FlagRule("speculative.method", speculative_flags),
+    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["-np", str(f.max_num_seqs)]),
+    FlagRule("max_num_batched_tokens", lambda f: [] if f.max_num_batched_tokens is None else
+             ["-b", str(f.max_num_batched_tokens)]),
+    FlagRule("max_model_len", _ctx_size),
+    FlagRule("gpu_layers", lambda f: [] if f.gpu_layers is None else ["-ngl", str(f.gpu_layers)]),
+    FlagRule("flash_attention", lambda f: [] if f.flash_attention is None else ["-fa", "on" if f.flash_attention else "off"]),
+    FlagRule("extra_args", lambda f: list(f.extra_args)),
+)
+
+ALIASES: tuple[tuple[str, ...], ...] = (
+    ("-m", "--model"), ("-a", "--alias"), ("-c", "--ctx-size"), ("-np", "--parallel"), ("-b", "--batch-size"),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"),
+    ("-fa", "--flash-attn"), ("-md", "--model-draft"), ("-cram", "--cache-ram"), ("--cache-prompt", "--no-cache-prompt"),
+    ("-lv", "--verbosity", "--log-verbosity"), ("-hf", "-hfr", "--hf-repo"),
+)
+"""Spellings of one llama-server option (the first is the one tunebench writes)."""
+_CANONICAL = {name: group[0] for group in ALIASES for name in group}
+RESERVED_FLAGS = frozenset({"-m", "-a", "--host", "--port", "--api-key", "--api-key-file", "--metrics", "-lv", "-hf",
+                            "--threads-http"})
+"""Set by tunebench from the configuration; extra_args must not override them behind its back."""
+
+_FLAG_TOKEN_RE = re.compile(r"^--?[A-Za-z][\w-]*")
+
+
+def canonical_flag(flag: str) -> str:
+    return _CANONICAL.get(flag, flag)
+
+
+def feature_flags(features: Features) -> dict[str, list[str]]:
+    """Per feature key, the flags it contributes (empty when the engine default applies)."""
+    return {rule.key: rule.render(features) for rule in FLAG_RULES}
+
+
+def flag_names(tokens: Iterable[str]) -> list[str]:
+    """The flags among argv tokens (``-np``, ``--ctx-size=4`` counts as ``--ctx-size``; ``-1`` is a value)."""
+    return [t.split("=", 1)[0] for t in tokens if _FLAG_TOKEN_RE.match(t)]
+
+
+def flag_values(tokens: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for i, token in enumerate(tokens):
+        if not _FLAG_TOKEN_RE.match(token):
+            continue
+        if token.startswith("--") and "=" in token:
+            flag, value = token.split("=", 1)
+            pairs.append((flag, value))
+        elif i + 1 < len(tokens) and not _FLAG_TOKEN_RE.match(tokens[i + 1]):
+            pairs.append((token, tokens[i + 1]))
+    return pairs
+
+
+# --- log knowledge ----------------------------------------------------------------------------
+
+PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
+    PhasePattern(phase, re.compile(rx))
+    for phase, rx in (
+        (Phase.READY, r"server is listening on|serving on http"),
+        (Phase.STARTING_SERVER, r"init: model loaded|starting the main loop"),
+        (Phase.WARMING_UP, r"warming up the model"),
+        (Phase.KV_CACHE, r"llama_kv_cache:|llama_context: n_ctx"),
+        (Phase.PROFILING, r"fitting params to (device|free) memory|common_params_fit"),
+        (Phase.LOADING_WEIGHTS, r"load_model: loading model|llama_model_loader: loaded meta data|load_tensors:"),
+    )
+)
+
+_LOG_INT = {key: re.compile(rx) for key, rx in (
+    ("n_ctx", r"llama_context: n_ctx\s+= (\d+)"),
+    ("n_ctx_seq", r"llama_context: n_ctx_seq\s+= (\d+)"),
+    ("n_seq_max", r"llama_context: n_seq_max\s+= (\d+)"),
+    ("n_batch", r"llama_context: n_batch\s+= (\d+)"),
+    ("n_layer", r"print_info: n_layer\s+= (\d+)"),
+    ("n_embd_k_gqa", r"print_info: n_embd_k_gqa\s+= (\d+)"),
+    ("n_embd_v_gqa", r"print_info: n_embd_v_gqa\s+= (\d+)"),
+    ("n_slots", r"initializing, n_slots = (\d+)"),
+)}
+FLASH_ATTN_RE = re.compile(r"llama_context: flash_attn\s+= (\w+)")
+KV_ALLOC_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB .*K \((?P<k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
+                         r"V \((?P<v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
+OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
+    """The sizes llama.cpp logged while starting (context, slots, batch, layer shapes)."""
+    out: dict[str, int] = {}
+    for line in log_lines:
+        for key, rx in _LOG_INT.items():
+            if key not in out and (m := rx.search(line)):
+                out[key] = int(m.group(1))
+    return out
+
+
+def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
+    """Tokens the context holds in all, and how many requests of the per-request length fit."""
+    ints = log_ints(log_lines)
+    out: dict[str, float] = {}
+    if "n_ctx" in ints:
+        out["kv_cache_tokens"] = float(ints["n_ctx"])
+        if ints.get("n_ctx_seq"):
+            out["max_concurrency"] = ints["n_ctx"] / ints["n_ctx_seq"]
+            out["max_concurrency_at_tokens"] = float(ints["n_ctx_seq"])
+    return out
+
+
+@dataclass(frozen=True)
+class DiagnosisRule:
+    code: str
+    pattern: re.Pattern[str]
+    advice: Callable[[re.Match[str]], str]
+
+
+def _rule(code: str, rx: str, advice: str | Callable[[re.Match[str]], str]) -> DiagnosisRule:
+    render = advice if callable(advice) else (lambda _m, text=advice: text)
+    return DiagnosisRule(code, re.compile(rx), render)
+
+
+DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
+    _rule("unknown_flag", r"error: invalid argument: (\S+)",
+          lambda m: f"The engine does not know the argument {m.group(1)} (check the installed version: "
+                    "`tunebench engine flags`)."),
+    _rule("removed_flag", r"the argument has been removed(.*)",
+          lambda m: f"The installed llama.cpp removed an argument tunebench passed{m.group(1).rstrip('.')}."),
+    _rule("bad_argument", r'error while handling argument "(\S+)": (.*)',
+          lambda m: f"The engine rejected {m.group(1)}: {m.group(2).strip()}"),
+    _rule("quantized_v_needs_fa", r"quantized V cache requires flash_attn|V cache quantization requires flash_attn",
+          "llama.cpp keeps a quantized V cache only with flash attention: turn flash attention on (or leave it to "
+          "the engine), or use a 16-bit KV cache."),
+    _rule("pre_tokenizer", r"unknown pre-tokenizer type: '([^']*)'",
+          lambda m: f"This llama.cpp does not know the GGUF's pre-tokenizer '{m.group(1)}': convert the model "
+                    "with a matching llama.cpp, or use a newer llama.cpp."),
+    _rule("model_missing", r"failed to open GGUF file|(?:gguf_init_from_file|llama_model_load).*No such file"
+                           r"|error loading model: .*(?:failed to open|No such file)",
+          "The model file was not found or is not a GGUF file: check the path."),
+    _rule("model_load", r"error loading model: (.*)",
+          lambda m: f"llama.cpp could not load the model: {m.group(1).strip()}"),
+    _rule("port_in_use", r"couldn't bind HTTP server socket|Address already in use|bind failed",
+          "The port is already in use by another process: choose another port, or 0 for a free one."),
+    _rule("out_of_memory", r"failed to allocate .* buffer|cudaMalloc failed|out of memory",
+          "llama.cpp could not allocate memory for the model or its KV cache: lower the context size (max model "
+          "length), the slots or the GPU layers, or use a smaller quantization."),
+    _rule("no_runtime", r"No module named 'xllamacpp'",
+          "The interpreter has no xllamacpp: use the managed runtime (`tunebench engine install llamacpp-cpu`)."),
+    _rule("start_failed", r"error: the server did not start: (.*)",
+          lambda m: f"llama.cpp's server did not start ({m.group(1).strip()}); the log above says why."),
+)
+
+_GENERIC_ERROR_RE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
+
+
+def _metric_total(metrics_text: str, name: str) -> float | None:
+    """Sum of a metric's samples in Prometheus text (all label sets)."""
+    total, found = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+            except ValueError:
+                continue
+    return total if found else None
+
+
+_HELP_FLAGS_RE = re.compile(r"(--?[A-Za-z][\w-]*)(?:,\s*|\s+|$)")
+_HELP_BRACKET_RE = re.compile(r"^\[([\w.-]+(?:\|[\w.-]+)+)\]")
+_HELP_ALLOWED_RE = re.compile(r"allowed values: (.+)")
+
+
+def parse_help(text: str, version: str) -> FlagSet:
+    """Flags and their choices from llama-server's ``--help`` (or the wheel runner's, which
+    prints the same layout): an option line starts with its spellings, then the metavar
+    (``[on|off|auto]`` lists the choices), and an ``allowed values:`` line may follow."""
+    flags: set[str] = set()
+    choices: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-"):
+            current, rest = [], stripped
+            while m := _HELP_FLAGS_RE.match(rest):  # "-h,    --help, --usage" then the metavar
+                current.append(m.group(1))
+                rest = rest[m.end():]
+            flags.update(current)
+            if m := _HELP_BRACKET_RE.match(rest):
+                for flag in current:
+                    choices[flag] = m.group(1).split("|")
+        if current and (m := _HELP_ALLOWED_RE.search(stripped)):
+            for flag in current:
+                choices[flag] = [c.strip() for c in m.group(1).split(",") if c.strip()]
+    return FlagSet(engine="llamacpp", version=version, flags=sorted(flags), choices=choices)
+
+
+class LlamaCppAdapter:
+    """llama.cpp's server (the xllamacpp wheel, or a llama-server executable)."""
+
+    kind = "llamacpp"
+    display_name = "llama.cpp"
+    health_path = "/health"
+    metrics_path = "/metrics"
+    metric_names = METRIC_NAMES
+    phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
+    api_key_env = API_KEY_ENV
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
+        """llama-server answers /health with 200 once the model is loaded (503 while loading);
+        /health needs no API key."""
+        return http_ok(base_url + self.health_path, timeout_s)
+
+    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
+        return parse_kv_cache(log_lines)
+
+    # -- launch ---------------------------------------------------------------------------------
+
+    def base_command(self, engine: EngineConfig, port: int | None = None, *, portable: bool = False) -> list[str]:
+        runtime = engine.runtime
+        if runtime.kind in ("managed", "python"):
+            if portable:
+                return [PORTABLE_EXECUTABLE]
+            python = resolve_python(engine)
+            assert python is not None
+            return [python, str(SERVE_SCRIPT)]
+        if runtime.kind == "executable":
+            assert runtime.executable is not None
+            return [runtime.executable if portable else resolve_executable(engine)]
+        raise RuntimeErrorMessage("llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp (runtime kind "
+                                  "'python') or a llama-server executable; docker images are not supported yet")
+
+    def model_path(self, engine: EngineConfig) -> str:
+        """The GGUF file: the demo model's (converted on first use when a runtime with gguf is
+        at hand) or the configured path."""
+        if engine.model != DEMO_MODEL:
+            return engine.model
+        if gguf_demo_ready():
+            return str(gguf_demo_path())
+        python = resolve_python(engine) if engine.runtime.kind in ("managed", "python") else None
+        return str(ensure_gguf_demo_model(python))
+
+    def model_args(self, engine: EngineConfig) -> list[str]:
+        args = ["-m", self.model_path(engine)]
+        if engine.served_model_name:
+            args += ["-a", engine.served_model_name]
+        return args
+
+    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
+        return ["--host", engine.host, "--port", str(port)]
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
+        argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
+                *self.server_args(engine, port), "--metrics", "-lv", LOG_VERBOSITY, "--threads-http", HTTP_THREADS]
+        for flags in feature_flags(features).values():
+            argv += flags
+        return argv
+
+    def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
+        from engine_adapters.runtimes import runtime_env
+
+        env = runtime_env(engine)
+        if api_key:
+            env[self.api_key_env] = api_key
+        return env
+
+    # -- flag discovery -------------------------------------------------------------------------
+
+    def discover_flags(self, engine: EngineConfig) -> FlagSet:
+        """Parse ``--help`` of the installed runtime once per (command, version, runner script)."""
+        base = self.base_command(engine)
+        version = self.installed_version(engine)
+        identity = " ".join(base)
+        if engine.runtime.kind in ("managed", "python"):
+            identity += hashlib.sha256(SERVE_SCRIPT.read_bytes()).hexdigest()  # its flags are the script's
+        key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+        cache_file = cache_dir() / "flags" / f"llamacpp-{version}-{key}.json"
+        if cache_file.is_file():
+            try:
+                return FlagSet.model_validate_json(cache_file.read_text())
+            except ValueError:
+                cache_file.unlink(missing_ok=True)
+        result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeErrorMessage(f"`{' '.join(base)} --help` failed: {result.stderr.strip().splitlines()[-1:]}")
+        flags = parse_help(result.stdout + "\n" + result.stderr, version)
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_text(flags.model_dump_json())
+        return flags
+
+    def installed_version(self, engine: EngineConfig) -> str:
+        """``xllamacpp-<wheel version>`` for the wheel; ``b<build>`` for a llama-server."""
+        python = resolve_python(engine) if engine.runtime.kind in ("managed", "python") else None
+        if python is not None:
+            cmd = [python, "-c", "import importlib.metadata as m; print(m.version('xllamacpp'))"]
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+            lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
+            if lines:
+                return f"xllamacpp-{lines[-1].strip()}"
+            raise RuntimeErrorMessage(f"could not determine the installed xllamacpp version ({python})")
+        cmd = [resolve_executable(engine), "--version"]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+        m = re.search(r"version: (\d+) \((\w+)\)", result.stdout + result.stderr)
+        if m is None:
+            raise RuntimeErrorMessage(f"could not determine the llama.cpp version ({cmd[0]} --version)")
+        return f"b{m.group(1)}"
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def is_cpu_build(self, engine: EngineConfig) -> bool:
+        if engine.runtime.kind == "managed":
+            try:
+                return managed_runtime(engine.runtime.managed).name.endswith("-cpu")
+            except RuntimeErrorMessage:
+                return False
+        return False
+
+    def validate(
+        self, engine: EngineConfig, features: Features, flags: FlagSet | None, hardware: HardwareInfo | None
+    ) -> list[ValidationIssue]:
+        issues: list[ValidationIssue] = []
+        add = issues.append
+        self._runtime_issues(engine, add)
+        self._model_issues(engine, add)
+        for info in not_offered(self.kind, features):
+            add(ValidationIssue(info.key, f"llama.cpp has no {info.noun} setting"))
+        self._feature_issues(engine, features, hardware, add)
+
+        reserved = [f for f in flag_names(features.extra_args) if canonical_flag(f) in RESERVED_FLAGS]
+        for flag in reserved:
+            add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
+        controlled = {canonical_flag(flag) for key, toks in feature_flags(features.model_copy(update={"extra_args": []})).items()
+                      for flag in flag_names(toks)}
+        for flag in flag_names(features.extra_args):
+            if canonical_flag(flag) in controlled:
+                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle"))
+        if flags is not None:
+            issues.extend(self.version_issues(features, flags))
+        return issues
+
+    @staticmethod
+    def _runtime_issues(engine: EngineConfig, add: Callable[[ValidationIssue], None]) -> None:
+        runtime = engine.runtime
+        if runtime.kind == "docker":
+            add(ValidationIssue("engine.runtime", "llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp "
+                                                  "(kind 'python') or a llama-server executable; not from docker yet"))
+        elif runtime.kind == "managed":
+            try:
+                managed = managed_runtime(runtime.managed)
+            except RuntimeErrorMessage as exc:
+                add(ValidationIssue("engine.runtime", str(exc)))
+                return
+            if managed.engine != "llamacpp":
+                add(ValidationIssue("engine.runtime", f"the managed runtime '{managed.name}' runs {managed.engine}, "
+                                                      "not llama.cpp: use managed = 'llamacpp-cpu'"))
+
+    @staticmethod
+    def _model_issues(engine: EngineConfig, add: Callable[[ValidationIssue], None]) -> None:
+        if engine.tokenizer:
+            add(ValidationIssue("engine.tokenizer", "llama.cpp reads the tokenizer from the GGUF file"))
+        model = engine.model
+        if model == DEMO_MODEL:
+            if not gguf_demo_ready() and not (demo_model_dir() / COMPLETE_MARKER).is_file():
+                add(ValidationIssue("engine.model", "the demo model is not generated yet: run `tunebench demo-model`"))
+            return
+        if not model.lower().endswith(".gguf"):
+            add(ValidationIssue("engine.model", f"llama.cpp loads one GGUF file; '{model}' is not a .gguf path"))
+        elif not Path(model).expanduser().is_file():
+            add(ValidationIssue("engine.model", f"model file not found: {model}"))
+
+    def _feature_issues(self, engine: EngineConfig, features: Features, hardware: HardwareInfo | None,
+                        add: Callable[[ValidationIssue], None]) -> None:
+        spec = features.speculative
+        if features.weights_dtype != "auto":
+            add(ValidationIssue("weights_dtype", "llama.cpp takes the weight type from the GGUF file: choose a GGUF "
+                                                 "quantized the way you want (e.g. Q8_0, Q4_K_M)"))
+        if features.kv_cache_dtype.startswith("fp8"):
+            add(ValidationIssue("kv_cache_dtype", "llama.cpp has no FP8 KV cache: this runs q8_0 (8-bit values with "
+                                                  "a scale per 32, 1.06 bytes each), its nearest type", "warning"))
+        if KV_CACHE_TYPES.get(features.kv_cache_dtype) and features.flash_attention is False:
+            add(ValidationIssue("flash_attention", "a quantized V cache needs flash attention in llama.cpp: turn it "
+                                                   "on or leave it to the engine"))
+        if spec.method == "eagle":
+            add(ValidationIssue("speculative.method", "llama.cpp runs EAGLE-3 heads (eagle3), not EAGLE-1/2"))
+        if spec.method in ("draft_model", "eagle3"):
+            if not spec.draft_model:
+                add(ValidationIssue("speculative.draft_model", f"speculative method '{spec.method}' needs a draft "
+                                                               "model (a GGUF file)"))
+            elif not spec.draft_model.lower().endswith(".gguf") or not Path(spec.draft_model).expanduser().is_file():
+                add(ValidationIssue("speculative.draft_model", f"llama.cpp needs the draft model as a local GGUF "
+                                                               f"file: {spec.draft_model}"))
+        if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
+            add(ValidationIssue("speculative.draft_model",
+                                f"a draft model is ignored with speculative method '{spec.method}'", "warning"))
+        if spec.method == "ngram" and spec.ngram_prompt_lookup_min != spec.ngram_prompt_lookup_max:
+            add(ValidationIssue("speculative.ngram_prompt_lookup_max",
+                                f"llama.cpp's ngram-simple matches one n-gram size: {spec.ngram_prompt_lookup_min} (the "
+                                "minimum), not a window", "warning"))
+        refusals = (
+            ("cpu_offload_gib", features.cpu_offload_gib > 0,
+             "llama.cpp offloads whole layers, not GiB: set GPU layers instead"),
+            ("kv_offload_gib", features.kv_offload_gib > 0 or features.kv_offload_backend is not None,
+             "llama.cpp has no KV offload tier (its KV cache stays with its layers; --no-kv-offload keeps all of it "
+             "in host memory)"),
+            ("gpu_memory_utilization", features.gpu_memory_utilization is not None,
+             "llama.cpp sizes memory by context size and GPU layers, not a utilization fraction"),
+            ("tensor_parallel_size", features.tensor_parallel_size > 1,
+             "llama.cpp splits a model across GPUs by layers (--split-mode, --tensor-split), not by tensor-parallel size"),
+            ("pipeline_parallel_size", features.pipeline_parallel_size > 1,
+             "llama.cpp splits a model across GPUs by layers (--split-mode layer), not by pipeline-parallel size"),
+            ("chunked_prefill", features.chunked_prefill is False,
+             "llama.cpp always processes prompts in batches of -b tokens between decode steps; it cannot be turned off"),
+            ("cuda_graphs", not features.cuda_graphs,
+             "llama.cpp has no flag for CUDA graphs (its CUDA build uses them; GGML_CUDA_DISABLE_GRAPHS=1 in the "
+             "runtime's environment turns them off)"),
+        )
+        for key, refused, reason in refusals:
+            if refused:
+                add(ValidationIssue(key, reason))
+        if features.gpu_layers:
+            if self.is_cpu_build(engine):
+                add(ValidationIssue("gpu_layers", "the llamacpp-cpu runtime (xllamacpp's CPU wheel) has no GPU "
+                                                  "backend: use a CUDA build (runtime kind 'python' or 'executable')"))
+            elif hardware is not None and not hardware.has_gpu:
+                add(ValidationIssue("gpu_layers", "GPU layers need a GPU; none is visible here"))
+
+    def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
+        """Flags or values the installed version lacks, named with the version, before any launch."""
+        issues = []
+        for key, tokens in feature_flags(features).items():
+            for flag in flag_names(tokens):
+                if not flags.has(flag):
+                    issues.append(ValidationIssue(key, f"{flag} is not supported by the installed llama.cpp "
+                                                       f"{flags.version}"))
+            for flag, value in flag_values(tokens):
+                choices = flags.choices.get(flag)
+                bad = [v for v in value.split(",") if v not in choices] if choices else []
+                if bad:
+                    issues.append(ValidationIssue(key, f"{flag} {value} is not accepted by llama.cpp {flags.version} "
+                                                       f"(choices: {', '.join(choices or [])})"))
+        return issues
+
+    # -- after launch ---------------------------------------------------------------------------
+
+    def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
+        lines = list(log_lines)
+        for rule in DIAGNOSIS_RULES:
+            for line in lines:
+                match = rule.pattern.search(line)
+                if match:
+                    return Diagnosis(rule.code, rule.advice(match), line.strip())
+        for line in reversed(lines):
+            match = _GENERIC_ERROR_RE.search(line)
+            if match:
+                return Diagnosis("error", f"The engine failed: {match.group(1)}: {match.group(2).strip()}", line.strip())
+        return None
+
+    # -- verification by effect -----------------------------------------------------------------
+
+    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
+        """Two identical prompts (prefix caching: the second must come from the prompt cache),
+        one repetitive prompt with a few dozen outputs (speculation: drafts proposed and
+        accepted), then a one-token request: llama.cpp counts a request in /metrics after
+        answering it, and the last one is surely counted once the next is answered."""
+        bodies: list[dict[str, Any]] = []
+        if features.prefix_caching is not None:
+            prompt = [PROBE_TOKEN_BASE + i % 89 for i in range(_prefix_probe_len(features))]
+            bodies += [{"prompt": prompt, "max_tokens": 1, "temperature": 0.0}] * 2
+        if features.speculative.method != "off":
+            pattern = [PROBE_TOKEN_BASE + 50 + i for i in range(SPEC_PROBE_PERIOD)]  # shares no prefix with the above
+            bodies.append({"prompt": pattern * 8, "max_tokens": SPEC_PROBE_OUTPUT_TOKENS, "ignore_eos": True,
+                           "temperature": 0.0})
+        if bodies:
+            bodies.append({"prompt": [PROBE_TOKEN_BASE + 97], "max_tokens": 1, "temperature": 0.0})
+        return bodies
+
+    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
+               before_text: str | None = None, probe_error: str | None = None,
+               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
+        """By effect where llama.cpp shows one (prompt-cache hits on the probe's repeated prompt,
+        drafts proposed and accepted, the bytes per value of the KV cache it allocated); else
+        the context it logged it created ("accepted")."""
+        probed = before_text is not None and probe_error is None and bool(metrics_text)
+        unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
+        ints = log_ints(log_lines)
+
+        def delta(name: str) -> float | None:
+            after = _metric_total(metrics_text, name)
+            if after is None:
+                return None
+            return after - (_metric_total(before_text or "", name) or 0.0)
+
+        checks: list[FeatureCheck] = []
+        if features.prefix_caching is not None:
+            checks.append(_verify_prefix_caching(features, delta, probed, unmeasured))
+        if features.kv_cache_dtype != "auto":
+            checks.append(_verify_kv_type(features.kv_cache_dtype, log_lines, ints))
+        if features.speculative.method != "off":
+            checks.append(_verify_speculation(features, delta, probed, unmeasured))
+        logged: tuple[tuple[str, object, str, int | None], ...] = (
+            ("max_num_seqs", features.max_num_seqs, "n_slots", ints.get("n_slots")),
+            ("max_model_len", features.max_model_len, "n_ctx_seq", ints.get("n_ctx_seq")),
+            ("max_num_batched_tokens", features.max_num_batched_tokens, "n_batch", ints.get("n_batch")),
+        )
+        for key, wanted, name, value in logged:
+            if wanted is None:
+                continue
+            status: FeatureStatus = "unknown" if value is None else "accepted" if value == wanted else "not active"
+            checks.append(FeatureCheck(key, str(wanted), status, f"engine logged {name} = {value}"))
+        if features.flash_attention is not None:
+            fa = next((m.group(1) for m in map(FLASH_ATTN_RE.search, log_lines) if m), None)
+            want = "enabled" if features.flash_attention else "disabled"
+            status = "unknown" if fa is None else "accepted" if fa == want else "not active"
+            checks.append(FeatureCheck("flash_attention", str(features.flash_attention), status,
+                                       f"engine logged flash_attn = {fa}"))
+        if features.gpu_layers is not None:
+            off = next((m for m in map(OFFLOADED_RE.search, log_lines) if m), None)
+            if off is None:
+                checks.append(FeatureCheck("gpu_layers", str(features.gpu_layers), "unknown",
+                                           "the engine logged no layers offloaded to a GPU"))
+            else:
+                done, total = int(off.group(1)), int(off.group(2))
+                ok = done == min(features.gpu_layers, total)
+                checks.append(FeatureCheck("gpu_layers", str(features.gpu_layers), "verified" if ok else "not active",
+                                           f"engine offloaded {done}/{total} layers to the GPU"))
+        return checks
+
+
+PROBE_TOKEN_BASE = 11  # probe prompts use token ids 11..108: ordinary tokens in any vocabulary
+PREFIX_PROBE_TOKENS = 128
+SPEC_PROBE_PERIOD = 8  # a prompt repeating every 8 tokens: an n-gram drafter finds matches
+SPEC_PROBE_OUTPUT_TOKENS = 64
+KV_BYTES_TOLERANCE = 0.1  # MiB are logged to two decimals
+
+
+def _prefix_probe_len(features: Features) -> int:
+    if features.max_model_len is not None and features.max_model_len < PREFIX_PROBE_TOKENS + 2:
+        return max(2, features.max_model_len - 2)
+    return PREFIX_PROBE_TOKENS
+
+
+def _verify_prefix_caching(features: Features, delta: Callable[[str], float | None], probed: bool,
+                           unmeasured: str) -> FeatureCheck:
+    wanted = bool(features.prefix_caching)
+    hits = delta("llamacpp:prompt_tokens_cached_total")
+    probe = f"a probe of two identical {_prefix_probe_len(features)}-token prompts"
+    if probed and hits is not None:
+        if wanted and hits > 0:
+            return FeatureCheck("prefix_caching", "True", "verified", f"{hits:,.0f} prompt tokens came from the "
+                                                                      f"prompt cache in {probe}")
+        if not wanted and hits == 0:
+            return FeatureCheck("prefix_caching", "False", "verified", f"no prompt tokens came from a cache in {probe}")
+        return FeatureCheck("prefix_caching", str(wanted), "not active",
+                            f"{hits:,.0f} prompt tokens came from the prompt cache in {probe}")
+    return FeatureCheck("prefix_caching", str(wanted), "unknown", "no prompt-cache counter was read" + unmeasured)
+
+
+def _verify_speculation(features: Features, delta: Callable[[str], float | None], probed: bool,
+                        unmeasured: str) -> FeatureCheck:
+    method = features.speculative.method
+    drafts = delta("llamacpp:spec_decode_num_drafts_total")
+    accepted = delta("llamacpp:spec_decode_num_accepted_tokens_total")
+    drafted = delta("llamacpp:spec_decode_num_draft_tokens_total")
+    probe = f"a {SPEC_PROBE_OUTPUT_TOKENS}-token probe on a repetitive prompt"
+    if probed and drafted is not None:
+        seen = f"{drafted:,.0f} draft tokens proposed ({drafts or 0:,.0f} drafts), {accepted or 0:,.0f} accepted in {probe}"
+        if drafted > 0 and (accepted or 0) > 0:
+            return FeatureCheck("speculative.method", method, "verified", seen)
+        if drafted > 0:
+            return FeatureCheck("speculative.method", method, "accepted", seen)
+        return FeatureCheck("speculative.method", method, "not active", f"no drafts in {probe}")
+    return FeatureCheck("speculative.method", method, "unknown", "no speculative-decoding counter was read" + unmeasured)
+
+
+def _verify_kv_type(dtype: str, log_lines: Sequence[str], ints: Mapping[str, int]) -> FeatureCheck:
+    """The KV cache llama.cpp allocated: the type it names for K and V, and its size, which for a
+    block-quantized type is the bytes per value times the values (q8_0: 1.06, f16: 2)."""
+    want = KV_CACHE_TYPES.get(dtype, dtype)
+    alloc = next((m for m in map(KV_ALLOC_RE.search, log_lines) if m), None)
+    if alloc is None:
+        return FeatureCheck("kv_cache_dtype", dtype, "unknown",
+                            f"the engine logged no KV cache allocation (it does at log verbosity {LOG_VERBOSITY})")
+    types = f"K ({alloc['k']}) {alloc['k_mib']} MiB, V ({alloc['v']}) {alloc['v_mib']} MiB"
+    if alloc["k"] != want or alloc["v"] != want:
+        return FeatureCheck("kv_cache_dtype", dtype, "not active", f"the engine allocated its KV cache as {types}")
+    values = [ints.get("n_ctx"), ints.get("n_layer"), ints.get("n_embd_k_gqa")]
+    expected = KV_BYTES_PER_ELEMENT.get(want)
+    if None in values or not expected:
+        return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"the engine allocated its KV cache as {types}")
+    n_ctx, n_layer, n_embd = (int(v or 0) for v in values)
+    per_value = float(alloc["k_mib"]) * 2**20 / (n_ctx * n_layer * n_embd)
+    seen = (f"the engine allocated its KV cache as {types}: {per_value:.2f} bytes per value over {n_ctx:,} tokens "
+            f"({want} stores {expected:.2f}, f16 2.00)")
+    if abs(per_value - expected) <= expected * KV_BYTES_TOLERANCE:
+        return FeatureCheck("kv_cache_dtype", dtype, "verified", seen)
+    return FeatureCheck("kv_cache_dtype", dtype, "accepted", seen + ", which fits no prediction")
+
+
+ADAPTER = LlamaCppAdapter()
