@@ -1,0 +1,485 @@
+"""The Tune tab: the best engine configuration under an SLO (``app.tuner``), from the window's
+configuration. The SLO, the strategy, the budget, the repeats and an optional space file are set
+here; Start runs the tune in the window's run worker (Stop and closing the window treat it as the
+running run, and each trial's live graphs show in the Live tab as for any run). As trials end the
+Pareto chart (output tok/s per GPU against tok/s per user, the SLO frontier, the TPOT line, the
+pick ringed) and the trials table grow; the pick is named with the constraint that bound it.
+Stored tunes open here too: resumed, reported, their pick exported in any launch format, and
+``vllm bench sweep`` or AIConfigurator points imported onto the chart.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
+from app.gui.theme import LIGHT, Theme
+from app.gui.workers import run_in_worker
+from app.tuner.state import TuneState, chart_points, pareto_front, slo_frontier, tpot_floor
+
+TICK_MS = 250
+DEFAULT_SLO = "ttft_ms<=500,tpot_ms<=50"
+SCRIPT_FORMATS = ("bash", "docker", "compose", "k8s")
+
+
+class ParetoChart(QWidget):
+    """``set_state(state)`` redraws the trade-off: each measured trial a dot (green met the SLO,
+    red missed it, grey otherwise), the SLO frontier, the TPOT bound, the pick ringed, imported
+    points as hollow diamonds by source."""
+
+    def __init__(self, theme: Theme = LIGHT, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.plot = pg.PlotWidget(background=theme.background)
+        item = self.plot.getPlotItem()
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        item.setLabel("bottom", "tok/s per user (1000 / mean TPOT)")
+        item.setLabel("left", "output tok/s per GPU")
+        self.legend = item.addLegend(offset=(-10, 10))
+        layout.addWidget(self.plot)
+        self.points: dict[str, list[tuple[float, float]]] = {}
+        """What is drawn, by series name (tests read it back)."""
+
+    def set_state(self, state: TuneState | None) -> None:
+        item = self.plot.getPlotItem()
+        item.clear()
+        self.legend.clear()
+        self.points = {}
+        if state is None:
+            return
+        t = self.theme
+        groups = {"met the SLO": ("passed", t.good), "missed the SLO": ("failed", t.bad)}
+        measured = [x for x in state.trials if x.measured]
+        for name, (status, colour) in groups.items():
+            pts = chart_points([x for x in measured if x.status == status])
+            if pts:
+                self._scatter(name, pts, colour, "o")
+        other = chart_points([x for x in measured if x.status not in ("passed", "failed")])
+        if other:
+            self._scatter("other", other, t.muted, "o")
+        frontier = slo_frontier(state.trials)
+        if frontier:
+            pts = [(x.tok_s_per_user or 0.0, x.tok_s_per_gpu or 0.0) for x in frontier]
+            self.points["SLO frontier"] = pts
+            item.addItem(pg.PlotDataItem([p[0] for p in pts], [p[1] for p in pts], pen=pg.mkPen(t.good, width=2),
+                                         name="SLO frontier"))
+        for i, source in enumerate(sorted({x.source for x in state.trials if not x.measured})):
+            mine = [x for x in state.trials if x.source == source]
+            pts = chart_points(mine)
+            colour = IMPORT_COLOURS[i % len(IMPORT_COLOURS)]
+            self._scatter(f"{source} (imported)", pts, colour, "d", hollow=True)
+            front = [pts[j] for j in pareto_front(pts)]
+            if len(front) > 1:
+                item.addItem(pg.PlotDataItem([p[0] for p in front], [p[1] for p in front],
+                                             pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine)))
+        floor = tpot_floor(state.slo) if state.slo else None
+        if floor:
+            self.points["TPOT SLO"] = [(floor, 0.0)]
+            item.addItem(pg.InfiniteLine(pos=floor, angle=90, pen=pg.mkPen(t.bad, style=Qt.PenStyle.DashLine),
+                                         label="TPOT SLO", labelOpts={"position": 0.9, "color": t.bad}))
+        pick = state.pick
+        if pick is not None and pick.tok_s_per_user is not None and pick.tok_s_per_gpu is not None:
+            self.points["pick"] = [(pick.tok_s_per_user, pick.tok_s_per_gpu)]
+            item.addItem(pg.ScatterPlotItem([pick.tok_s_per_user], [pick.tok_s_per_gpu], size=22, symbol="o",
+                                            pen=pg.mkPen("#f9ab00", width=3), brush=None, name="pick"))
+
+    def _scatter(self, name: str, pts: list[tuple[float, float]], colour: str, symbol: str,
+                 hollow: bool = False) -> None:
+        self.points[name] = pts
+        self.plot.getPlotItem().addItem(pg.ScatterPlotItem(
+            [p[0] for p in pts], [p[1] for p in pts], size=10, symbol=symbol, pen=pg.mkPen(colour, width=1.5),
+            brush=None if hollow else pg.mkBrush(colour), name=name))
+
+
+class TuneTab(QWidget):
+    """See the module docstring. ``window`` is the :class:`app.gui.main_window.MainWindow`."""
+
+    runner_factory: Any = None
+    """Tests put a stand-in runner here (the tuner's ``runner_factory``)."""
+    engines: Any = None
+    """Tests put a stand-in engine source here (default: the tune's own engine keeper)."""
+
+    def __init__(self, window: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.main = window
+        self.state: TuneState | None = None
+        self.stored: list[TuneState] = []
+        self.tuner: Any = None
+        self._running = False
+        self._busy = False
+        self._build()
+        self.timer = QTimer(self)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self.tick)
+        self.timer.start()
+        QTimer.singleShot(0, self.refresh_stored)
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        layout = QHBoxLayout(self)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        left = QWidget()
+        box = QVBoxLayout(left)
+        box.setContentsMargins(0, 0, 0, 0)
+        form = QFormLayout()
+        self.slo_edit = QLineEdit(DEFAULT_SLO)
+        self.slo_edit.setToolTip("Bounds on ttft_ms, tpot_ms, e2e_ms, queue_ms, held at the percentile below")
+        self.percentile = QComboBox()
+        self.percentile.addItems(["p99", "p95", "p90", "p50"])
+        self.strategy = QComboBox()
+        self.strategy.addItem("grid: every configuration", "grid")
+        self.strategy.addItem("bayes: optuna TPE picks the next", "bayes")
+        self.trials = QSpinBox()
+        self.trials.setRange(0, 10_000)
+        self.trials.setSpecialValueText("all")
+        self.trials.setToolTip("At most this many engine configurations (each searched over the load range)")
+        self.budget_min = QSpinBox()
+        self.budget_min.setRange(0, 7 * 24 * 60)
+        self.budget_min.setSuffix(" min")
+        self.budget_min.setSpecialValueText("none")
+        self.repeats = QSpinBox()
+        self.repeats.setRange(0, 20)
+        self.repeats.setSpecialValueText("off")
+        self.repeats.setToolTip("Confirm the pick by this many reruns (at least 2) with its 95% confidence interval")
+        space_row = QHBoxLayout()
+        self.space_edit = QLineEdit("")
+        self.space_edit.setPlaceholderText("default: from the profile and this machine")
+        self.space_button = QPushButton("\u2026")
+        self.space_button.setMaximumWidth(30)
+        space_row.addWidget(self.space_edit, 1)
+        space_row.addWidget(self.space_button)
+        form.addRow("SLO:", self.slo_edit)
+        form.addRow("Percentile:", self.percentile)
+        form.addRow("Search:", self.strategy)
+        form.addRow("Configurations:", self.trials)
+        form.addRow("Budget:", self.budget_min)
+        form.addRow("Confirm pick:", self.repeats)
+        form.addRow("Space file:", space_row)
+        box.addLayout(form)
+        run_row = QHBoxLayout()
+        self.start_button = QPushButton("\u25b6 Start tune")
+        self.start_button.setObjectName("startTune")
+        self.stop_button = QPushButton("\u25a0 Stop")
+        self.stop_button.setEnabled(False)
+        run_row.addWidget(self.start_button)
+        run_row.addWidget(self.stop_button)
+        box.addLayout(run_row)
+        box.addWidget(QLabel("Stored tunes:"))
+        self.stored_picker = QComboBox()
+        box.addWidget(self.stored_picker)
+        stored_row = QHBoxLayout()
+        self.open_button = QPushButton("Open")
+        self.resume_button = QPushButton("Resume")
+        self.report_button = QPushButton("Report\u2026")
+        for button in (self.open_button, self.resume_button, self.report_button):
+            stored_row.addWidget(button)
+        box.addLayout(stored_row)
+        export_row = QHBoxLayout()
+        self.export_format = QComboBox()
+        self.export_format.addItems(list(SCRIPT_FORMATS))
+        self.export_button = QPushButton("Export pick\u2026")
+        self.import_button = QPushButton("Import points\u2026")
+        self.import_button.setToolTip("vllm bench sweep (summary.csv, summary.json, run=N.json) or an AIConfigurator "
+                                      "Pareto CSV, drawn on this tune's chart")
+        export_row.addWidget(self.export_format)
+        export_row.addWidget(self.export_button)
+        export_row.addWidget(self.import_button)
+        box.addLayout(export_row)
+        self.pick_label = QLabel("")
+        self.pick_label.setObjectName("tunePick")
+        self.pick_label.setWordWrap(True)
+        self.pick_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        box.addWidget(self.pick_label)
+        self.message = QLabel("")
+        self.message.setWordWrap(True)
+        box.addWidget(self.message)
+        box.addStretch(1)
+        split.addWidget(left)
+        right = QSplitter(Qt.Orientation.Vertical)
+        self.chart = ParetoChart(LIGHT)
+        right.addWidget(self.chart)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        right.addWidget(self.table)
+        right.setSizes([480, 300])
+        split.addWidget(right)
+        split.setSizes([330, 960])
+        layout.addWidget(split)
+        self.start_button.clicked.connect(lambda: self.start())
+        self.stop_button.clicked.connect(self.main.stop_run)
+        self.space_button.clicked.connect(self._pick_space)
+        self.open_button.clicked.connect(self.open_stored)
+        self.resume_button.clicked.connect(lambda: self.start(resume=True))
+        self.report_button.clicked.connect(lambda: self.save_report())
+        self.export_button.clicked.connect(lambda: self.export_pick())
+        self.import_button.clicked.connect(lambda: self.import_points())
+        self.stored_picker.currentIndexChanged.connect(lambda _i: self._update_buttons())
+        self._update_buttons()
+
+    def _pick_space(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Search space", "", "TOML (*.toml)")
+        if path:
+            self.space_edit.setText(path)
+
+    def _update_buttons(self) -> None:
+        busy = bool(self.main.running)
+        chosen = self._chosen()
+        self.start_button.setEnabled(not busy)
+        self.stop_button.setEnabled(self._running)
+        self.resume_button.setEnabled(not busy and chosen is not None and chosen.status != "completed")
+        self.open_button.setEnabled(chosen is not None)
+        self.report_button.setEnabled(chosen is not None or self.state is not None)
+        shown = self.state
+        self.export_button.setEnabled(shown is not None and shown.pick is not None)
+        self.import_button.setEnabled(shown is not None and not self._running)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    @property
+    def running_here(self) -> bool:
+        return self._running
+
+    def start(self, resume: bool = False) -> None:
+        w = self.main
+        if w.running:
+            return
+        problems = w.config_panel.problems()
+        if problems and not resume:
+            w._error("Cannot start the tune: " + "; ".join(problems))
+            return
+        from app.tuner.run import Tuner
+        from app.tuner.space import build_space, read_space_file
+
+        config = w.state.config
+        stem = w.profile_path.stem if w.profile_path else config.name
+        chosen = self._chosen() if resume else None
+        if resume and chosen is None:
+            return
+        slo, space_path = self.slo_edit.text().strip(), self.space_edit.text().strip()
+        percentile, strategy = self.percentile.currentText(), self.strategy.currentData()
+        trials = self.trials.value() or None
+        budget_s = self.budget_min.value() * 60.0 or None
+        repeats = self.repeats.value()
+        if repeats == 1:
+            w._error("Confirm pick: at least 2 reruns give a confidence interval (or off)")
+            return
+        cancel = threading.Event()
+        bus, db_path, hardware, flags = w.bus, w.db_path, w.hardware, w.flags
+        kwargs: dict[str, Any] = {"telemetry": True, "on_update": None}
+        if self.runner_factory is not None:
+            kwargs["runner_factory"] = self.runner_factory
+        if self.engines is not None:
+            kwargs["engines"] = self.engines
+        if flags is not None:
+            kwargs.update(flags=flags, discover_flags=False)
+        if hardware is not None:
+            kwargs["hardware"] = hardware
+        session = w.session
+
+        def work() -> TuneState:
+            from app.recording import record_to_default_store
+            from db import tune_store
+
+            session.shutdown()  # one engine at a time: the tune starts and stops its own
+            recorder = record_to_default_store(bus, db_path)
+            try:
+                if chosen is not None:
+                    stored = tune_store.find_tune(recorder.store, chosen.tune_id)
+                    self.tuner = Tuner.resume(stored, bus, recorder=recorder, **kwargs)
+                else:
+                    raw = read_space_file(space_path) if space_path else None
+                    space = build_space(config, hardware, raw, source=space_path or "search space")
+                    space.percentile = percentile  # type: ignore[assignment]
+                    self.tuner = Tuner(config, bus, slo=slo, space=space, strategy=strategy, max_candidates=trials,
+                                       budget_s=budget_s, repeats=repeats, profile=stem, recorder=recorder, **kwargs)
+                return self.tuner.run(cancel)
+            finally:
+                recorder.close()
+
+        w.show_banner(None)
+        w._clear_live("")
+        w.log_view.clear()
+        w.cancel = cancel
+        self._running = True
+        self.tuner = None
+        w.run_worker = run_in_worker(work, self._done, self._failed, name="tune", parent=self)
+        w._set_running(True)
+        w.phase_bar.set_text("Tune starting\u2026", 2)
+        self._update_buttons()
+
+    def _done(self, state: TuneState) -> None:
+        self._finished()
+        self.show_state(state)
+        self.main.show_banner(f"Tune {state.status}" + (f" ({state.reason})" if state.reason else "") + ". "
+                              + pick_text(state), error=state.status not in ("completed", "cancelled"))
+
+    def _failed(self, message: str) -> None:
+        self._finished()
+        self.main._error(f"Tune failed: {message}")
+
+    def _finished(self) -> None:
+        self._running = False
+        self.main._after_run()
+        self.refresh_stored()
+        self._update_buttons()
+
+    def tick(self) -> None:
+        if self.main.running != self._busy:
+            self._busy = bool(self.main.running)
+            self._update_buttons()
+        if self._running and self.tuner is not None:
+            state = self.tuner.snapshot()
+            if self.state is None or state.revision != self.state.revision:
+                self.show_state(state)
+                running = [t for t in state.trials if t.status == "running"]
+                if running:
+                    t = running[-1]
+                    self.main.phase_bar.set_text(f"Tune: {t.label} @ {t.load_label} "
+                                                 f"({sum(1 for x in state.measured if x.status != 'running')} "
+                                                 f"trials done)")
+
+    def show_state(self, state: TuneState | None) -> None:
+        self.state = state
+        self.chart.set_state(state)
+        self.pick_label.setText(pick_text(state) if state is not None else "")
+        rows = trial_table(state) if state is not None else []
+        self.table.setRowCount(len(rows))
+        for i, row in enumerate(rows):
+            for col, key in enumerate(COLUMNS):
+                item = QTableWidgetItem(row[key])
+                status = row["status"]
+                if key == "status" and status.endswith("failed"):
+                    item.setForeground(QBrush(QColor(LIGHT.bad)))
+                elif key == "status" and status.endswith("passed"):
+                    item.setForeground(QBrush(QColor(LIGHT.good)))
+                if status.startswith("PICK"):
+                    item.setBackground(QBrush(QColor("#fef7e0")))
+                if key == "note" and row["note"]:
+                    item.setToolTip(row["note"])
+                self.table.setItem(i, col, item)
+        self._update_buttons()
+
+    # -- stored tunes ------------------------------------------------------------------------------
+
+    def refresh_stored(self) -> None:
+        from app.tuner.stored import list_states
+
+        run_in_worker(lambda: self.main._with_store(list_states), self._stored_loaded, self.main._error,
+                      name="tunes", parent=self)
+
+    def _stored_loaded(self, states: list[TuneState]) -> None:
+        self.stored = states
+        self.stored_picker.blockSignals(True)
+        self.stored_picker.clear()
+        for st in states:
+            self.stored_picker.addItem(f"{st.tune_id} \u00b7 {st.status} \u00b7 {len(st.measured)} trials \u00b7 "
+                                       f"{st.name}")
+        self.stored_picker.blockSignals(False)
+        self._update_buttons()
+
+    def _chosen(self) -> TuneState | None:
+        i = self.stored_picker.currentIndex()
+        return self.stored[i] if 0 <= i < len(self.stored) else None
+
+    def open_stored(self) -> None:
+        chosen = self._chosen()
+        if chosen is not None:
+            self.show_state(chosen)
+            self.message.setText(f"Stored tune {chosen.tune_id}: {chosen.status}")
+
+    def save_report(self, path: str | None = None) -> None:
+        state = self.state or self._chosen()
+        if state is None:
+            return
+        if not path:
+            path, _ = QFileDialog.getSaveFileName(self, "Save the tune report", f"tune-{state.tune_id}.html",
+                                                  "HTML (*.html)")
+        if not path:
+            return
+
+        def write() -> Path:
+            from app.export import save
+            from app.export.tune_report import render_tune_report
+
+            return save(render_tune_report(state), "html", path)
+
+        run_in_worker(write, lambda p: self.message.setText(f"Report written to {p}"), self.main._error,
+                      name="tune-report", parent=self)
+
+    def export_pick(self, path: str | None = None, fmt: str | None = None) -> None:
+        state = self.state
+        if state is None or state.pick is None:
+            return
+        fmt = fmt or self.export_format.currentText()
+        if not path:
+            suffix = ".sh" if fmt in ("bash", "docker") else ".yaml"
+            path, _ = QFileDialog.getSaveFileName(self, "Export the pick", f"pick-{state.tune_id}{suffix}")
+        if not path:
+            return
+
+        def write() -> Path:
+            from app.export import save
+            from app.export.tune_report import pick_launch_script
+
+            return save(pick_launch_script(state, fmt), fmt, path)
+
+        run_in_worker(write, lambda p: self.message.setText(f"The pick written to {p} ({fmt})"), self.main._error,
+                      name="tune-export", parent=self)
+
+    def import_points(self, path: str | None = None) -> None:
+        state = self.state
+        if state is None:
+            return
+        if not path:
+            path, _ = QFileDialog.getOpenFileName(self, "Import sweep points", "",
+                                                  "Sweep results (*.csv *.json);;All files (*)")
+        if not path:
+            return
+        tune_id = state.tune_id
+
+        def work() -> TuneState:
+            from app.export.sweep_import import import_into_tune
+            from app.tuner.stored import load_tune
+
+            def go(store: Any) -> TuneState:
+                import_into_tune(store, tune_id, path)
+                return load_tune(store, tune_id)
+
+            return self.main._with_store(go)  # type: ignore[no-any-return]
+
+        def done(new: TuneState) -> None:
+            self.show_state(new)
+            self.message.setText(f"Imported {len(new.imported)} point(s) onto tune {tune_id}")
+            self.refresh_stored()
+
+        run_in_worker(work, done, self.main._error, name="tune-import", parent=self)

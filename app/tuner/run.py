@@ -1,0 +1,677 @@
+"""Running a tune: :class:`Tuner` searches the engine configurations of a space for the one that
+yields the most output tok/s per GPU while meeting the SLO, driving :class:`app.campaign.Campaign`
+(engine reuse, cold caches, verification, recording) once per configuration.
+
+- **Pruned before launch.** Every configuration is judged by ``app.engines.check_config`` with
+  this machine's hardware and the installed engine's flags, and by the planner's memory plan
+  (``app.planner.make_plan``): one that cannot run or cannot fit is ``pruned`` with the reason
+  and never launched.
+- **Goodput per configuration.** The loads are tried lowest first on one engine (the engine
+  restarts only when its flags change); the search stops at the first load that misses the SLO
+  (``app.tuner.slo``): the highest load before it is the configuration's goodput, and the bound
+  that failed is what bound it ("TTFT p99 hit 612 ms (limit <= 500 ms) at concurrency 16").
+- **Infeasible, not fatal.** A configuration whose engine does not start (out of memory, a flag
+  this build refuses) or dies under load is recorded ``infeasible`` with the engine's diagnosis,
+  and the tune goes on.
+- **Search.** ``grid`` tries every configuration in order; ``bayes`` asks optuna's TPE sampler
+  (constraint-aware: a configuration that misses the SLO even at the lowest load is infeasible,
+  by how far) which to try next, within a budget.
+- **Resumable.** Each trial is written to the run store when it starts and when it ends
+  (``db.tune_store``); ``--resume`` keeps the completed ones and reruns only what was running.
+- **Processes.** Engines come from an :class:`~app.campaign.EngineKeeper` (own process group,
+  watchdog, registry), closed when the tune ends however it ends; nothing is killed by name.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.bus import Bus
+from app.campaign import (
+    Campaign,
+    EngineKeeper,
+    EngineSource,
+    Recorder,
+    RunnerLike,
+    Step,
+    StepResult,
+    aggregate_figures,
+)
+from app.config import RunConfig
+from app.engines import check_config
+from app.errors import UserError
+from app.events import LogLine
+from app.runner import Runner, RunResult
+from app.slo import SloError, parse_slo
+from app.tuner.slo import judge, per_gpu, per_user
+from app.tuner.space import SearchSpace, apply_knobs, candidates, knob, knob_text, normalized, trial_config
+from app.tuner.state import DONE_TRIALS, Candidate, Confirmation, Pick, Trial, TuneState
+from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.hardware import HardwareInfo, probe_hardware
+from engine_adapters.secrets import mask_obj
+
+TAG = "tune:"
+"""Every run of a tune carries ``tune:<id>`` (and the campaign's tags)."""
+DEFAULT_BAYES_CANDIDATES = 20
+MAX_DUPLICATE_ASKS = 20
+"""The sampler proposed known configurations this many times in a row: try an untried one."""
+INFEASIBLE_CONSTRAINT = 1.0
+
+
+def _engine_died(reason: str | None) -> bool:
+    return bool(reason) and ("engine exited" in (reason or "") or "engine could not start" in (reason or ""))
+
+
+def _figures(run: RunResult) -> dict[str, float]:
+    return run.levels[0].summary.figures() if run.levels else {}
+
+
+def prune_reason(config: RunConfig, changed: Sequence[str], issues: Sequence[ValidationIssue]) -> str | None:
+    """Why a configuration cannot run here (an error, or a warning on a knob it sets: that setting
+    would have no effect); None when it can."""
+    fields = [knob(name).path for name in changed]
+    errors = [i for i in issues if i.severity == "error"]
+    touching = [i for i in issues if i.severity == "warning" and any(
+        f == i.field or i.field.startswith(f + ".") or f.startswith(i.field + ".") for f in fields)]
+    chosen = errors or touching
+    return "; ".join(f"{i.field}: {i.message}" for i in chosen) if chosen else None
+
+
+class Tuner:
+    """One tune (see the module docstring): :meth:`plan` prunes without launching; :meth:`run`
+    (blocking, from a worker thread) searches and returns the final :class:`TuneState`."""
+
+    def __init__(self, config: RunConfig, bus: Bus, *, slo: str, space: SearchSpace, strategy: str = "grid",
+                 max_candidates: int | None = None, budget_s: float | None = None, repeats: int = 0,
+                 profile: str = "", name: str | None = None, recorder: Recorder | None = None, store: Any = None,
+                 engines: EngineSource | None = None, runner_factory: Callable[..., RunnerLike] | None = None,
+                 telemetry: bool = True, hardware: HardwareInfo | None = None, flags: FlagSet | None = None,
+                 discover_flags: bool = True, plan_gpu: str | None = None, tune_id: str | None = None,
+                 on_update: Callable[[TuneState], None] | None = None, seed: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if strategy not in ("grid", "bayes"):
+            raise UserError(f"unknown strategy '{strategy}' (grid or bayes)")
+        if max_candidates is not None and max_candidates < 1:
+            raise UserError(f"--trials must be at least 1 (got {max_candidates})")
+        if budget_s is not None and budget_s <= 0:
+            raise UserError("--budget must be positive")
+        if repeats == 1 or repeats < 0:
+            raise UserError(f"--repeats must be 0 (off) or at least 2 to give a confidence interval (got {repeats})")
+        self.base = config
+        self.bus = bus
+        self.space = space
+        self.slo = slo
+        try:
+            parse_slo(slo)
+        except SloError as exc:
+            raise UserError(f"--slo: {exc}") from None
+        self.recorder = recorder
+        self.store = store if store is not None else (recorder.store if recorder is not None else None)
+        self.engines = engines
+        self.runner_factory: Callable[..., RunnerLike] = runner_factory or Runner
+        self.telemetry = telemetry
+        self.plan_gpu = plan_gpu
+        self.on_update = on_update
+        self.clock = clock
+        self._hardware = hardware
+        self._flags = flags
+        self._discover = discover_flags
+        self._checked = False
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self.seed = seed
+        self._keeper: EngineSource | None = None
+        self._session_start = 0.0
+        self._elapsed_before = 0.0
+        self._stop_search = False
+        self._budget_out = False
+        self._launches_before = 0
+        self._resumed = False
+        self._stale: dict[tuple[int, float], int] = {}
+        self._latest: TuneState | None = None
+        self.state = TuneState(
+            tune_id=tune_id or uuid.uuid4().hex[:12], name=name or f"{profile or config.name}: tune under {slo}",
+            profile=profile, slo=slo, percentile=space.percentile, strategy=strategy, started_wall_s=time.time(),
+            budget_candidates=max_candidates, budget_s=budget_s, repeats=repeats,
+            space=space.model_dump(mode="json"), base_config=mask_obj(config.model_dump(mode="json", exclude_none=True)))
+
+    # -- resuming -------------------------------------------------------------------------------
+
+    @classmethod
+    def resume(cls, stored: Any, bus: Bus, *, max_candidates: int | None = None, budget_s: float | None = None,
+               **kwargs: Any) -> Tuner:
+        """A tune read back from the store (``db.tune_store.StoredTune``), to go on where it
+        stopped: completed trials are kept, the rest run again. A new budget replaces the old."""
+        if stored.status == "completed":
+            raise UserError(f"tune {stored.id} is complete: nothing to resume")
+        if stored.status == "running" and stored.writer_is_alive:
+            raise UserError(f"tune {stored.id} is still running (process {stored.writer_pid})")
+        doc = dict(stored.doc)
+        try:
+            config = RunConfig.model_validate(doc.get("base_config") or {})
+            space = SearchSpace.model_validate(doc.get("space") or {})
+        except Exception as exc:  # a stored tune from an incompatible version
+            raise UserError(f"tune {stored.id} cannot be resumed: its stored configuration is not valid any more: "
+                            f"{exc}") from None
+        tuner = cls(config, bus, slo=stored.slo, space=space, strategy=stored.strategy,
+                    max_candidates=max_candidates if max_candidates is not None else doc.get("budget_candidates"),
+                    budget_s=budget_s if budget_s is not None else doc.get("budget_s"),
+                    repeats=int(doc.get("repeats") or 0), profile=stored.profile, name=stored.name, tune_id=stored.id,
+                    **kwargs)
+        st = tuner.state
+        st.started_wall_s = float(doc.get("started_wall_s") or stored.created_at)
+        st.notes = list(doc.get("notes") or [])
+        tuner._elapsed_before = float(doc.get("elapsed_s") or 0.0)
+        tuner._launches_before = int(doc.get("engine_launches") or 0)
+        st.trials = [Trial.from_stored(t) for t in stored.trials]
+        tuner._resumed = True
+        return tuner
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def _ensure_checked(self) -> None:
+        if self._checked:
+            return
+        if self._hardware is None:
+            self._hardware = probe_hardware()
+        if self._flags is None and self._discover:
+            self._flags = check_config(self.base, hardware=self._hardware).flags
+        self._checked = True
+
+    def _plan_problem(self, config: RunConfig) -> tuple[str | None, str | None]:
+        """(why the memory plan says it cannot run, or None; a note when no plan can be made)."""
+        from app.planner import PlannerError, make_plan
+
+        try:
+            plan = make_plan(config, gpu=self.plan_gpu, batches=[1])
+        except (PlannerError, UserError) as exc:
+            return None, f"not planned: {exc}"
+        if not plan.memory.fits:
+            return "the memory plan says it does not fit: " + "; ".join(plan.warnings[:1]), None
+        too_long = [w for w in plan.warnings if w.startswith("max_model_len")]
+        if too_long:
+            return f"the memory plan says the engine would refuse to start: {too_long[0]}", None
+        return None, None
+
+    def plan(self) -> TuneState:
+        """Every configuration listed and judged without launching anything."""
+        self._ensure_checked()
+        previous = {c.index: c for c in self.state.candidates}
+        cands: list[Candidate] = []
+        plan_note: str | None = None
+        for i, knobs in enumerate(candidates(self.space)):
+            cand = Candidate(index=i, knobs=knobs, label=knob_text(knobs))
+            config = apply_knobs(self.base, knobs)
+            f = config.features
+            cand.gpus = f.tensor_parallel_size * f.pipeline_parallel_size
+            report = check_config(config, discover_flags=False, hardware=self._hardware, flags=self._flags)
+            reason = prune_reason(config, list(knobs), report.issues)
+            if reason is None:
+                reason, note = self._plan_problem(config)
+                plan_note = plan_note or note
+            if reason is not None:
+                cand.status, cand.reason = "pruned", reason
+            elif i in previous and previous[i].status not in ("pruned",):
+                cand.status, cand.best_trial, cand.binding = previous[i].status, previous[i].best_trial, \
+                    previous[i].binding
+            cands.append(cand)
+        self.state.candidates = cands
+        if plan_note and plan_note not in self.state.notes:
+            self.state.notes.append(plan_note)
+        self._restore_candidates()
+        return self.state
+
+    def _restore_candidates(self) -> None:
+        """Candidates whose search the kept trials already finished (a resumed tune)."""
+        kept = [t for t in self.state.trials if t.measured and t.status in DONE_TRIALS]
+        for t in self.state.trials:  # running or cancelled when the tune stopped: they run again
+            if t.measured and t.status not in DONE_TRIALS and t.load_value is not None:
+                self._stale[(t.candidate, t.load_value)] = t.index
+        self.state.trials = sorted(kept + [t for t in self.state.trials if not t.measured], key=lambda t: t.index)
+        top = max(self.space.load.values)
+        for cand in self.state.candidates:
+            mine = sorted((t for t in kept if t.candidate == cand.index), key=lambda t: t.load_value or 0.0)
+            if not mine or cand.status == "pruned":
+                continue
+            passed = [t for t in mine if t.status == "passed"]
+            cand.best_trial = passed[-1].index if passed else None
+            stopped = next((t for t in mine if t.status != "passed"), None)
+            if stopped is not None:
+                cand.status = "infeasible" if stopped.status == "infeasible" and not passed else "done"
+                cand.binding = f"{stopped.reason} at {stopped.load_label}"
+            elif passed and math.isclose(passed[-1].load_value or 0.0, top):
+                cand.status = "done"
+                cand.binding = self._top_binding(passed[-1])
+            else:
+                cand.status = "pending"  # goes on from its next load
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self, cancel: threading.Event | None = None) -> TuneState:
+        cancel = cancel or threading.Event()
+        self._session_start = self.clock()
+        self.plan()
+        runnable = [c for c in self.state.candidates if c.status != "pruned"]
+        if not runnable:
+            first = self.state.candidates[0] if self.state.candidates else None
+            raise UserError("no engine configuration of the space can run here"
+                            + (f": {first.label}: {first.reason}" if first is not None else ""))
+        self.state.status, self.state.reason, self.state.ended_wall_s = "running", None, None
+        self._persist_tune(create=not self._resumed, claim=self._resumed)
+        for (cand_index, value), index in self._stale.items():  # marked, so the table does not say "running"
+            self._save_trial(Trial(index=index, candidate=cand_index, load_value=value, status="cancelled",
+                                   knobs=self.state.candidates[cand_index].knobs if cand_index < len(
+                                       self.state.candidates) else {},
+                                   load_kind=self.space.load.kind, reason="stopped before it ended; runs again"),
+                             publish=False)
+        self._keeper = self.engines if self.engines is not None else EngineKeeper()
+        self._note(f"tune {self.state.tune_id}: {len(self.state.candidates)} engine configuration(s), "
+                   f"{len(runnable)} can run here; loads {self.space.load.label(self.space.load.values[0])} to "
+                   f"{self.space.load.label(self.space.load.values[-1])}; SLO {self.slo} at {self.space.percentile}")
+        status, reason = "completed", None
+        try:
+            if self.state.strategy == "grid":
+                self._grid(cancel)
+            else:
+                self._bayes(cancel)
+            self._choose_pick()
+            if self.state.repeats >= 2 and self.state.pick is not None and not cancel.is_set():
+                self._confirm(cancel)
+            if cancel.is_set():
+                status, reason = "cancelled", "cancelled"
+            elif self.state.pick is None:
+                reason = "no configuration met the SLO at any load tried"
+            elif self._budget_out:
+                reason = "the budget ran out before every configuration was tried"
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+            self._end(status, reason)
+            raise
+        finally:
+            close = getattr(self._keeper, "close", None) if self.engines is None else None
+            if close is not None:
+                close()  # the engines this tune started: none is left behind
+        self._end(status, reason)
+        return self.state
+
+    def _budget_left(self, within: bool = False) -> bool:
+        """Whether another candidate may start (``within``: another trial of the running one;
+        only the time budget applies)."""
+        st = self.state
+        if st.budget_s is not None and self._elapsed() >= st.budget_s:
+            return False
+        if st.budget_candidates is not None and not within:
+            tried = sum(1 for c in st.candidates if c.status in ("searching", "done", "infeasible", "cut"))
+            if tried >= st.budget_candidates:
+                return False
+        return True
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + (self.clock() - self._session_start)
+
+    def _grid(self, cancel: threading.Event) -> None:
+        for cand in self.state.candidates:
+            if cancel.is_set() or self._budget_out:
+                return
+            if cand.status != "pending":
+                continue
+            if not self._budget_left():
+                self._budget_out = True
+                return
+            self._search(cand, cancel)
+
+    def _objective(self, cand: Candidate) -> tuple[float, float]:
+        """(value to maximise, constraint: <= 0 met the SLO at some load) of a searched candidate."""
+        mine = [t for t in self.state.trials if t.measured and t.candidate == cand.index]
+        passed = [t.tok_s_per_gpu or 0.0 for t in mine if t.status == "passed"]
+        if passed:
+            return max(passed), -1.0
+        measured = [t for t in mine if t.status == "failed" and t.ratios]
+        if measured:
+            first = min(measured, key=lambda t: t.load_value or 0.0)
+            excess = max(first.ratios.values()) - 1.0
+            return first.tok_s_per_gpu or 0.0, max(excess, 1e-6) if math.isfinite(excess) else INFEASIBLE_CONSTRAINT
+        return 0.0, INFEASIBLE_CONSTRAINT
+
+    def _bayes(self, cancel: threading.Event) -> None:
+        import optuna
+        from optuna.distributions import CategoricalDistribution
+        from optuna.samplers import TPESampler
+        from optuna.trial import create_trial
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        st = self.state
+        names = list(self.space.knobs)
+        dists: dict[str, Any] = {n: CategoricalDistribution(self.space.knobs[n]) for n in names}
+        runnable = [c for c in st.candidates if c.status != "pruned"]
+        if st.budget_candidates is None and st.budget_s is None:
+            st.budget_candidates = min(len(runnable), DEFAULT_BAYES_CANDIDATES)
+        sampler = TPESampler(seed=self.seed, n_startup_trials=max(2, min(10, len(runnable) // 3)))
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        by_key = {repr(sorted(c.knobs.items())): c for c in st.candidates}
+
+        def params_of(cand: Candidate) -> dict[str, Any]:
+            return {n: cand.knobs.get(n, self.space.knobs[n][0]) for n in names}
+
+        for cand in st.candidates:  # a resumed tune: what it learnt so far
+            if cand.status in ("done", "infeasible"):
+                value, constraint = self._objective(cand)
+                study.add_trial(create_trial(params=params_of(cand), distributions=dists, value=value,
+                                             constraints={"slo": constraint}))
+        duplicates = 0
+        while not cancel.is_set() and not self._budget_out:
+            if not any(c.status == "pending" for c in st.candidates):
+                return
+            if not self._budget_left():
+                self._budget_out = True
+                return
+            trial = study.ask(dists) if names else None
+            knobs = normalized(dict(trial.params)) if trial is not None else {}
+            found = by_key.get(repr(sorted(knobs.items())))
+            if found is None or found.status != "pending":
+                if trial is not None:
+                    value, constraint = (0.0, INFEASIBLE_CONSTRAINT) if found is None or found.status == "pruned" \
+                        else self._objective(found)
+                    trial.set_constraint("slo", constraint)
+                    study.tell(trial, value)
+                duplicates += 1
+                if duplicates >= MAX_DUPLICATE_ASKS:
+                    untried = [c for c in st.candidates if c.status == "pending"]
+                    study.enqueue_trial(params_of(self._rng.choice(untried)))
+                    duplicates = 0
+                continue
+            duplicates = 0
+            self._search(found, cancel)
+            if trial is not None:
+                value, constraint = self._objective(found)
+                trial.set_constraint("slo", constraint)
+                study.tell(trial, value)
+
+    # -- one configuration: its goodput -----------------------------------------------------------
+
+    def _top_binding(self, trial: Trial) -> str:
+        worst = max(trial.ratios, key=lambda k: trial.ratios[k]) if trial.ratios else None
+        head = f"no SLO bound reached up to {trial.load_label} (the top of the load range)"
+        if worst is None:
+            return head
+        from app.tuner.slo import METRIC_NAMES
+
+        return (f"{head}; closest: {METRIC_NAMES.get(worst, worst)} {self.space.percentile} at "
+                f"{trial.ratios[worst]:.0%} of its limit")
+
+    def _search(self, cand: Candidate, cancel: threading.Event) -> None:
+        st = self.state
+        load = self.space.load
+        done = {t.load_value for t in st.trials if t.measured and t.candidate == cand.index and t.status == "passed"}
+        levels = [v for v in load.values if not any(math.isclose(v, d or 0.0) for d in done)]
+        cand.status = "searching"
+        self._stop_search = False
+        n = len(st.candidates)
+        steps = []
+        for v in levels:
+            name = f"{st.name} [{cand.index + 1}/{n}] {cand.label} @ {load.label(v)}"
+            steps.append(Step(name, trial_config(self.base, cand.knobs, load.kind, v, slo=self.slo, name=name,
+                                                 tags=[t for t in self.base.tags if not t.startswith(TAG)])))
+        if not steps:
+            self._finish_candidate(cand)
+            return
+        self._publish()
+        trials: dict[int, Trial] = {}
+
+        def prepare(i: int, step: Step, outcomes: Sequence[StepResult]) -> Step | str:
+            if self._stop_search:
+                return "not run: the SLO was already missed at a lower load"
+            if not self._budget_left(within=True):
+                self._budget_out = True
+                self._stop_search = True
+                cand.status = "cut" if trials else "pending"
+                return "not run: the budget ran out"
+            trial = self._new_trial(cand, load.kind, levels[i])
+            trials[i] = trial
+            self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}")
+            self._save_trial(trial)
+            return step
+
+        def done_step(i: int, outcome: StepResult) -> None:
+            trial = trials.get(i)
+            if trial is None:
+                return
+            self._evaluate(cand, trial, outcome)
+            self._save_trial(trial)
+            self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}: {self._trial_text(trial)}")
+            self._persist_tune()
+
+        campaign = Campaign(steps, self.bus, engines=self._keeper, recorder=self.recorder, telemetry=self.telemetry,
+                            stop_on_failure=False, campaign_id=f"{st.tune_id}-c{cand.index}",
+                            runner_factory=self.runner_factory, prepare=prepare, on_step_done=done_step,
+                            extra_tags=[TAG + st.tune_id])
+        campaign.run(cancel)
+        if cancel.is_set() and cand.status == "searching":
+            cand.status = "pending"  # resumable: its cancelled trial runs again
+        self._finish_candidate(cand)
+
+    def _new_trial(self, cand: Candidate, kind: str, value: float) -> Trial:
+        st = self.state
+        old = next((t for t in st.trials if t.measured and t.candidate == cand.index and t.load_value is not None
+                    and math.isclose(t.load_value, value)), None)
+        if old is not None:
+            st.trials.remove(old)
+        stale = next((i for (c, v), i in self._stale.items() if c == cand.index and math.isclose(v, value)), None)
+        used = [t.index for t in st.trials] + list(self._stale.values())
+        index = old.index if old is not None else stale if stale is not None else max(used, default=-1) + 1
+        trial = Trial(index=index, candidate=cand.index, knobs=dict(cand.knobs), load_kind=kind, load_value=value,
+                      status="running", label=cand.label, started_at=time.time())
+        st.trials.append(trial)
+        st.trials.sort(key=lambda t: t.index)
+        return trial
+
+    def _evaluate(self, cand: Candidate, trial: Trial, outcome: StepResult) -> None:
+        trial.finished_at = time.time()
+        trial.engine_reused = outcome.engine_reused
+        if outcome.stored_ids:
+            trial.run_id = outcome.stored_ids[-1]
+        run = outcome.runs[-1] if outcome.runs else None
+        if run is not None:
+            trial.startup_s = run.startup_s
+            trial.figures = _figures(run)
+            trial.tok_s_per_gpu = per_gpu(trial.figures, cand.gpus)
+            trial.tok_s_per_user = per_user(trial.figures)
+        if outcome.status == "cancelled":
+            trial.status, trial.reason = "cancelled", "cancelled"
+            self._stop_search = True
+            return
+        if run is None:  # the engine did not start
+            trial.status, trial.reason = "infeasible", f"the engine could not start: {outcome.reason}"
+        elif run.status != "completed":
+            trial.status = "infeasible" if _engine_died(run.reason) else "error"
+            trial.reason = run.reason or outcome.reason or run.status
+        else:
+            verdict = judge(trial.figures, self.slo, self.space.percentile)
+            trial.ratios = {k: v for k, v in verdict.ratios.items() if math.isfinite(v)}
+            trial.status = "passed" if verdict.meets else "failed"
+            trial.reason = verdict.reason
+        if trial.status == "passed":
+            cand.best_trial = trial.index
+            return
+        self._stop_search = True
+        cand.binding = f"{trial.reason} at {trial.load_label}"
+        if trial.status == "infeasible" and cand.best_trial is None:
+            cand.status, cand.reason = "infeasible", trial.reason
+
+    def _finish_candidate(self, cand: Candidate) -> None:
+        if cand.status == "searching":
+            cand.status = "done"
+            if cand.binding is None and cand.best_trial is not None:
+                best = next(t for t in self.state.trials if t.index == cand.best_trial)
+                cand.binding = self._top_binding(best)
+        self._persist_tune()
+
+    @staticmethod
+    def _trial_text(t: Trial) -> str:
+        figs = t.figures
+        parts = [t.status.upper() if t.status in ("passed", "failed") else t.status]
+        if t.tok_s_per_gpu is not None:
+            parts.append(f"{t.tok_s_per_gpu:,.0f} tok/s per GPU")
+        if t.tok_s_per_user is not None:
+            parts.append(f"{t.tok_s_per_user:,.1f} tok/s per user")
+        for key in ("ttft_ms_p99", "tpot_ms_p99"):
+            if key in figs:
+                parts.append(f"{key.split('_')[0].upper()} p99 {figs[key]:,.1f} ms")
+        text = ", ".join(parts)
+        return text + (f" ({t.reason})" if t.reason and t.status != "passed" else "")
+
+    # -- the pick ---------------------------------------------------------------------------------
+
+    def _choose_pick(self) -> None:
+        st = self.state
+        passed = [t for t in st.measured if t.status == "passed" and t.tok_s_per_gpu is not None]
+        if not passed:
+            st.pick = None
+            return
+        # Most per GPU; then fastest per user; then the lowest load (the same yield with headroom).
+        best = max(passed, key=lambda t: (t.tok_s_per_gpu or 0.0, t.tok_s_per_user or 0.0, -(t.load_value or 0.0)))
+        cand = st.candidates[best.candidate]
+        binding = cand.binding or "-"
+        top = next((t for t in st.measured if t.index == cand.best_trial), None)
+        if top is not None and top.index != best.index:
+            binding += (f"; {top.load_label} also met the SLO but gave {top.tok_s_per_gpu or 0:,.0f} tok/s per GPU, "
+                        f"no more than {best.load_label}")
+        config = trial_config(self.base, cand.knobs, best.load_kind, best.load_value or 1.0, slo=self.slo,  # type: ignore[arg-type]
+                              name=f"{st.name}: the pick ({cand.label} @ {best.load_label})")
+        st.pick = Pick(candidate=cand.index, trial=best.index, knobs=dict(cand.knobs), label=cand.label,
+                       load_label=best.load_label, run_id=best.run_id, tok_s_per_gpu=best.tok_s_per_gpu,
+                       tok_s_per_user=best.tok_s_per_user, binding=binding,
+                       config=mask_obj(config.model_dump(mode="json", exclude_none=True)))
+        self._persist_tune()
+
+    def _confirm(self, cancel: threading.Event) -> None:
+        """The pick run ``repeats`` more times (each on a cold cache, the engine reused): the mean
+        and 95% CI of its figures, and whether each rerun met the SLO."""
+        st = self.state
+        pick = st.pick
+        assert pick is not None
+        config = RunConfig.model_validate(pick.config).model_copy(update={"name": f"{st.name}: the pick, confirmed"})
+        self._note(f"tune: confirming the pick ({pick.label} @ {pick.load_label}) with {st.repeats} reruns")
+        campaign = Campaign([Step("confirm the pick", config, st.repeats)], self.bus, engines=self._keeper,
+                            recorder=self.recorder, telemetry=self.telemetry, stop_on_failure=False,
+                            campaign_id=f"{st.tune_id}-confirm", runner_factory=self.runner_factory,
+                            extra_tags=[TAG + st.tune_id])
+        result = campaign.run(cancel)
+        outcome = result.steps[0] if result.steps else None
+        if outcome is None:
+            return
+        completed = [r for r in outcome.runs if r.status == "completed"]
+        figures = [_figures(r) for r in completed]
+        gpus = st.candidates[pick.candidate].gpus
+        for f in figures:
+            if (v := per_gpu(f, gpus)) is not None:
+                f["tok_s_per_gpu"] = v
+            if (u := per_user(f)) is not None:
+                f["tok_s_per_user"] = u
+        agg = aggregate_figures(figures)
+        pick.confirmation = Confirmation(
+            n=len(completed), run_ids=list(outcome.stored_ids),
+            meets_slo=[judge(f, self.slo, self.space.percentile).meets for f in figures],
+            figures={k: a.to_dict() for k, a in agg.items()},
+            reason=None if outcome.status == "completed" else outcome.reason)
+        self._note("tune: " + confirmation_text(pick.confirmation))
+        self._persist_tune()
+
+    # -- store and publishing ---------------------------------------------------------------------
+
+    def snapshot(self) -> TuneState:
+        """The state as last published (safe from any thread: copied where it changes)."""
+        with self._lock:
+            latest = self._latest
+        return latest if latest is not None else self.state.model_copy(deep=True)
+
+    def _note(self, line: str) -> None:
+        self.bus.emit(LogLine(line=f"tunebench: {line}"))
+
+    def _store_error(self, exc: Exception) -> None:
+        note = f"tune state not stored: {exc}"
+        if note not in self.state.notes:
+            self.state.notes.append(note)
+            self._note(note)
+
+    def _persist_tune(self, create: bool = False, claim: bool = False) -> None:
+        st = self.state
+        st.elapsed_s = self._elapsed() if self._session_start else st.elapsed_s
+        launches = getattr(self._keeper, "launches", None)
+        if isinstance(launches, int):
+            st.engine_launches = self._launches_before + launches
+        if self.store is not None:
+            from db import tune_store
+            from db.errors import StoreError
+
+            try:
+                if create:
+                    tune_store.create_tune(self.store, st.tune_id, name=st.name, profile=st.profile,
+                                           strategy=st.strategy, slo=st.slo, doc=st.doc())
+                else:
+                    tune_store.update_tune(self.store, st.tune_id, doc=st.doc(), claim=claim, status=st.status,
+                                           reason=st.reason)
+                if create:
+                    for trial in st.trials:
+                        self._save_trial(trial, publish=False)
+            except StoreError as exc:
+                self._store_error(exc)
+        self._publish()
+
+    def _save_trial(self, trial: Trial, publish: bool = True) -> None:
+        if self.store is not None:
+            from db import tune_store
+            from db.errors import StoreError
+
+            try:
+                tune_store.put_trial(self.store, self.state.tune_id, trial.index, candidate=trial.candidate,
+                                     source=trial.source, status=trial.status, knobs=trial.knobs,
+                                     load_kind=trial.load_kind, load_value=trial.load_value, run_id=trial.run_id,
+                                     figures=trial.figures, reason=trial.reason, started_at=trial.started_at,
+                                     finished_at=trial.finished_at, doc=trial.doc())
+            except StoreError as exc:
+                self._store_error(exc)
+        if publish:
+            self._publish()
+
+    def _publish(self) -> None:
+        """A copy of the state for other threads (the GUI polls :meth:`snapshot`), and ``on_update``."""
+        self.state.revision += 1
+        copy = self.state.model_copy(deep=True)
+        with self._lock:
+            self._latest = copy
+        if self.on_update is not None:
+            self.on_update(copy)
+
+    def _end(self, status: Any, reason: str | None) -> None:
+        st = self.state
+        st.status, st.reason = status, reason
+        st.ended_wall_s = time.time()
+        for cand in st.candidates:
+            if cand.status == "searching":
+                cand.status = "pending"
+        self._persist_tune()
+
+
+def confirmation_text(c: Confirmation) -> str:
+    """``the pick confirmed: 3 reruns, all met the SLO; 1,234 ± 56 tok/s per GPU (95% CI)``."""
+    if c.n == 0:
+        return f"the pick was not confirmed: {c.reason or 'no rerun completed'}"
+    met = sum(c.meets_slo)
+    verdict = "all met the SLO" if met == c.n else f"{met} of {c.n} met the SLO"
+    parts = [f"the pick rerun {c.n} times: {verdict}"]
+    for key, unit in (("tok_s_per_gpu", "tok/s per GPU"), ("tok_s_per_user", "tok/s per user"),
+                      ("ttft_ms_p99", "ms TTFT p99"), ("tpot_ms_p99", "ms TPOT p99")):
+        agg = c.figures.get(key)
+        if not agg:
+            continue
+        half = None if agg.get("ci_high") is None else agg["ci_high"] - agg["mean"]
+        parts.append(f"{agg['mean']:,.1f}" + (f" \u00b1 {half:,.1f}" if half is not None else "") + f" {unit}")
+    return "; ".join(parts) + " (95% CI)"

