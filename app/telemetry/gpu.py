@@ -14,13 +14,13 @@ is published as ``memory_busy_pct``. Real DRAM bandwidth comes from GPM (Hopper 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.events import TelemetrySupport
+from engine_adapters.gpu_specs import spec_peak_bandwidth
 from engine_adapters.hardware import GpuInfo, probe_gpus
 
 # Quantities one GPU sample may carry (the canonical value names; units in names).
@@ -36,31 +36,9 @@ LABELS: dict[str, str] = {
     "gpu_util_pct": "GPU busy (% of time a kernel ran)",
 }
 
-# Published peak DRAM bandwidth (bytes/s) of common data-centre cards, to check the figure
-# computed from NVML's bus width and memory clock. Matched against the NVML device name.
-SPEC_PEAK_BW_BYTES_PER_S: tuple[tuple[str, float], ...] = (
-    (r"GH200", 4.0e12),
-    (r"H200", 4.8e12),
-    (r"H100.*NVL", 3.9e12),
-    (r"H100.*PCIe", 2.0e12),
-    (r"H100|H800", 3.35e12),
-    (r"B200", 8.0e12),
-    (r"A100.*80GB.*PCIe", 1.935e12),
-    (r"A100.*80GB", 2.039e12),
-    (r"A100", 1.555e12),
-    (r"L40S|L40\b", 0.864e12),
-    (r"RTX 4090", 1.008e12),
-)
 SPEC_TOLERANCE = 0.10  # beyond this the computed peak is not trusted and the spec is used
 
 KIB, MIB = 1024.0, 1024.0 * 1024.0
-
-
-def spec_peak_bandwidth(name: str) -> float | None:
-    for pattern, peak in SPEC_PEAK_BW_BYTES_PER_S:
-        if re.search(pattern, name):
-            return peak
-    return None
 
 
 @dataclass
