@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import pydantic_core
 
 from app.bus import Bus, Event
+from app.cli.argtypes import bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -382,7 +383,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ladder.add_argument("--export", dest="output", metavar="FILE",
                         help="write a step's launch script instead of running ('-': standard output)")
     ladder.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash", help="with --export (default bash)")
-    ladder.add_argument("--step", type=int, metavar="N", help="with --export: step N (default: the last that can run)")
+    ladder.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="with --export: step N (default: the last that can run)")
     ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
     ladder.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
@@ -413,7 +414,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(handler=cmd_ladders_report)
     exp = lsub.add_parser("export", parents=[db], help="a step's launch script (default: the final step that ran)")
     exp.add_argument("ladder")
-    exp.add_argument("--step", type=int, metavar="N", help="step N (1-based)")
+    exp.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="step N (1-based)")
     exp.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash")
     exp.add_argument("-o", "--output", metavar="FILE", default=STDOUT,
                      help="output file ('-' or none: standard output)")

@@ -16,6 +16,8 @@ import pydantic_core
 
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
+from app.cli.argtypes import bounded_int
+from app.cli.terminal import safe
 from app.config import RunConfig
 from app.errors import UserError
 from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
@@ -90,10 +92,11 @@ class _Console:
         self._last_plain = 0.0
 
     def _line(self, text: str) -> None:
+        """One line of output; whatever a server or a profile put in it is escaped (no raw CR or ESC)."""
         if self._live:
             self.out.write("\r\x1b[K")
             self._live = False
-        self.out.write(text + "\n")
+        self.out.write(safe(text) + "\n")
         self.out.flush()
 
     def handle(self, ev: Event) -> None:
@@ -271,7 +274,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--db", metavar="PATH", default=None,
                      help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
     run.add_argument("--no-store", action="store_true", help="do not record the run in the database")
-    run.add_argument("--repeat", type=int, default=1, metavar="N",
+    run.add_argument("--repeat", type=bounded_int(1, 1000), default=1, metavar="N",
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
                           "each figure's mean and 95%% confidence interval (compare treats the set as one)")
     run.add_argument("-v", "--verbose", action="store_true", help="print the engine log")

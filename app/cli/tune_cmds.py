@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import pydantic_core
 
 from app.bus import Bus, Event
+from app.cli.argtypes import bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -370,7 +371,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="knobs and load range to search (default: from the profile and this machine)")
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument("--budget", metavar="DURATION", help="stop starting trials after this long (30m, 2h, 1h30m)")
-    budget.add_argument("--trials", type=int, metavar="N",
+    budget.add_argument("--trials", type=bounded_int(1, 100_000), metavar="N",
                         help="at most N engine configurations (each searched over the load range)")
     tune.add_argument("--strategy", choices=("grid", "bayes"), default=None,
                       help="grid: every configuration; bayes: optuna's constraint-aware TPE picks the next "
@@ -378,11 +379,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--resume", nargs="?", const="", default=None, metavar="TUNE",
                       help="go on with a stopped or crashed tune (default: this profile's newest unfinished one); "
                            "completed trials are kept")
-    tune.add_argument("--repeats", type=int, default=0, metavar="N",
+    tune.add_argument("--repeats", type=bounded_int(0, 1000), default=0, metavar="N",
                       help="confirm the pick by N reruns (at least 2) with its 95%% confidence interval")
     tune.add_argument("--percentile", choices=("p50", "p90", "p95", "p99"),
                       help="the SLO holds at this percentile of each metric (default p99)")
-    tune.add_argument("--seed", type=int, default=0, help="bayes: the sampler's seed")
+    tune.add_argument("--seed", type=bounded_int(0, 2**32 - 1), default=0, help="bayes: the sampler's seed")
     tune.add_argument("--dry-run", action="store_true",
                       help="list the configurations and the ones the checks and the memory plan prune; launch nothing")
     tune.add_argument("--gpu", metavar="NAME", help="with --dry-run: plan for this GPU (e.g. H100)")
