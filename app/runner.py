@@ -412,7 +412,8 @@ class Runner:
             self._note(f"prompt lengths are approximate: {counter.source}")
         opts = ClientOptions(base_url=base_url, model=model, api=w.api, headers=headers, ignore_eos=w.ignore_eos,
                              temperature=w.temperature, continuous_usage=load.continuous_usage,
-                             request_timeout_s=load.request_timeout_s, keep_text=w.kind == "multi_turn")
+                             request_timeout_s=load.request_timeout_s, keep_text=w.kind == "multi_turn",
+                             keep_alive=self.adapter.client_keep_alive)
         cache = CachePlan.for_run(w.cache, cfg.engine.kind, r.engine_version, opts, attached=self.endpoint is not None)
         for note in cache.notes():
             self._note(note)

@@ -3,11 +3,14 @@ and TensorRT-LLM will follow later, plus the small result types it speaks in."""
 
 from __future__ import annotations
 
+import http.client
 import re
-from collections.abc import Iterable, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -71,14 +74,60 @@ class Diagnosis:
         return self.message
 
 
+FeatureStatus = Literal["verified", "accepted", "not active", "unknown"]
+"""How far a requested feature is known to work: ``verified`` by an effect the engine measured
+(prefix-cache hits, accepted drafts, KV capacity), ``accepted`` when the engine only echoed the
+setting back, ``not active`` when it did not take it (or it had no effect where it must have),
+``unknown`` when neither could be read."""
+
+
 @dataclass(frozen=True)
 class FeatureCheck:
-    """Whether a requested feature is really active in the running engine."""
+    """Whether a requested feature took effect in the running engine, and the evidence."""
 
     key: str
     requested: str
-    active: bool | None  # None = could not be determined
+    status: FeatureStatus
     evidence: str
+
+    @property
+    def active(self) -> bool | None:
+        """True when verified or accepted, False when not active, None when unknown."""
+        return _ACTIVE.get(self.status)
+
+
+_ACTIVE: dict[str, bool] = {"verified": True, "accepted": True, "not active": False}
+
+
+def feature_status(check: FeatureCheck | Mapping[str, Any]) -> FeatureStatus:
+    """The status of a check, or of its dict form (events, stored runs). Records written before
+    statuses existed carry only ``active``, which then meant "the engine echoed the setting"."""
+    if isinstance(check, FeatureCheck):
+        return check.status
+    status = check.get("status")
+    if status in ("verified", "accepted", "not active", "unknown"):
+        return status  # type: ignore[no-any-return]
+    active = check.get("active")
+    return "accepted" if active is True else "not active" if active is False else "unknown"
+
+
+def feature_status_text(check: FeatureCheck | Mapping[str, Any], *, evidence: bool = True) -> str:
+    """The one wording of a check's outcome, for the CLI, the GUI and reports:
+    "active (verified by ...)", "accepted by the engine (...)", "NOT ACTIVE (...)", "unknown (...)".
+    Without ``evidence``: "active (verified)", "accepted by the engine", "NOT ACTIVE", "unknown"."""
+    status = feature_status(check)
+    detail = str(check.evidence if isinstance(check, FeatureCheck) else check.get("evidence") or "")
+    if status == "verified":
+        return f"active (verified by {detail})" if evidence and detail else "active (verified)"
+    head = {"accepted": "accepted by the engine", "not active": "NOT ACTIVE"}.get(status, "unknown")
+    return f"{head} ({detail})" if evidence and detail else head
+
+
+def feature_check_line(check: FeatureCheck | Mapping[str, Any], *, evidence: bool = True) -> str:
+    """``feature KEY=REQUESTED: <feature_status_text>``, one line per check in the CLI and logs."""
+    key = check.key if isinstance(check, FeatureCheck) else check.get("key")
+    requested = check.requested if isinstance(check, FeatureCheck) else check.get("requested")
+    return f"feature {key}={requested}: {feature_status_text(check, evidence=evidence)}"
 
 
 class FlagSet(BaseModel):
@@ -103,16 +152,45 @@ class MetricNames:
     histograms: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-class EngineAdapter(Protocol):
-    """Everything tunebench needs to know about one engine."""
+class EngineMetrics(Protocol):
+    """What reading an engine's Prometheus metrics needs: enough for ``tunebench monitor`` to
+    watch an engine tunebench cannot launch yet (SGLang, llama.cpp)."""
 
     kind: str
     display_name: str
-    health_path: str
     metrics_path: str
     metric_names: MetricNames
+
+
+@dataclass
+class MetricsOnlyEngine:
+    """An engine tunebench knows so far only by its metric names: enough for ``tunebench monitor``
+    (an :class:`EngineMetrics`); it becomes a full :class:`EngineAdapter` when tunebench can
+    launch it."""
+
+    kind: str
+    display_name: str
+    metric_names: MetricNames
+    metrics_path: str = "/metrics"
+
+
+class EngineAdapter(EngineMetrics, Protocol):
+    """Everything tunebench needs to know about one engine. The launcher speaks only this
+    protocol: it knows no engine by name."""
+
+    health_path: str
     phase_patterns: Sequence[PhasePattern]
     api_key_env: str  # the environment variable the server reads its API key from
+    client_keep_alive: bool  # whether a load client may reuse HTTP connections to this server
+
+    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
+        """Whether the server answers requests now (polled while it starts)."""
+        ...
+
+    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
+        """The KV-cache capacity the engine reported at startup (``kv_cache_tokens``,
+        ``max_concurrency``, ...); empty when it says nothing."""
+        ...
 
     def base_command(self, engine: EngineConfig, port: int | None = None, *, portable: bool = False) -> list[str]:
         """argv prefix that starts the server from the configured runtime; ``portable`` for a
@@ -149,9 +227,28 @@ class EngineAdapter(Protocol):
         """Turn a failed start's log into plain advice."""
         ...
 
-    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str) -> list[FeatureCheck]:
-        """Check, after ready, that each requested feature took effect."""
+    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
+        """Tiny completion requests (OpenAI ``/v1/completions`` bodies without ``model``) whose
+        effect on the engine's metrics shows requested features working; [] when none help."""
         ...
+
+    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
+               before_text: str | None = None, probe_error: str | None = None,
+               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
+        """Check, after ready, that each requested feature took effect. ``metrics_text`` is read
+        after the probe requests and ``before_text`` before them (None: no probe ran);
+        ``probe_error`` says why the probe did not complete; ``model_config`` is the model's
+        config.json when it is local (KV bytes per token)."""
+        ...
+
+
+def http_ok(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether ``url`` answers 200 now: the readiness probe most engines need (a /health path)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - a loopback URL we built
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP
+        return False
 
 
 def match_phase(patterns: Sequence[PhasePattern], line: str) -> Phase | None:

@@ -27,14 +27,19 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from engine_adapters.base import Diagnosis, EngineAdapter, FeatureCheck, Phase, match_phase
 from engine_adapters.config import EngineConfig, Features
+from engine_adapters.cpu_binding import launch_env
+from engine_adapters.errors import EXIT_ENGINE_FAILED, TunebenchError
 from engine_adapters.paths import state_dir
 from engine_adapters.process_group import STOP_GRACE_S, group_members, stop_group
-from engine_adapters.vllm import VllmAdapter, parse_kv_cache
+from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
+from engine_adapters.secrets import is_secret_name, mask_text, remember_secret
 from engine_adapters.watchdog import WATCHDOG_GRACE_S, Watchdog
 
 __all__ = ["STOP_GRACE_S", "EngineProcess", "EngineStartError", "group_members", "reap_orphans", "stop_group"]
@@ -44,15 +49,33 @@ PhaseCallback = Callable[[Phase, str], None]
 ExitCallback = Callable[[int, "Diagnosis | None"], None]
 
 MAX_LOG_LINES = 200_000
+PROBE_TIMEOUT_S = 60.0  # one feature-probe request (a few tokens; a busy engine may queue it)
+PROBE_SETTLE_S = 5.0  # how long to wait for the engine to count the probe requests
 
 
-class EngineStartError(Exception):
-    """The engine did not become ready; ``diagnosis`` holds plain advice when recognised."""
+def _counter_total(text: str, names: tuple[str, ...]) -> float | None:
+    """Sum over label sets of the first of ``names`` present in Prometheus text."""
+    for name in names:
+        values = [line.rsplit(" ", 1)[-1] for line in text.splitlines()
+                  if line.startswith((name + "{", name + " "))]
+        try:
+            if values:
+                return sum(float(v) for v in values)
+        except ValueError:
+            return None
+    return None
 
-    def __init__(self, message: str, diagnosis: Diagnosis | None = None, exit_code: int | None = None):
+
+class EngineStartError(TunebenchError):
+    """The engine did not become ready; ``diagnosis`` holds plain advice when recognised and
+    ``engine_exit_code`` the engine's own exit status when it died (``exit_code`` is the CLI's, 3)."""
+
+    exit_code = EXIT_ENGINE_FAILED
+
+    def __init__(self, message: str, diagnosis: Diagnosis | None = None, engine_exit_code: int | None = None):
         super().__init__(message)
         self.diagnosis = diagnosis
-        self.exit_code = exit_code
+        self.engine_exit_code = engine_exit_code
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -189,7 +212,7 @@ class EngineProcess:
     ) -> None:
         self.engine = engine
         self.features = features
-        self.adapter: EngineAdapter = adapter or VllmAdapter()
+        self.adapter: EngineAdapter = adapter or get_adapter(engine.kind)
         self.on_log, self.on_phase, self.on_exit = on_log, on_phase, on_exit
         self.api_key: str | None = secrets.token_urlsafe(24) if engine.require_api_key else None
         self.port = engine.port
@@ -243,6 +266,10 @@ class EngineProcess:
                 "or 0 for a free one", Diagnosis("port_in_use", f"port {self.port} is already in use"))
         self.argv = self.adapter.build_argv(self.engine, self.features, self.port)
         self.env_added = self.adapter.build_env(self.engine, self.api_key)
+        self.env_added.update(launch_env(self.engine, self.env_added))  # engine threads off the client's core
+        for name, value in self.env_added.items():  # the log must never show them, in any form
+            if is_secret_name(name):
+                remember_secret(value)
         env = {**os.environ, **self.env_added, "PYTHONUNBUFFERED": "1"}
         self.started_monotonic = time.monotonic()
         self._set_phase(Phase.LAUNCHING, " ".join(self.argv[:3]))
@@ -286,9 +313,10 @@ class EngineProcess:
     def _read_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for raw in self.proc.stdout:
-            for line in raw.rstrip("\n").split("\r"):
-                if not line.strip():
+            for part in raw.rstrip("\n").split("\r"):
+                if not part.strip():
                     continue
+                line = mask_text(part)  # the log is shown, stored and diagnosed: never with a secret in it
                 with self._lock:
                     if len(self.log_lines) < MAX_LOG_LINES:
                         self.log_lines.append(line)
@@ -344,9 +372,9 @@ class EngineProcess:
                 raise EngineStartError(message, diagnosis, self.proc.returncode)
             if cancel is not None and cancel.is_set():
                 raise EngineStartError("startup cancelled")
-            if self._health_ok():
+            if self.adapter.is_ready(self.base_url):
                 startup_s = time.monotonic() - self.started_monotonic
-                self.ready_info = ReadyInfo(self.base_url, startup_s, parse_kv_cache(self.snapshot_log()))
+                self.ready_info = ReadyInfo(self.base_url, startup_s, self.adapter.kv_cache(self.snapshot_log()))
                 self._set_phase(Phase.READY, f"ready in {startup_s:.1f} s at {self.base_url}")
                 return self.ready_info
             if time.monotonic() > deadline:
@@ -355,13 +383,6 @@ class EngineProcess:
                                        f"{self.phase.value}); it was stopped")
             time.sleep(0.25)
 
-    def _health_ok(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base_url + self.adapter.health_path, timeout=1.0) as resp:  # noqa: S310
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
     # -- after ready ----------------------------------------------------------------------------
 
     def fetch_metrics_text(self, timeout_s: float = 5.0) -> str:
@@ -369,13 +390,67 @@ class EngineProcess:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL we built
             return str(resp.read().decode("utf-8", "replace"))
 
-    def verify_features(self) -> list[FeatureCheck]:
-        """Check, from the log and /metrics, that requested features took effect."""
+    def verify_features(self, probe: bool = True) -> list[FeatureCheck]:
+        """Check that requested features took effect: the engine's echo of its arguments, the KV
+        capacity it reported, and /metrics around the adapter's probe requests (a few tiny
+        completions that exercise prefix caching or speculation: "active" means it worked)."""
+        bodies = self.adapter.probe_requests(self.features) if probe else []
+        before = self._metrics_or_empty()
+        after, error = before, None
+        if bodies:
+            error = self._send_probes(bodies)
+            after = self._metrics_after_probe(before, len(bodies))
+        return self.adapter.verify(self.features, self.snapshot_log(), after,
+                                   before_text=before if bodies and before else None, probe_error=error,
+                                   model_config=self._model_config())
+
+    def _metrics_or_empty(self) -> str:
         try:
-            metrics = self.fetch_metrics_text()
+            return self.fetch_metrics_text()
         except (urllib.error.URLError, OSError):
-            metrics = ""
-        return self.adapter.verify(self.features, self.snapshot_log(), metrics)
+            return ""
+
+    def _send_probes(self, bodies: list[dict[str, Any]]) -> str | None:
+        """Send the probe requests one after another (the second prefix probe must find the first
+        cached); None when all succeeded, else what went wrong, in one line."""
+        headers = {"Content-Type": "application/json", **self.auth_headers()}
+        try:
+            listing = urllib.request.Request(self.base_url + "/v1/models", headers=headers)
+            with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - loopback
+                model = json.loads(resp.read())["data"][0]["id"]
+            for body in bodies:
+                request = urllib.request.Request(self.base_url + "/v1/completions", headers=headers,
+                                                 data=json.dumps({"model": model, **body}).encode())
+                with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - loopback
+                    resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200]
+            return mask_text(f"HTTP {exc.code}: {detail}")
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            return mask_text(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def _metrics_after_probe(self, before: str, n_requests: int) -> str:
+        """/metrics once the engine counted the probe's requests (it may record a step just
+        after answering it): polled until its finished-requests counter moved by ``n_requests``."""
+        names = self.adapter.metric_names.counters.get("requests_finished", ())
+        start = _counter_total(before, names)
+        deadline = time.monotonic() + PROBE_SETTLE_S
+        while True:
+            after = self._metrics_or_empty()
+            done = _counter_total(after, names)
+            if start is None or done is None or done - start >= n_requests or time.monotonic() >= deadline:
+                return after
+            time.sleep(0.1)
+
+    def _model_config(self) -> dict[str, Any]:
+        """The model's config.json when the model is a local folder (KV bytes per token)."""
+        try:
+            path = Path(resolve_model(self.engine.model)).expanduser() / "config.json"
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (RuntimeErrorMessage, OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
     # -- stop -----------------------------------------------------------------------------------
 

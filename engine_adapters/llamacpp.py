@@ -359,6 +359,9 @@ class LlamaCppAdapter:
     metric_names = METRIC_NAMES
     phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
     api_key_env = API_KEY_ENV
+    # llama-server (cpp-httplib) closes a kept-alive connection after a few requests; a client that
+    # reuses it fails its next POST ("Can not write request body"): a fresh connection per request.
+    client_keep_alive = False
 
     # -- readiness ------------------------------------------------------------------------------
 

@@ -10,21 +10,26 @@ import ast
 import hashlib
 import json
 import re
+import secrets
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine_adapters.base import (
     Diagnosis,
     FeatureCheck,
+    FeatureStatus,
     FlagSet,
     MetricNames,
     Phase,
     PhasePattern,
     ValidationIssue,
+    http_ok,
 )
 from engine_adapters.config import EngineConfig, Features
+from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.paths import cache_dir
 from engine_adapters.runtimes import (
@@ -36,6 +41,18 @@ from engine_adapters.runtimes import (
 )
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+GPU_IMAGE = "vllm/vllm-openai"
+"""The official image (tags ``v<version>``), whose entrypoint is ``vllm serve``."""
+CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
+"""vLLM's x86 CPU image (tags ``v<version>``): it runs without GPUs."""
+
+
+def is_cpu_image(image: str) -> bool:
+    """An image built for CPUs (its name says so): started without ``--gpus``, which fails on a
+    host without the NVIDIA container runtime."""
+    name = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    return "cpu" in name.lower()
+
 
 # --- feature -> flag mapping --------------------------------------------------------------------
 
@@ -99,6 +116,11 @@ FLAG_RULES: tuple[FlagRule, ...] = (
              ["--pipeline-parallel-size", str(f.pipeline_parallel_size)]),
     FlagRule("extra_args", lambda f: list(f.extra_args)),
 )
+
+# What the engine does when a switch is left unset (None), so the GUI can say "on (engine
+# default)" instead of a third checkbox state. vLLM 0.32 (EngineArgs.
+# _set_default_chunked_prefill_and_prefix_caching_args): both on for text-generation models.
+ENGINE_DEFAULTS: Mapping[str, object] = {"prefix_caching": True, "chunked_prefill": True}
 
 # Flags tunebench sets itself; extra_args must not override them behind the config's back.
 RESERVED_FLAGS = frozenset({"--host", "--port", "--model", "--api-key", "--served-model-name", "--tokenizer"})
@@ -275,6 +297,17 @@ class VllmAdapter:
     metric_names = METRIC_NAMES
     phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
     api_key_env = "VLLM_API_KEY"
+    client_keep_alive = True
+    engine_defaults: Mapping[str, object] = ENGINE_DEFAULTS
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
+        """vLLM answers /health with 200 once the model is loaded and the API server listens."""
+        return http_ok(base_url + self.health_path, timeout_s)
+
+    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
+        return parse_kv_cache(log_lines)
 
     # -- launch ---------------------------------------------------------------------------------
 
@@ -294,7 +327,8 @@ class VllmAdapter:
 
     def _docker_prefix(self, engine: EngineConfig, port: int) -> list[str]:
         """``docker run`` for the official image, whose entrypoint is ``vllm serve``."""
-        argv = ["docker", "run", "--rm", "--init", "--ipc=host", "--gpus", "all",
+        gpus = [] if is_cpu_image(engine.runtime.docker_image) else ["--gpus", "all"]
+        argv = ["docker", "run", "--rm", "--init", "--ipc=host", *gpus,
                 "-p", f"{engine.host}:{port}:{port}", "-e", self.api_key_env]
         for name in sorted(engine.runtime.env):
             argv += ["-e", name]
@@ -439,6 +473,8 @@ class VllmAdapter:
             if features.weights_dtype in ("fp8", "awq", "gptq"):
                 add(ValidationIssue("weights_dtype", f"{features.weights_dtype} weights are unlikely to run on the "
                                                      "CPU build", "warning"))
+        for info in not_offered(self.kind, features):  # another engine's feature (features.py says whose)
+            add(ValidationIssue(info.key, f"vLLM has no {info.noun} setting"))
 
         reserved = [f for f in flag_names(features.extra_args) if f in RESERVED_FLAGS]
         for flag in reserved:
@@ -489,52 +525,50 @@ class VllmAdapter:
                 return Diagnosis("error", f"The engine failed: {match.group(1)}: {match.group(3).strip()}", line.strip())
         return None
 
-    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str) -> list[FeatureCheck]:
-        """Read back from the engine's own words that requested features are active."""
+    # -- verification by effect -----------------------------------------------------------------
+
+    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
+        """Two identical prompts of ``PREFIX_PROBE_TOKENS`` (prefix caching: the second must hit)
+        and one repetitive prompt with a few dozen outputs (speculation: drafts are proposed and
+        accepted). Token ids, so the lengths do not depend on the tokenizer; each with a cache
+        salt of its own, so they neither hit nor leave anything a measured level could hit."""
+        bodies: list[dict[str, Any]] = []
+        if features.prefix_caching is not None:
+            salt = _probe_salt()
+            prompt = [PROBE_TOKEN_BASE + i % 89 for i in range(_prefix_probe_len(features))]
+            bodies += [{"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "cache_salt": salt}] * 2
+        if features.speculative.method != "off":
+            pattern = [PROBE_TOKEN_BASE + i for i in range(SPEC_PROBE_PERIOD)]
+            bodies.append({"prompt": pattern * 8, "max_tokens": SPEC_PROBE_OUTPUT_TOKENS, "ignore_eos": True,
+                           "temperature": 0.0, "cache_salt": _probe_salt()})
+        return bodies
+
+    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
+               before_text: str | None = None, probe_error: str | None = None,
+               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
+        """Verify by effect where vLLM shows one (prefix-cache hits on the probe's repeated
+        prompt, drafts proposed and accepted, the KV capacity its dtype predicts); otherwise
+        read back the engine's own echo of its arguments ("accepted")."""
         args = parse_non_default_args(log_lines)
         log = "\n".join(log_lines)
-        checks: list[FeatureCheck] = []
+        probed = before_text is not None and probe_error is None and bool(metrics_text)
+        unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
 
+        def delta(name: str) -> float | None:
+            after = _metric_total(metrics_text, name)
+            if after is None:
+                return None
+            return after - (_metric_total(before_text or "", name) or 0.0)
+
+        checks: list[FeatureCheck] = []
         if features.prefix_caching is not None:
-            queries = _metric_total(metrics_text, "vllm:prefix_cache_queries_total")
-            logged = args.get("enable_prefix_caching")
-            if logged is not None:
-                active: bool | None = bool(logged)
-                evidence = f"engine parsed enable_prefix_caching={logged}"
-            else:
-                active, evidence = None, "not in the engine's non-default args"
-            if queries is not None and queries > 0:
-                evidence += f"; {queries:.0f} prefix-cache queries counted"
-            checks.append(FeatureCheck("prefix_caching", str(features.prefix_caching),
-                                       None if active is None else active == features.prefix_caching, evidence))
+            checks.append(self._verify_prefix_caching(features, args, delta, probed, metrics_text, unmeasured))
         if features.kv_cache_dtype != "auto":
-            used = re.search(r"Using fp8 data type to store kv cache|kv_cache_dtype=fp8", log)
-            logged = args.get("kv_cache_dtype")
-            checks.append(FeatureCheck("kv_cache_dtype", features.kv_cache_dtype,
-                                       bool(used) or logged == features.kv_cache_dtype,
-                                       used.group(0) if used else f"engine parsed kv_cache_dtype={logged}"))
-        spec = features.speculative
-        if spec.method != "off":
-            logged = args.get("speculative_config")
-            parsed = logged if isinstance(logged, dict) else {}
-            # Each part the engine echoes must match: the method, how many tokens it drafts, the
-            # draft model (vLLM echoes only what was set, so an absent part is not a mismatch).
-            wanted_parts = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-                            "model": spec.draft_model}
-            if spec.method == "ngram":
-                wanted_parts["prompt_lookup_max"] = spec.ngram_prompt_lookup_max
-            mismatched = [k for k, v in wanted_parts.items() if v is not None and k in parsed and parsed[k] != v]
-            drafts = _metric_total(metrics_text, "vllm:spec_decode_num_drafts_total")
-            evidence = "engine parsed speculative_config " + (
-                ", ".join(f"{k}={parsed[k]}" for k in wanted_parts if k in parsed) or "(absent)")
-            if mismatched:
-                evidence += f"; differs from the request in {', '.join(mismatched)}"
-            if drafts is not None:
-                evidence += f"; spec-decode metrics present ({drafts:.0f} drafts so far)"
-            checks.append(FeatureCheck("speculative.method", spec.method,
-                                       parsed.get("method") == spec.method and not mismatched, evidence))
+            checks.append(_verify_kv_dtype(features.kv_cache_dtype, args, log, log_lines, model_config))
+        if features.speculative.method != "off":
+            checks.append(_verify_speculation(features, args, delta, probed, unmeasured))
         # Settings the engine echoes verbatim in its non-default args: (feature, arg, value that
-        # means "not requested", so nothing to verify).
+        # means "not requested", so nothing to verify). Echoed is "accepted", not verified.
         echoed: tuple[tuple[str, str, object], ...] = (
             ("max_num_seqs", "max_num_seqs", None), ("max_model_len", "max_model_len", None),
             ("max_num_batched_tokens", "max_num_batched_tokens", None),
@@ -550,18 +584,147 @@ class VllmAdapter:
             if wanted == unset:
                 continue
             logged = args.get(arg)
-            checks.append(FeatureCheck(key, str(wanted), logged == wanted, f"engine parsed {arg}={logged}"))
+            checks.append(FeatureCheck(key, str(wanted), _echo_status(logged == wanted), f"engine parsed {arg}={logged}"))
         if not features.cuda_graphs:
             logged = args.get("enforce_eager")
-            checks.append(FeatureCheck("cuda_graphs", "False", logged is True, f"engine parsed enforce_eager={logged}"))
+            checks.append(FeatureCheck("cuda_graphs", "False", _echo_status(logged is True),
+                                       f"engine parsed enforce_eager={logged}"))
         if features.weights_dtype != "auto":
             want = {"bf16": ("dtype", "bfloat16"), "fp16": ("dtype", "float16")}.get(
                 features.weights_dtype, ("quantization", features.weights_dtype))
             logged = args.get(want[0])
-            checks.append(FeatureCheck("weights_dtype", features.weights_dtype, logged == want[1],
+            checks.append(FeatureCheck("weights_dtype", features.weights_dtype, _echo_status(logged == want[1]),
                                        f"engine parsed {want[0]}={logged}"))
         return checks
 
+    @staticmethod
+    def _verify_prefix_caching(features: Features, args: Mapping[str, object], delta: Callable[[str], float | None],
+                               probed: bool, metrics_text: str, unmeasured: str) -> FeatureCheck:
+        wanted = bool(features.prefix_caching)
+        logged = args.get("enable_prefix_caching")
+        echo = (f"engine parsed enable_prefix_caching={logged}" if logged is not None
+                else "not in the engine's non-default args")
+        if logged is not None and bool(logged) != wanted:
+            return FeatureCheck("prefix_caching", str(wanted), "not active", echo)
+        hits, queries = delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")
+        n = _prefix_probe_len(features)
+        if probed and hits is not None:
+            # The probe's prompts carry salts of their own: only its repeated prompt can hit.
+            seen = (f"prefix-cache hits on {hits:,.0f} of {n:,} tokens of a repeated prompt" if hits
+                    else f"no prefix-cache hits on a repeated {n:,}-token prompt ({queries or 0:,.0f} tokens queried)")
+            if wanted == (hits > 0):
+                return FeatureCheck("prefix_caching", str(wanted), "verified", seen)
+            if n > PREFIX_PROBE_MIN_TOKENS:  # long enough to fill a block of any usual size
+                return FeatureCheck("prefix_caching", str(wanted), "not active", f"{seen}; {echo}")
+        elif wanted and (total := _metric_total(metrics_text, "vllm:prefix_cache_hits_total")):
+            queried = _metric_total(metrics_text, "vllm:prefix_cache_queries_total") or 0.0
+            return FeatureCheck("prefix_caching", "True", "verified",
+                                f"{total:,.0f} of {queried:,.0f} queried tokens hit the prefix cache since start")
+        status: FeatureStatus = "accepted" if logged is not None else "unknown"
+        return FeatureCheck("prefix_caching", str(wanted), status, echo + unmeasured)
+
+
+def _echo_status(matches: bool) -> FeatureStatus:
+    return "accepted" if matches else "not active"
+
+
+PROBE_TOKEN_BASE = 11  # probe prompts use token ids 11..99: ordinary tokens in any vocabulary
+PREFIX_PROBE_TOKENS = 528  # 512 cacheable tokens: whole blocks of 16 (GPU) or 128 (CPU) tokens, and one to compute
+PREFIX_PROBE_MIN_TOKENS = 2 * 128  # shorter (a small max_model_len): no hit does not prove caching is off
+SPEC_PROBE_PERIOD = 8  # a prompt repeating every 8 tokens: an n-gram drafter always finds a match
+SPEC_PROBE_OUTPUT_TOKENS = 32
+KV_RATIO_TOLERANCE = 0.1  # capacity within 10% of a prediction (GiB are logged to two decimals)
+KV_MEMORY_RE = re.compile(r"(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache"
+                          r"|Available KV cache memory: (?P<gpu>[\d.]+) GiB")
+
+
+def _probe_salt() -> str:
+    return "tunebench-probe-" + secrets.token_hex(8)
+
+
+def _prefix_probe_len(features: Features) -> int:
+    """The prefix probe's prompt length: shorter when the model length would refuse it."""
+    if features.max_model_len is not None and features.max_model_len < PREFIX_PROBE_TOKENS + 2:
+        return max(2, features.max_model_len - 2)
+    return PREFIX_PROBE_TOKENS
+
+
+def _verify_speculation(features: Features, args: Mapping[str, object], delta: Callable[[str], float | None],
+                        probed: bool, unmeasured: str) -> FeatureCheck:
+    spec = features.speculative
+    logged = args.get("speculative_config")
+    parsed = logged if isinstance(logged, dict) else {}
+    # Each part the engine echoes must match: the method, how many tokens it drafts, the draft
+    # model (vLLM echoes only what was set, so an absent part is not a mismatch).
+    wanted_parts = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                    "model": spec.draft_model}
+    if spec.method == "ngram":
+        wanted_parts["prompt_lookup_max"] = spec.ngram_prompt_lookup_max
+    mismatched = [k for k, v in wanted_parts.items() if v is not None and k in parsed and parsed[k] != v]
+    echo = "engine parsed speculative_config " + (
+        ", ".join(f"{k}={parsed[k]}" for k in wanted_parts if k in parsed) or "(absent)")
+    if mismatched:
+        echo += f"; differs from the request in {', '.join(mismatched)}"
+    if parsed.get("method") != spec.method or mismatched:
+        return FeatureCheck("speculative.method", spec.method, "not active", echo)
+    drafts = delta("vllm:spec_decode_num_drafts_total")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
+    probe = f"a {SPEC_PROBE_OUTPUT_TOKENS}-token probe on a repetitive prompt"
+    if probed and drafts is not None:
+        if drafts > 0 and (accepted or 0) > 0:
+            return FeatureCheck("speculative.method", spec.method, "verified",
+                                f"{drafts:,.0f} drafts proposed and {accepted:,.0f} draft tokens accepted in {probe}")
+        if drafts > 0:
+            return FeatureCheck("speculative.method", spec.method, "accepted",
+                                f"{echo}; {drafts:,.0f} drafts proposed, none accepted in {probe}")
+        return FeatureCheck("speculative.method", spec.method, "not active", f"{echo}; no drafts in {probe}")
+    if not probed and drafts and accepted:
+        return FeatureCheck("speculative.method", spec.method, "verified",
+                            f"{drafts:,.0f} drafts proposed and {accepted:,.0f} draft tokens accepted since start")
+    return FeatureCheck("speculative.method", spec.method, "accepted", echo + unmeasured)
+
+
+def kv_bytes_per_token(model_config: Mapping[str, Any], element_bytes: int) -> int | None:
+    """KV-cache bytes per token of a standard-attention model (keys and values of every layer),
+    from its config.json; None for layouts this formula does not describe (MLA, missing sizes)."""
+    config = model_config.get("text_config") if isinstance(model_config.get("text_config"), Mapping) else model_config
+    if not isinstance(config, Mapping) or "kv_lora_rank" in config:
+        return None
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return 2 * layers * kv_heads * head_dim * element_bytes
+
+
+def _verify_kv_dtype(dtype: str, args: Mapping[str, object], log: str, log_lines: Sequence[str],
+                     model_config: Mapping[str, Any] | None) -> FeatureCheck:
+    """FP8 keeps one byte per element where a 16-bit cache keeps two: the same KV memory must
+    hold about twice the tokens. Compared with the capacity the engine reported."""
+    used = re.search(r"Using fp8 data type to store kv cache", log)
+    logged = args.get("kv_cache_dtype")
+    echo = used.group(0) if used else f"engine parsed kv_cache_dtype={logged}"
+    if not used and logged != dtype:
+        return FeatureCheck("kv_cache_dtype", dtype, "not active", echo)
+    tokens = parse_kv_cache(log_lines).get("kv_cache_tokens")
+    memory = next((m for m in map(KV_MEMORY_RE.search, log_lines) if m), None)
+    per_token_16 = kv_bytes_per_token(model_config or {}, 2)
+    if not tokens or memory is None or per_token_16 is None:
+        missing = "the model's config" if per_token_16 is None else "the KV capacity or memory in the log"
+        return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"{echo}; capacity not checked ({missing} unknown)")
+    gib = float(memory.group("cpu") or memory.group("gpu"))
+    at_16 = gib * 2**30 / per_token_16
+    ratio = tokens / at_16
+    seen = (f"the KV cache holds {tokens:,.0f} tokens in {gib:g} GiB, {ratio:.2f}x the {at_16:,.0f} a 16-bit "
+            f"cache would")
+    if abs(ratio - 2.0) <= 2.0 * KV_RATIO_TOLERANCE:
+        return FeatureCheck("kv_cache_dtype", dtype, "verified", seen + " (fp8 predicts 2x)")
+    if abs(ratio - 1.0) <= KV_RATIO_TOLERANCE:
+        return FeatureCheck("kv_cache_dtype", dtype, "not active", seen + ": stored in 16 bits, not fp8")
+    return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"{echo}; {seen}, which fits no prediction")
 
 def _flag_values(tokens: Sequence[str]) -> list[tuple[str, str]]:
     pairs = []

@@ -8,10 +8,12 @@ import sys
 import threading
 from typing import Any
 
+from app.cli.argtypes import bounded_int
 from app.engines import check_config, launch_engine
 from app.errors import EngineFailed, UserError
+from app.planner.plan import kv_plan_check
 from app.profiles import ProfileError, load_profile, resolve_profile
-from engine_adapters.base import Phase
+from engine_adapters.base import Phase, feature_check_line
 from engine_adapters.launcher import EngineStartError, stop_registered
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, ensure_demo_model, install_managed
@@ -50,11 +52,13 @@ def cmd_engine_start(args: argparse.Namespace) -> int:
         print(f"engine ready at {ready.base_url} (pid {engine.pid}, {ready.startup_s:.1f} s)", flush=True)
         if ready.kv_cache:
             print(f"KV cache: {ready.kv_cache.get('kv_cache_tokens', 0):,.0f} tokens", flush=True)
+            beside_plan = kv_plan_check(config, ready.kv_cache.get("kv_cache_tokens", 0))
+            if beside_plan:
+                print(beside_plan, flush=True)
         if engine.api_key:
             print(f"API key: {engine.api_key}  (export VLLM_API_KEY or send 'Authorization: Bearer ...')", flush=True)
         for check in engine.verify_features():
-            state = {True: "active", False: "NOT ACTIVE", None: "unknown"}[check.active]
-            print(f"feature {check.key}={check.requested}: {state} ({check.evidence})", flush=True)
+            print(feature_check_line(check), flush=True)
         print("Ctrl-C to stop", flush=True)
         while engine.is_running() and not stop_requested.wait(0.5):
             pass
@@ -132,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     start = esub.add_parser("start", help="launch the engine of a profile and keep it running until Ctrl-C")
     start.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-demo)")
-    start.add_argument("--port", type=int, help="override the profile's port (0 = free port)")
+    start.add_argument("--port", type=bounded_int(0, 65535), help="override the profile's port (0 = free port)")
     start.add_argument("--force", action="store_true", help="launch even if validation finds errors")
     start.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
     start.set_defaults(handler=cmd_engine_start)

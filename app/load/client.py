@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - declared dependency
 
 from app.load.datasets import Conversation
 from app.load.metrics import RequestRecord
+from engine_adapters.secrets import is_secret_name, mask_text, remember_secret
 
 _DATA = b"data:"
 
@@ -46,14 +47,18 @@ class ClientOptions:
     continuous_usage: bool = True
     request_timeout_s: float = 300.0
     keep_text: bool = False  # multi-turn needs the reply to resend the history
+    cache_salt: str | None = None  # vLLM's prefix-cache namespace for these requests (app.load.cache)
+    keep_alive: bool = True  # reuse connections; off for servers that close them after a few requests
 
 
 OnTokens = Callable[[int], None]
 
 
-def make_session(limit: int) -> aiohttp.ClientSession:
-    """One session per level: keep-alive connections reused across requests."""
-    connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, force_close=False,
+def make_session(limit: int, keep_alive: bool = True) -> aiohttp.ClientSession:
+    """One session per level: keep-alive connections reused across requests, unless the server
+    closes idle or well-used connections on its own (aiohttp does not retry a POST whose body it
+    could not write to such a connection: every one would be a failed request)."""
+    connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, force_close=not keep_alive,
                                      enable_cleanup_closed=True)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                  auto_decompress=False)
@@ -68,6 +73,8 @@ def build_payload(opts: ClientOptions, conv: Conversation, turn: int, replies: l
                               if opts.continuous_usage else {"include_usage": True})
     if opts.ignore_eos:
         body["ignore_eos"] = True
+    if opts.cache_salt:
+        body["cache_salt"] = opts.cache_salt
     if opts.api == "chat":
         messages: list[dict[str, str]] = []
         if conv.system:
@@ -111,6 +118,9 @@ class StreamClient:
         self.url = opts.base_url.rstrip("/") + path
         self.headers = {"Content-Type": "application/json", **opts.headers}
         self._chat = opts.api == "chat"
+        for name, value in opts.headers.items():  # a server that echoes the key in an error: masked too
+            if is_secret_name(name):
+                remember_secret(value.split(" ", 1)[-1])
 
     async def send(self, conv: Conversation, turn: int, replies: list[str], *, level: int, index: int,
                    level_t0: float, scheduled: float, on_tokens: OnTokens | None = None,
@@ -139,7 +149,7 @@ class StreamClient:
                         detail = await resp.text(errors="replace")
                         try:
                             detail = _error_message(json.loads(detail))
-                        except ValueError:
+                        except (ValueError, RecursionError):  # not JSON, or nested past the parser
                             detail = _short(detail)
                         rec.error, rec.error_kind = f"HTTP {resp.status}: {detail or resp.reason}", "http"
                     else:
@@ -164,6 +174,8 @@ class StreamClient:
             rec.error, rec.error_kind = "cancelled", "cancelled"
             state.finish(rec)
             raise _Cancelled(rec) from None
+        if rec.error is not None:  # server text: it may quote a token or the key
+            rec.error = mask_text(rec.error)
         state.finish(rec)
         return rec, "".join(state.text)
 

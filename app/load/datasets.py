@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.errors import UserError
+from app.errors import UserError, read_user_text
 from app.load.tokens import TokenCounter
 from app.workload import LengthSpec, WorkloadConfig
 
@@ -156,15 +156,13 @@ def _generated(workload: WorkloadConfig, counter: TokenCounter, rng: np.random.G
     return conversations
 
 
+MAX_DATASET_BYTES = 2 * 2**30
+"""ShareGPT's usual file is about 650 MB; a dataset is read whole."""
+
+
 def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such {what} file") from None
-    except UnicodeDecodeError:
-        raise DatasetError(f"{path}: not a {what} file (not UTF-8 text)") from None
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read: {exc.strerror}") from None
+    """Regular files only (a named pipe would block the run forever), at most MAX_DATASET_BYTES."""
+    return read_user_text(path, f"{what} file", DatasetError, max_bytes=MAX_DATASET_BYTES)
 
 
 def _pick(items: list[tuple[str, int]], n: int, rng: np.random.Generator) -> list[tuple[str, int]]:
@@ -181,6 +179,8 @@ def load_sharegpt(path: Path, workload: WorkloadConfig, counter: TokenCounter,
         data = json.loads(_read_text(path, "ShareGPT JSON"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}: not a ShareGPT JSON file: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: not a ShareGPT JSON file: arrays or objects nested too deeply") from None
     if not isinstance(data, list):
         raise DatasetError(f"{path}: not a ShareGPT JSON file: expected a list of conversations, got "
                            f"{type(data).__name__}")
@@ -227,6 +227,9 @@ def load_jsonl(path: Path, workload: WorkloadConfig, counter: TokenCounter,
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             problems.append(f"line {lineno}: not JSON ({exc.msg})")
+            continue
+        except RecursionError:
+            problems.append(f"line {lineno}: JSON nested too deeply")
             continue
         prompt, out = (obj, None) if isinstance(obj, str) else (
             (obj.get("prompt"), obj.get("output_tokens", obj.get("max_tokens"))) if isinstance(obj, dict) else (None, None))

@@ -204,7 +204,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
             halt(f"error budget exceeded: {failed} of {counted} requests failed "
                  f"(limit {rule.max_error_fraction:.0%}); first: {first_error[0]}")
 
-    async with make_session(limit) as session:
+    async with make_session(limit, opts.keep_alive) as session:
         client = StreamClient(session, opts)
 
         async def run_conversation(conv: Conversation, scheduled: float) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from app.bus import Bus, Event
 from app.config import RunConfig
+from app.events import LevelFinished, PhaseChanged, Progress, RunFinished, RunStarted
 from app.runner import Runner, RunResult
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, SpeculativeConfig
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 def run_on(engine: EngineProcess, workload: WorkloadConfig, load: LoadConfig, bus: Bus | None = None) -> RunResult:
     config = RunConfig(name="e2e", engine=engine.engine, features=engine.features, workload=workload, load=load)
-    result = Runner(config, bus or Bus(), engine=engine, telemetry=False).run()
+    result = Runner(config, bus or Bus(), engine=engine, telemetry=False, keep_requests=True).run()
     assert result.status == "completed", result.reason
     return result
 
@@ -35,6 +36,7 @@ def check_records(result: RunResult) -> None:
         s = level.summary
         assert s.errors == 0, s.error_examples
         assert s.tokens_source == "usage"  # vLLM sends per-chunk usage: tokens, not chunks, are counted
+        assert len(level.requests) == s.completed > 0  # every record kept (keep_requests), so each is checked
         for rec in level.requests:
             assert rec.output_tokens == rec.expected_output_tokens  # ignore_eos: the asked length
             assert len(rec.itl_ms) == rec.output_tokens - 1
@@ -50,20 +52,26 @@ def test_prefix_caching_raises_hit_rate_and_lowers_ttft(engine_pool, demo_engine
     off = run_on(engine_pool.get(Features(prefix_caching=False)), workload, load)
     on = run_on(demo_engine, workload, load)
     s_off, s_on = off.levels[0].summary, on.levels[0].summary
-    print(f"\nTTFT p50 prefix caching off {s_off.ttft_ms.median:.1f} ms, on {s_on.ttft_ms.median:.1f} ms; "
-          f"hit rate off {s_off.engine.prefix_cache_hit_rate}, on {s_on.engine.prefix_cache_hit_rate}")
+    engine_ttft = [s.engine.engine_ttft_ms_mean for s in (s_off, s_on)]
+    print(f"\nTTFT p50 prefix caching off {s_off.ttft_ms.median:.1f} ms, on {s_on.ttft_ms.median:.1f} ms; engine TTFT "
+          f"mean {engine_ttft}; hit rate off {s_off.engine.prefix_cache_hit_rate}, on {s_on.engine.prefix_cache_hit_rate}")
     assert on.lengths_exact and s_on.input_tokens >= 12 * (1536 + 32)
-    assert s_on.engine.prefix_cache_hit_rate is not None and s_on.engine.prefix_cache_hit_rate > 0.5
+    # 11 of the 12 requests find the 1,536-token prefix cached (the level's own salt: the first
+    # computes it): 11 x 1,536 of 12 x 1,568 prompt tokens = 90%
+    assert s_on.engine.prefix_cache_hit_rate is not None and s_on.engine.prefix_cache_hit_rate > 0.85
     assert not s_off.engine.prefix_cache_hit_rate  # None (no queries) or 0
-    assert s_on.ttft_ms.median is not None and s_off.ttft_ms.median is not None
-    assert s_on.ttft_ms.median < s_off.ttft_ms.median
+    # The benefit, as a factor and from the engine's own TTFT histogram (a client starved by the
+    # engine's threads times late): seen 64 -> 31 ms (2.1x; the first request computes the prefix,
+    # and a 2-layer model's TTFT is mostly fixed cost). Losing half the benefit (about 1.0x) fails.
+    assert engine_ttft[0] is not None and engine_ttft[1] is not None
+    assert engine_ttft[1] * 1.5 <= engine_ttft[0], engine_ttft
     check_records(on)
     check_records(off)
 
 
 def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess) -> None:
     bus = Bus()
-    sub = bus.subscribe(kinds=["level_finished", "sample"], sources=["client"])
+    sub = bus.subscribe(kinds=[LevelFinished, Progress])
     # Long outputs: each stream must outlast the API server's admission of the others (on 2 cores
     # it shares a core with this client), or the engine never sees 16 at once (64-token outputs
     # once gave 6 tokens per step at concurrency 16).
@@ -96,26 +104,29 @@ def test_concurrency_sweep_shows_continuous_batching(demo_engine: EngineProcess)
     assert all(lv.summary.good_requests is not None for lv in result.levels)
     check_records(result)
     items = sub.drain()
-    assert sum(1 for i in items if isinstance(i, Event)) == 3
-    assert any(not isinstance(i, Event) and i.values.get("output_tok_per_s", 0) > 0 for i in items)
+    assert sum(1 for i in items if isinstance(i, Event) and isinstance(i.payload, LevelFinished)) == 3
+    assert any(isinstance(i, Event) and isinstance(i.payload, Progress) and i.payload.output_tok_per_s > 0
+               for i in items)
 
 
 def test_token_count_equals_engine_with_ngram_speculation(engine_pool, demo_engine: EngineProcess) -> None:  # type: ignore[no-untyped-def]
     spec = engine_pool.get(Features(prefix_caching=True, speculative=SpeculativeConfig(method="ngram")))
     workload = WorkloadConfig(kind="code", num_requests=8, input_len=LengthSpec(mean=256),
                               output_len=LengthSpec(mean=48), api="chat")
-    # the engine's own echo of its speculative config matches the request, part by part
+    # verified by effect: the startup probe saw drafts proposed and accepted (its echo alone is
+    # only "accepted by the engine")
     verified = {c.key: c for c in spec.verify_features()}["speculative.method"]
-    assert verified.active is True, verified.evidence
+    assert verified.status == "verified", verified
     result = run_on(spec, workload, LoadConfig(concurrency=4))
     check_records(result)
     s = result.levels[0].summary
-    assert s.engine.spec_decode_drafts is not None  # spec-decode counters read over the level
+    # the level's own spec-decode counters: drafts proposed and tokens accepted (code repeats itself)
+    assert s.engine.spec_decode_drafts and s.engine.spec_decode_drafts > 0, s.engine
+    assert s.engine.spec_decode_accepted_tokens and s.engine.spec_decode_accepted_tokens > 0, s.engine
     chunks = sum(r.chunks for r in result.levels[0].requests)
     print(f"\nngram: {s.output_tokens} tokens in {chunks} chunks, drafts {s.engine.spec_decode_drafts}, "
           f"acceptance {s.engine.spec_acceptance_rate}, mean acceptance length {s.engine.spec_mean_acceptance_length}")
-    if s.engine.spec_decode_accepted_tokens:
-        assert chunks < s.output_tokens  # accepted drafts arrive several tokens per chunk
+    assert chunks < s.output_tokens  # accepted drafts arrive several tokens per chunk
     plain = run_on(demo_engine, workload, LoadConfig(concurrency=4))
     check_records(plain)
 
@@ -126,7 +137,8 @@ def test_cli_run_launches_measures_and_stops_its_engine(tmp_path: Path) -> None:
                        '[workload]\nnum_requests = 4\n[workload.input_len]\nmean = 16\n'
                        '[workload.output_len]\nmean = 8\n[load]\nconcurrency = 2\n')
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(profile), "--json", str(out), "--no-telemetry"],
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(profile), "--json", str(out), "--json-requests",
+                           "--no-telemetry"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "engine ready at" in proc.stdout and "engine 32: equal" in proc.stdout and "stored as run" in proc.stdout
@@ -144,14 +156,14 @@ def test_engine_that_fails_to_start_ends_the_run_with_its_diagnosis(tmp_path: Pa
     # A model folder without config.json passes validation (the path exists); the engine refuses it.
     config = RunConfig(name="e2e fail", engine=EngineConfig(model=str(tmp_path)), workload=WorkloadConfig(num_requests=2))
     bus = Bus()
-    sub = bus.subscribe(kinds=["run_started", "phase", "run_finished"])
+    sub = bus.subscribe(kinds=[RunStarted, PhaseChanged, RunFinished])
     result = Runner(config, bus, telemetry=False).run()
     assert result.status == "failed" and result.levels == []
     assert "model was not found" in (result.reason or ""), result.reason
     evs = [e for e in sub.drain() if isinstance(e, Event)]
     assert evs[0].kind == "run_started" and evs[-1].kind == "run_finished"
-    assert any(e.kind == "phase" and e.payload["phase"] == "failed" for e in evs)
-    assert evs[-1].payload["reason"] == result.reason
+    assert any(isinstance(e.payload, PhaseChanged) and e.payload.phase == "failed" for e in evs)
+    assert isinstance(evs[-1].payload, RunFinished) and evs[-1].payload.reason == result.reason
     assert result.engine_pid and not group_members(result.engine_pid)
 
 
@@ -161,7 +173,7 @@ def test_requests_the_engine_rejects_are_errors_with_its_reason(demo_engine: Eng
     config = RunConfig(name="e2e 400", engine=demo_engine.engine, features=demo_engine.features,
                        workload=WorkloadConfig(num_requests=6, output_len=LengthSpec(mean=100_000)),
                        load=LoadConfig(concurrency=2))
-    result = Runner(config, Bus(), engine=demo_engine, telemetry=False).run()
+    result = Runner(config, Bus(), engine=demo_engine, telemetry=False, keep_requests=True).run()
     assert result.status == "failed" and "error budget exceeded" in (result.reason or "")
     s = result.levels[0].summary
     assert s.errors >= 5 and s.error_kinds == {"http": s.errors}

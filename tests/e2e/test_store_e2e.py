@@ -40,7 +40,7 @@ def _short_config(engine: EngineProcess, name: str, num_requests: int = 12, outp
     config = load_profile(resolve_profile("cpu-demo"))
     return config.model_copy(update={
         "name": name, "tags": ["e2e", "store"], "engine": engine.engine, "features": engine.features,
-        "workload": WorkloadConfig(kind="shared_prefix", num_requests=num_requests, shared_prefix_tokens=256,
+        "workload": WorkloadConfig(kind="shared_prefix", num_requests=num_requests, shared_prefix_tokens=1024,
                                    input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=output_tokens)),
         "load": LoadConfig(concurrency=4)})
 
@@ -61,7 +61,8 @@ def test_real_runs_are_recorded_listed_compared_and_exported(engine_pool, demo_e
         assert (run.name, run.status, run.engine_version) == (label, "completed", "0.32.0")
         assert run.n_requests == 12 and run.metrics["requests_failed"] == 0
         assert run.n_samples > 0 and run.argv and "--port" in run.argv
-        assert run.env.get("VLLM_API_KEY") in (None, "***")
+        assert run.env.get("VLLM_API_KEY") == "***"  # recorded (the engine has one), and masked
+        assert engine.api_key and not any(engine.api_key.encode() in f.read_bytes() for f in tmp_path.glob("runs.db*"))
         assert run.engine_info["base_url"] == engine.base_url and run.levels[0].summary
         assert run.config["features"]["prefix_caching"] is (label == "prefix on")
         ids.append(run.id)
@@ -76,6 +77,12 @@ def test_real_runs_are_recorded_listed_compared_and_exported(engine_pool, demo_e
     assert diff["features.prefix_caching"] == [False, True]
     metrics = {m["name"]: m for m in comparison["metrics"]}
     assert metrics["ttft_ms_p50"]["values"][0] > 0 and metrics["ttft_ms_p50"]["delta_pct"][1] is not None
+    # The A/B comes out the right way round, in the engine's own figures: 11 of 12 requests (each
+    # level cold, with its own cache salt) hit the 1,024-token prefix, and TTFT falls with it.
+    hit = metrics["prefix_cache_hit_rate"]["values"]
+    assert not hit[0] and hit[1] is not None and hit[1] > 0.8, hit
+    ttft = metrics["engine_ttft_ms_mean"]
+    assert ttft["values"][1] < ttft["values"][0] and ttft["verdict"][1] == "better", ttft
     assert any(s["source"] == "client" for s in comparison["series"]["items"])
 
     script, report = tmp_path / "winner.sh", tmp_path / "report.html"
@@ -108,7 +115,8 @@ def test_exported_bash_script_starts_the_same_engine_with_the_same_flags(demo_en
     script.write_text(render_launch(spec_from_profile(resolve_profile("cpu-demo")), "bash"))
     port = free_port()
     log_path = tmp_path / "engine.log"
-    env = {**os.environ, "PORT": str(port), "VLLM_API_KEY": secrets.token_urlsafe(16)}
+    api_key = secrets.token_urlsafe(16)
+    env = {**os.environ, "PORT": str(port), "VLLM_API_KEY": api_key}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -123,7 +131,14 @@ def test_exported_bash_script_starts_the_same_engine_with_the_same_flags(demo_en
         launched = parse_non_default_args(demo_engine.snapshot_log())
         assert exported and launched
         assert exported.pop("port") == port and launched.pop("port") == demo_engine.port
+        # the one addition: clients ask for the profile's model name, not this machine's cache path
+        assert exported.pop("served_model_name") in (["tunebench:demo"], "tunebench:demo")
+        launched.pop("served_model_name", None)
         assert exported == launched
+        models = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                        headers={"Authorization": f"Bearer {api_key}"})
+        with urllib.request.urlopen(models, timeout=30) as resp:
+            assert [m["id"] for m in json.load(resp)["data"]] == ["tunebench:demo"]
         assert exported["enable_prefix_caching"] is True
     finally:
         how = stop_group(proc.pid, leader=None)
@@ -188,9 +203,11 @@ def _check_interrupted(db: Path, run_id: int, killed_at: float, samples_before: 
         assert run.status == "interrupted" and "ended before the run finished" in (run.reason or "")
         assert run.n_requests >= 8 and run.n_samples > 0
         last_sample = max(float(b.t_wall.max()) for b in store.samples(run_id).values())
-        # Flushed while the run went on (every 0.5 s by design; a loaded machine may delay one or two).
+        # Flushed while the run went on (every 0.5 s by design): samples stored during the 3 s
+        # before the kill, and the newest within a few flushes of it (the writer thread shares 2
+        # cores with the engine and can run late; the guarantee is "as it goes", not "at the end").
         assert run.n_samples > samples_before, (run.n_samples, samples_before)
-        assert killed_at - last_sample <= 3.0, (killed_at, last_sample)
+        assert killed_at - last_sample <= 5.0, (killed_at, last_sample)
         assert run.finished_at is not None and run.finished_at <= killed_at
         assert run.metrics["requests_total"] == run.n_requests
     with RunStore(db) as store:  # opens cleanly again, nothing left to repair

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from app.bus import Bus, Event, Sample
+from app.events import Notice
 from app.telemetry import TelemetryCollector
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess
@@ -75,15 +76,15 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
     assert not collector.running and stop_s < 3.0, f"stop took {stop_s:.2f} s"  # the scrape time-out is 2 s
 
     events = [i for i in items if isinstance(i, Event)]
-    support = {e.payload["source"]: e.payload for e in events if e.kind == "telemetry_support"}
-    assert support["engine"]["available"]
+    support = {e.payload.source: e.payload for e in events if e.kind == "telemetry_support"}
+    assert support["engine"].available
     for name in ("generation_tok_per_s", "kv_cache_usage_pct", "requests_running", "prefix_cache_hit_rate_pct"):
-        assert name in support["engine"]["supported"], support["engine"]
-    assert "spec_acceptance_rate_pct" in support["engine"]["unsupported"]  # no speculative decoding here
+        assert name in support["engine"].supported, support["engine"]
+    assert "spec_acceptance_rate_pct" in support["engine"].unsupported  # no speculative decoding here
     if probe_hardware().has_gpu:
-        assert support["gpu0"]["available"]
+        assert support["gpu0"].available
     else:
-        assert support["gpu"]["state"] == "no NVIDIA GPU" and not support["gpu"]["available"]
+        assert support["gpu"].state == "no NVIDIA GPU" and not support["gpu"].available
     assert sum(1 for e in events if e.kind == "telemetry_support") == len(support)  # once per source
 
     first = min(i.t_mono for i in items if isinstance(i, Sample))
@@ -114,20 +115,32 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
                         / (sample.t_mono - base.t_mono))
             assert sample.values["generation_tok_per_s"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
             base = sample
-    # No spike: over any window of a second or more the rate stays within 3x the load's mean
-    # (single 0.25 s intervals can run ahead: decode slows as contexts grow, and a starved API
-    # server updates its counters in bursts).
+    # No spike: over any window of two seconds or more the rate stays within 3x the load's mean
+    # (single 0.25 s intervals can run ahead: decode slows as contexts grow, a starved API server
+    # updates its counters in bursts, and a scrape's midpoint is off by up to half its latency,
+    # which under this load reached a second).
     mean_rate = tokens / (load_end - idle_end)
     for i, first_sample in enumerate(engine_samples):
-        later = [s for s in engine_samples[i + 1:] if s.t_mono - first_sample.t_mono >= 1.0]
+        later = [s for s in engine_samples[i + 1:] if s.t_mono - first_sample.t_mono >= 2.0]
         if later:
             window = later[0]
             rate = ((window.values["generation_tokens_total"] - first_sample.values["generation_tokens_total"])
                     / (window.t_mono - first_sample.t_mono))
             assert rate < 3 * mean_rate, (rate, mean_rate, first_sample.t_mono - idle_end)
-    assert after_rate and max(after_rate) == 0.0, after_rate
+    # Back to idle, judged by the counter rather than the clock (a scrape slowed by the load can
+    # read the counter well before its midpoint): every rate whose interval starts from the final
+    # count is 0, and the series goes on at idle.
+    final = engine_samples[-1].values["generation_tokens_total"]
+    idle_again, base = [], engine_samples[0]
+    for sample in engine_samples[1:]:
+        if "generation_tok_per_s" in sample.values:
+            if base.values["generation_tokens_total"] == final:
+                idle_again.append(sample.values["generation_tok_per_s"])
+            base = sample
+    assert len(idle_again) >= 2 and max(idle_again) == 0.0, idle_again
+    assert after_rate, "no engine samples after the load"
     assert load_kv and 0 < max(load_kv) <= 100, load_kv
-    assert after_kv and max(after_kv) == 0.0, after_kv
+    assert after_kv and after_kv[-1] == 0.0, after_kv  # the KV cache is freed once the streams end
     assert running and max(running) >= CONCURRENCY / 2, running
     every_rate = [v for s in items if isinstance(s, Sample) and s.source == "engine"
                   for k, v in s.values.items() if k.endswith("_per_s")]
@@ -137,7 +150,20 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
     assert host and all(s.values["engine_rss_bytes"] > 50 * 2**20 for s in host if "engine_rss_bytes" in s.values)
     load_cpu = [s.values["engine_cpu_pct"] for s in host if idle_end < s.t_mono <= load_end and "engine_cpu_pct" in s.values]
     assert load_cpu and max(load_cpu) > 50, load_cpu  # the engine works hard under load
-    assert collector.stats()["engine"]["errors"] == 0
+
+    # A scrape that times out while 16 streams share 2 cores is an event the product must handle,
+    # not one this test can forbid: each failure is counted, reported once as a notice (not once
+    # per tick), recovery is reported, and the series and its exact rates above go on across it.
+    stats = collector.stats()["engine"]
+    notices = [e.payload.message for e in events if isinstance(e.payload, Notice) and e.payload.source == "engine"]
+    down = [n for n in notices if "unreachable" in n]
+    print(f"engine scrapes: {stats['samples']} samples, {stats['errors']} failed; notices {notices}")
+    if stats["errors"]:
+        assert 1 <= len(down) <= stats["errors"], (stats, notices)
+        assert "reachable again" in notices[-1], notices  # and the last word is that it recovered
+    else:
+        assert not down, notices
+    assert stats["samples"] >= len(engine_samples) > 10
 
 
 def test_engine_restart_gives_no_negative_or_huge_rates(engine_pool, demo_engine: EngineProcess) -> None:  # type: ignore[no-untyped-def]
@@ -181,10 +207,27 @@ def test_engine_restart_gives_no_negative_or_huge_rates(engine_pool, demo_engine
         return sub.drain()
 
     items = asyncio.run(scenario())
-    rates = [s.values["generation_tok_per_s"] for s in items
-             if isinstance(s, Sample) and s.source == "engine" and "generation_tok_per_s" in s.values]
+    samples = [s for s in items if isinstance(s, Sample) and s.source == "engine" and "generation_tokens_total" in s.values]
+    rates = [s.values["generation_tok_per_s"] for s in samples if "generation_tok_per_s" in s.values]
     assert rates and min(rates) >= 0
-    assert max(rates) < 50_000, max(rates)  # this CPU makes a few thousand tokens a second
     assert max(rates) > 100  # and the second engine's load was seen
-    notices = [e.payload for e in items if isinstance(e, Event) and e.kind == "notice"]
-    assert any("reset" in json.dumps(n).lower() or "restart" in json.dumps(n).lower() for n in notices), notices
+    # Every rate is one engine's own counter delta over the time between its two scrapes, exactly;
+    # the scrape that first sees the other engine carries no rate (its counter went back), and
+    # the next rates start from it. A rate across the restart (negative, or the old engine's
+    # count against the new one's) or divided by the wrong interval fails here, however small.
+    # The first engine is idle throughout, so its count never moves: the first other count is the
+    # other engine's (whose count may be higher or lower: both served earlier tests).
+    totals = [s.values["generation_tokens_total"] for s in samples]
+    switch = next(i for i, total in enumerate(totals) if total != totals[0])
+    assert switch >= 2 and "generation_tok_per_s" not in samples[switch].values, (switch, totals)
+    base = samples[0]
+    for sample in samples[1:]:
+        if "generation_tok_per_s" in sample.values:
+            expected = ((sample.values["generation_tokens_total"] - base.values["generation_tokens_total"])
+                        / (sample.t_mono - base.t_mono))
+            assert sample.values["generation_tok_per_s"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+            base = sample
+        elif sample is samples[switch]:
+            base = sample  # the new engine's first count is the next baseline
+    notices = [e.payload.message for e in items if isinstance(e, Event) and isinstance(e.payload, Notice)]
+    assert sum(1 for n in notices if "restart" in n.lower() or "went back" in n.lower()) == 1, notices

@@ -35,7 +35,11 @@ def test_profile_check_reports_each_error(capsys: pytest.CaptureFixture[str], tm
     assert "error: kv_offload_backend: KV offload needs a backend" in out
     assert "error: engine.model: model path not found: /no/such/model" in out
     assert "warning: gpu_memory_utilization: has no effect on the CPU build" in out
-    assert out.strip().endswith("3 error(s)") or "error(s)" in out.splitlines()[-1]
+    # three errors (gpu_memory_utilization out of range, the backend, the model), each on its line,
+    # and the count says so
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3, out
+    assert out.splitlines()[-1] == f"{profile}: 3 error(s)"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ from engine_adapters.config import Features
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
 
-
 _SCHEMA_KINDS = {"boolean": "bool", "integer": "int", "number": "float", "string": "text", "array": "list"}
 
 

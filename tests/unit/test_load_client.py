@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from app.load.client import ClientOptions, StreamClient, _StreamState, build_payload, make_session
 from app.load.datasets import Conversation, Turn
-from app.load.fakeserver import FakeBehaviour, FakeOpenAIServer, encode_stream
 from app.load.metrics import RequestRecord
+from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer, encode_stream
 
 
 @pytest.fixture(scope="module")
