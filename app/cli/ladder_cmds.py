@@ -7,7 +7,6 @@ read back from the run store.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ import pydantic_core
 
 from app.bus import Bus, Event
 from app.cli.argtypes import bounded_int
+from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -205,17 +205,8 @@ def cmd_ladder(args: argparse.Namespace) -> int:
             _write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(r.status != "skipped" for r in planned.rows) else EXIT_FAILED
     sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished, LadderUpdated))
-    recorder = None
-    if not args.no_store:
-        from app.recording import record_to_default_store
-        from db.store import StoreError
-
-        try:
-            recorder = record_to_default_store(bus, args.db)
-        except (StoreError, OSError) as exc:
-            raise UserError(f"cannot open the run database: {exc}") from None
+    recorder = open_recorder(bus, args)
     cancel = threading.Event()
-    box: dict[str, Any] = {}
     try:
         ladder = Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry)
     except BaseException:
@@ -223,34 +214,9 @@ def cmd_ladder(args: argparse.Namespace) -> int:
             recorder.close()
         raise
 
-    def work() -> None:
-        try:
-            box["state"] = ladder.run(cancel)
-        except BaseException as exc:  # re-raised on the main thread
-            box["error"] = exc
-
     console = _LadderConsole(sys.stdout, args.verbose)
-    previous = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    thread = threading.Thread(target=work, name="tunebench-ladder", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive() or len(sub):
-            try:
-                for ev in sub.drain(timeout_s=0.2):
-                    if isinstance(ev, Event):
-                        console.handle(ev)
-            except KeyboardInterrupt:
-                if not cancel.is_set():
-                    print("\ncancelling: stopping requests and the engine (Ctrl-C again does not hurry it)",
-                          file=sys.stderr)
-                cancel.set()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if recorder is not None:
-            recorder.close()
-    if "error" in box:
-        raise box["error"]
-    state: LadderState = box["state"]
+    state: LadderState = run_in_foreground(lambda: ladder.run(cancel), sub, console.handle, cancel,
+                                           name="tunebench-ladder", recorder=recorder)
     print()
     print(format_ladder_table(state))
     if json_path is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ import pydantic_core
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import bounded_int
+from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.config import RunConfig
 from app.errors import UserError
@@ -158,60 +158,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_api_key(api_key)  # a newline would end the Authorization header and start another
     bus = Bus()
     sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished, RunFinished))
-    recorder = None
-    if not args.no_store:
-        from app.recording import record_to_default_store
-        from db.store import StoreError
-
-        try:
-            recorder = record_to_default_store(bus, args.db)  # before run_started is published
-        except (StoreError, OSError) as exc:
-            raise UserError(f"cannot open the run database: {exc}") from None
-    if args.repeat < 1:
-        raise UserError(f"--repeat must be at least 1 (got {args.repeat})")
+    recorder = open_recorder(bus, args)  # before run_started is published
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
         return Runner(run_config, run_bus, keep_requests=args.json_requests, **kwargs)
 
     cancel = threading.Event()
-    box: dict[str, Any] = {}
 
-    def work() -> None:
-        try:
-            if args.repeat > 1:  # each repeat on a cold cache, the engine kept between them (app.campaign)
-                box["campaign"] = Campaign([Step(config.name, config, args.repeat)], bus, endpoint=args.endpoint,
-                                           api_key=api_key, recorder=recorder, telemetry=not args.no_telemetry,
-                                           runner_factory=make_runner).run(cancel)
-            else:
-                box["result"] = make_runner(config, bus, endpoint=args.endpoint, api_key=api_key,
-                                            telemetry=not args.no_telemetry).run(cancel)
-        except BaseException as exc:  # re-raised on the main thread
-            box["error"] = exc
+    def work() -> RunResult | CampaignResult:
+        if args.repeat > 1:  # each repeat on a cold cache, the engine kept between them (app.campaign)
+            return Campaign([Step(config.name, config, args.repeat)], bus, endpoint=args.endpoint, api_key=api_key,
+                            recorder=recorder, telemetry=not args.no_telemetry, runner_factory=make_runner).run(cancel)
+        return make_runner(config, bus, endpoint=args.endpoint, api_key=api_key,
+                           telemetry=not args.no_telemetry).run(cancel)
 
     console = _Console(sys.stdout, args.verbose)
-    previous = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    thread = threading.Thread(target=work, name="tunebench-run", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive() or len(sub):
-            try:
-                for ev in sub.drain(timeout_s=0.2):
-                    if isinstance(ev, Event):
-                        console.handle(ev)
-            except KeyboardInterrupt:
-                if not cancel.is_set():
-                    print("\ncancelling: stopping requests and the engine (Ctrl-C again does not hurry it)",
-                          file=sys.stderr)
-                cancel.set()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if recorder is not None:
-            recorder.close()
-    if "error" in box:
-        raise box["error"]
-    if "campaign" in box:
-        return _report_campaign(box["campaign"], json_path, recorder)
-    result: RunResult = box["result"]
+    outcome = run_in_foreground(work, sub, console.handle, cancel, name="tunebench-run", recorder=recorder)
+    if isinstance(outcome, CampaignResult):
+        return _report_campaign(outcome, json_path, recorder)
+    result: RunResult = outcome
     unstored = recorder.check_stored(result) if recorder is not None else None  # not "completed" if not stored
     if result.levels:
         print()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +17,7 @@ import pydantic_core
 
 from app.bus import Bus, Event
 from app.cli.argtypes import bounded_int
+from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -147,18 +147,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if json_path is not None:
             _write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(c.status != "pruned" for c in planned.candidates) else EXIT_FAILED
-    if args.no_store:
-        if args.resume is not None:
-            raise UserError("--resume reads the tune from the run database: it cannot go with --no-store")
-        recorder = None
-    else:
-        from app.recording import record_to_default_store
-        from db.store import StoreError
-
-        try:
-            recorder = record_to_default_store(bus, args.db)
-        except (StoreError, OSError) as exc:
-            raise UserError(f"cannot open the run database: {exc}") from None
+    if args.no_store and args.resume is not None:
+        raise UserError("--resume reads the tune from the run database: it cannot go with --no-store")
+    recorder = open_recorder(bus, args)
     sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished))
     try:
         if args.resume is not None:
@@ -184,36 +175,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             recorder.close()
         raise
     cancel = threading.Event()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["state"] = tuner.run(cancel)
-        except BaseException as exc:  # re-raised on the main thread
-            box["error"] = exc
 
     console = _TuneConsole(sys.stdout, args.verbose)
-    previous = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    thread = threading.Thread(target=work, name="tunebench-tune", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive() or len(sub):
-            try:
-                for ev in sub.drain(timeout_s=0.2):
-                    if isinstance(ev, Event):
-                        console.handle(ev)
-            except KeyboardInterrupt:
-                if not cancel.is_set():
-                    print("\ncancelling: stopping requests and the engine; --resume goes on later",
-                          file=sys.stderr)
-                cancel.set()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if recorder is not None:
-            recorder.close()
-    if "error" in box:
-        raise box["error"]
-    state: TuneState = box["state"]
+    state: TuneState = run_in_foreground(lambda: tuner.run(cancel), sub, console.handle, cancel, name="tunebench-tune",
+                                         recorder=recorder,
+                                         cancel_note="stopping requests and the engine; --resume goes on later")
     print()
     print(format_table(state))
     print()
