@@ -46,11 +46,14 @@ class HeadlineFigure:
             return None
         return self.after / self.before
 
+    def values_text(self) -> str:
+        """``TTFT mean (engine) 91.2 -> 19.7 ms``."""
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name} {self.before_text} \u2192 {self.after_text}{unit}"
+
     def text(self) -> str:
         """``TTFT mean (engine) 91.2 -> 19.7 ms, 4.6x faster``."""
-        unit = f" {self.unit}" if self.unit else ""
-        tail = f", {self.factor}" if self.factor else ""
-        return f"{self.name} {self.before_text} \u2192 {self.after_text}{unit}{tail}"
+        return self.values_text() + (f", {self.factor}" if self.factor else "")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ what each token costs it, beside vLLM's own benchmark client (`vllm bench serve`
 zero-latency server in the same run.
 
 The server (a minimal asyncio HTTP server in its own process) writes each response pre-encoded
-in one call: vLLM-like SSE chunks (app.load.fakeserver.encode_stream), one token per chunk, with
+in one call: vLLM-like SSE chunks (tests.fakes.openai_server.encode_stream), one token per chunk, with
 per-chunk usage when the client asks for it (tunebench does, to count tokens; vLLM's client does
 not, so its chunks are smaller). The server costs almost nothing per token, so the client is the
 limit. "client CPU" is the client process's CPU time per token: the per-token cost of parsing
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.load.client import ClientOptions  # noqa: E402
 from app.load.datasets import Conversation, Dataset, Turn  # noqa: E402
 from app.load.executor import LiveStats, StopRule, run_level  # noqa: E402
-from app.load.fakeserver import encode_stream  # noqa: E402
 from app.load.metrics import summarize  # noqa: E402
 from app.load.patterns import LevelPlan  # noqa: E402
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
+from tests.fakes.openai_server import encode_stream  # noqa: E402
 
 _VLLM_CLIENT = r"""
 import json, sys, time
@@ -56,7 +56,7 @@ print("RESULT " + json.dumps(out))
 
 class _RawSSE(asyncio.Protocol):
     """A minimal HTTP/1.1 keep-alive server for /v1/completions: each response is pre-encoded
-    (vLLM-like SSE chunks from app.load.fakeserver) and written in one call, so the server costs
+    (vLLM-like SSE chunks from tests.fakes.openai_server) and written in one call, so the server costs
     almost nothing per token and the client under test is the limit."""
 
     cache: dict[tuple[int, bool], bytes] = {}

@@ -75,6 +75,7 @@ def main() -> int:
     store.t0 = 0.0
     dashboard = Dashboard(columns=3)
     dashboard.set_support(False, "")
+    dashboard.show_plots()  # the plots page (before a run the dashboard shows what to do)
     dashboard.resize(1600, 900)
     dashboard.show()
     app.processEvents()

@@ -1,10 +1,14 @@
-"""Screenshots for the README, from a real run on the vLLM CPU engine (offscreen Qt).
+"""Screenshots for the README and docs/gui.md, from a real A/B on the vLLM CPU engine (offscreen Qt).
 
     make screenshots        # = QT_QPA_PLATFORM=offscreen .venv/bin/python docs/make_screenshots.py
 
-Writes docs/main-window.png (during a run), docs/presentation.png and docs/compare.png. Two short
-runs on one warm engine (concurrency 16, then 2); the runs go to a throw-away database unless
---db is given. Takes about two minutes, most of it the engine's start.
+The customer demo, as a presenter gives it: a shared-prefix workload run with prefix caching off,
+then on (the kept engine restarts with the flag), then compared. Writes, at a laptop's 1366x768:
+docs/main-window.png (the second run, live), docs/engine-start.png (the restart, with the time
+left), docs/compare.png (the headline, figures and charts); and at a projector's 1024x768:
+docs/presentation.png (live) and docs/before-after.png. The runs go to a throw-away database
+unless --db is given. Takes two to four minutes, most of it the engine's two starts; run it under
+the shared engine lock on a machine where others start engines too.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from PySide6.QtWidgets import QApplication, QSpinBox  # noqa: E402
+from PySide6.QtCore import QPoint, Qt  # noqa: E402
+from PySide6.QtTest import QTest  # noqa: E402
+from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QSpinBox  # noqa: E402
 
+from app.gui.dashboard import Dashboard  # noqa: E402
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
 
-SIZE = (1600, 960)
+DESK = (1366, 768)
+PROJECTOR = (1024, 768)
 
 
 def wait_until(app: QApplication, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -51,17 +59,41 @@ def set_spin(window: MainWindow, path: str, value: int) -> None:
     spin.setValue(value)
 
 
-def run(window: MainWindow, app: QApplication, concurrency: int, requests: int,
-        during: Callable[[], None] | None = None) -> None:
-    set_spin(window, "load.concurrency", concurrency)
-    set_spin(window, "workload.num_requests", requests)
-    window.state.replace(window.state.config.model_copy(update={"name": f"CPU demo, {concurrency} concurrent"}))
+def choose(window: MainWindow, path: str, value: str) -> None:
+    combo = window.config_panel.editor(path).widget
+    assert isinstance(combo, QComboBox)
+    combo.setCurrentIndex(combo.findData(value))
+    combo.activated.emit(combo.currentIndex())
+
+
+def click_prefix_caching(window: MainWindow) -> None:
+    window.config_panel.show_field("features.prefix_caching")
+    box = window.config_panel.editor("features.prefix_caching").widget
+    assert isinstance(box, QCheckBox)
+    QTest.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
+
+
+def shoot(window: MainWindow, app: QApplication, path: Path, size: tuple[int, int]) -> None:
+    window.resize(*size)
+    pause(app, 1.0)
+    if not window.grab().save(str(path)):
+        raise SystemExit(f"make_screenshots: could not write {path}")
+    print(path)
+
+
+def run(window: MainWindow, app: QApplication, during: Callable[[], None] | None = None,
+        starting: Callable[[], None] | None = None) -> None:
     pause(app, 1.0)  # validation
     window.start_run()
-    wait_until(app, lambda: window.phase_bar.phase == "ready" or not window.running, 400, "the engine")
+    if starting is not None:
+        wait_until(app, lambda: window.phase_bar.stage == "engine" and window.phase_bar.eta_s() is not None
+                   and window.dashboard.page == Dashboard.STARTUP or not window.running, 120, "the engine restart")
+        pause(app, 3.0)
+        starting()
+    wait_until(app, lambda: window.phase_bar.phase == "ready" or not window.running, 600, "the engine")
     if during is not None:
         during()
-    wait_until(app, lambda: not window.running, 300, "the run to finish")
+    wait_until(app, lambda: not window.running, 600, "the run to finish")
     result = window.last_result
     if result is None or result.status != "completed":
         raise SystemExit(f"make_screenshots: run did not complete: {window.banner.text()}")
@@ -81,44 +113,55 @@ def main() -> int:
     assert isinstance(app, QApplication)
     path = resolve_profile("cpu-demo")
     window = MainWindow(load_profile(path), path, db_path=db)
-    window.resize(*SIZE)
+    window.resize(*DESK)
     window.show()
     wait_until(app, lambda: window.availability is not None, 120, "the hardware probe")
     window.keep_engine.setChecked(True)
-    set_spin(window, "workload.output_len.mean", 64)
+    window.config_panel.tabs.setCurrentIndex(1)
+    choose(window, "workload.kind", "shared_prefix")
+    set_spin(window, "workload.shared_prefix_tokens", 512)
+    set_spin(window, "workload.num_requests", 400)
+    set_spin(window, "workload.output_len.mean", 32)
+    set_spin(window, "load.concurrency", 8)
+    window.config_panel.tabs.setCurrentIndex(0)
+
+    click_prefix_caching(window)  # off: the baseline
+    window.run_bar.note.setText("baseline")
+    run(window, app)
+
+    click_prefix_caching(window)  # on: the suggested name says so
+
+    def shoot_start() -> None:
+        shoot(window, app, out / "engine-start.png", DESK)
 
     def shoot_live() -> None:
         tiles = window.dashboard.tiles.tiles
         wait_until(app, lambda: tiles["done"].text() not in ("–", "0"), 120, "first requests")
-        pause(app, 8.0)
-        window.grab().save(str(out / "main-window.png"))
+        pause(app, 6.0)
+        shoot(window, app, out / "main-window.png", DESK)
         window.toggle_presentation()
-        window.showNormal()  # offscreen "full screen" is the virtual screen; shoot at a projector size
-        window.resize(*SIZE)
-        pause(app, 2.0)
-        window.grab().save(str(out / "presentation.png"))
+        window.showNormal()  # offscreen "full screen" is the virtual screen; shoot at a projector's size
+        shoot(window, app, out / "presentation.png", PROJECTOR)
         window.toggle_presentation()
         window.showNormal()
-        window.resize(*SIZE)
+        window.resize(*DESK)
 
-    run(window, app, concurrency=16, requests=1600, during=shoot_live)
-    run(window, app, concurrency=2, requests=48)
+    run(window, app, during=shoot_live, starting=shoot_start)
 
     window.tabs.setCurrentWidget(window.history)
     wait_until(app, lambda: len(window.history.runs) >= 2, 30, "the history")
-    ids = [r.id for r in window.history.runs[:2]][::-1]
+    ids = sorted(r.id for r in window.history.runs)[-2:]
     window.compare_runs(ids)
     wait_until(app, lambda: window.compare.comparison is not None, 60, "the comparison")
-    index = window.compare.series_choice.findText("client.output_tok_per_s")
-    if index >= 0:
-        window.compare.series_choice.setCurrentIndex(index)
-    pause(app, 1.0)
-    window.grab().save(str(out / "compare.png"))
+    shoot(window, app, out / "compare.png", DESK)
+    window.present_before_after()
+    window.showNormal()
+    shoot(window, app, out / "before-after.png", PROJECTOR)
+    window.toggle_presentation()
+    window.showNormal()
 
     window.close()
     wait_until(app, lambda: window._close_ready, 120, "the window to close and the engine to stop")
-    for name in ("main-window.png", "presentation.png", "compare.png"):
-        print(out / name)
     tmp.cleanup()
     return 0
 

@@ -153,7 +153,7 @@ def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
     if len(comparison.runs) < 2:
         return []
     return [{"sentence": h.sentence(),
-             "figures": [{"text": f.text().split(",")[0], "change": f.factor if f.verdict != "same"
+             "figures": [{"text": f.values_text(), "change": f.factor if f.verdict != "same"
                           else "no significant difference", "verdict": f.verdict, "note": f.note}
                          for f in h.figures]} for h in headlines(comparison)]
 
@@ -196,7 +196,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
     # Figures, names, verdicts and reliability as Compare has them (db.compare / db.metric_catalog);
     # a chart never draws a figure its run flagged unreliable: the engine's own stands in for it.
     bars = [{"name": m.metric.label, "uri": _svg_uri(bar_chart_svg(m.metric.label, labels, m.values))}
-            for m in {m.name: m for m in comparison.chart_metrics(REPORT_METRICS)}.values()]
+            for m in {m.name: m for m in comparison.chart_metrics(REPORT_METRICS)}.values()
+            if any(v for v in m.values)]  # a chart of zeros (no errors anywhere) says nothing
     preferred = ("client.", "engine.", "gpu")
     ordered = sorted(comparison.series, key=lambda s: (not s.key.startswith(preferred), s.key))
     # Each run's series from the start of its load (engine starts differ in length).

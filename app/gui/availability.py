@@ -91,3 +91,56 @@ def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagS
         if candidates and spec.kind != "choice" and len(bad) == len(candidates):
             out.disabled[path] = next(iter(bad.values()))
     return out
+
+
+# --- the configuration as it stands, on this machine ------------------------------------------
+
+GPU_CAPABILITIES = (Capability.CUDA_GPU, Capability.FP8_COMPUTE, Capability.MULTI_GPU)
+RUNTIME_FIELD = "engine.runtime"
+
+
+def _open_files_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def judge_here(config: RunConfig, hardware: HardwareInfo, issues: list[ValidationIssue]) -> list[ValidationIssue]:
+    """What the adapter's own ``validate`` does not say about the configuration as it stands on
+    this machine, so that every setting that cannot work here is flagged by its field before
+    Start: a GPU feature switched on where no GPU is visible (and, when the configured runtime
+    itself needs a GPU, every feature set away from its default), and loads the client cannot
+    keep (more requests in flight than the level has, or than this process may open files)."""
+    out: list[ValidationIssue] = []
+    flagged = {i.field for i in issues}
+    default = type(config.features)()
+    changed = [info for info in FEATURES
+               if get_path(config.features, info.key) != get_path(default, info.key)]
+    if not hardware.has_gpu:
+        runtime_needs_gpu = next((i for i in issues if i.field.startswith(RUNTIME_FIELD) and i.severity == "error"
+                                  and "GPU" in i.message), None)
+        for info in changed:
+            if info.key in flagged:
+                continue
+            missing = next((cap for cap in info.requires if cap in GPU_CAPABILITIES), None)
+            if missing is not None:
+                out.append(ValidationIssue(info.key, f"needs {missing.value.split(' (')[0]}; none is visible here",
+                                           "error"))
+            elif runtime_needs_gpu is not None:
+                out.append(ValidationIssue(info.key, "not testable here: its runtime needs a GPU", "warning"))
+    load, workload = config.load, config.workload
+    if load.pattern in ("closed", "sweep"):
+        peak = int(max(load.levels)) if load.pattern == "sweep" and load.levels else load.concurrency
+        per_level = min(workload.num_requests, load.max_requests or workload.num_requests)
+        if load.pattern == "closed" and load.duration_s is None and peak > per_level:
+            out.append(ValidationIssue("load.concurrency", f"{peak:,} is more than the {per_level:,} requests of the "
+                                       f"level: at most {per_level:,} will ever be in flight", "warning"))
+        limit = _open_files_limit()
+        if limit is not None and peak > limit - 64:
+            out.append(ValidationIssue("load.concurrency", f"{peak:,} connections at once exceed this machine's "
+                                       f"limit of {limit:,} open files (ulimit -n): requests beyond it will fail",
+                                       "error"))
+    return out

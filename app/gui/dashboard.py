@@ -7,14 +7,27 @@ width and clip to the visible range, so panning and zooming an hour of history s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.gui.live import StartupView
 from app.gui.series import (
     TILES,
     Decimator,
@@ -28,50 +41,137 @@ from app.gui.series import (
     plots_for,
 )
 from app.gui.theme import LIGHT, Theme, stylesheet
+from db import metric_catalog as catalog
 
 pg.setConfigOptions(antialias=False, useOpenGL=False)
+CPU_COUNT = os.cpu_count() or 1
+"""Cores of this machine: per-core CPU readings are divided by it (``Trace.per_core``)."""
 
 class Tile(QFrame):
-    """One big number with its caption."""
+    """One big number with its caption and a small line under it (the engine's own figure, or
+    the client's figure that was set aside and why)."""
 
     def __init__(self, spec: TileSpec, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.spec = spec
         self.setObjectName("tile")
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 6, 12, 6)
+        layout.setContentsMargins(10, 4, 10, 4)
+        layout.setSpacing(0)
         self.value_label = QLabel("–")
         self.value_label.setObjectName("tileValue")
         self.value_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.caption = QLabel(spec.label)
         self.caption.setObjectName("tileLabel")
         self.caption.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.sub = QLabel("")
+        self.sub.setObjectName("tileSub")
+        self.sub.setAlignment(Qt.AlignmentFlag.AlignCenter)
         layout.addWidget(self.value_label)
         layout.addWidget(self.caption)
-        self._shown: float | None = None
+        layout.addWidget(self.sub)
+        self._shown: tuple[str, str, str, str] | None = None
+
+    def show(self, value: str, caption: str, sub: str = "", tooltip: str = "") -> None:  # type: ignore[override]
+        """Set what the tile says; unchanged text is not touched (labels are costly to lay out)."""
+        wanted = (value, caption, sub, tooltip)
+        if wanted == self._shown:
+            return
+        self._shown = wanted
+        self.value_label.setText(value)
+        self.caption.setText(caption)
+        self.sub.setText(sub)
+        self.setToolTip(tooltip)
 
     def set_value(self, value: float | None) -> None:
-        if value == self._shown:
-            return
-        self._shown = value
-        self.value_label.setText("–" if value is None or not np.isfinite(value) else self.spec.fmt.format(value))
+        self.show(_fmt(self.spec.fmt, value), self.spec.label)
 
     def text(self) -> str:
         return self.value_label.text()
 
 
+def _fmt(fmt: str, value: float | None) -> str:
+    return "–" if value is None or not np.isfinite(value) else fmt.format(value)
+
+
 class TileRow(QWidget):
+    """The big numbers. Live, each shows the client's rolling figure with the engine's own
+    under it; a client figure that the run flagged unreliable (``db.metric_catalog``) gives way
+    to the engine's figure, labelled, and is shown greyed with its reason. After a run,
+    :meth:`show_summary` shows the run's summary figures, labelled as such, until the next run."""
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(2)
+        self.header = QLabel("")
+        self.header.setObjectName("tileHeader")
+        self.header.setVisible(False)
+        outer.addWidget(self.header)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
         self.tiles = {spec.key: Tile(spec) for spec in TILES}
         for tile in self.tiles.values():
-            layout.addWidget(tile)
+            row.addWidget(tile)
+        outer.addLayout(row)
+        self.mode = "live"
+        self.flagged: dict[str, str] = {}
+        """Client figures (catalogue keys) the running run flagged, with the reason."""
+
+    def set_header(self, text: str) -> None:
+        self.header.setText(text)
+        self.header.setVisible(bool(text))
 
     def refresh(self, latest: dict[SeriesKey, float]) -> None:
+        if self.mode != "live":
+            return
         for tile in self.tiles.values():
-            tile.set_value(latest.get((tile.spec.source, tile.spec.name)))
+            spec = tile.spec
+            value = latest.get((spec.source, spec.name))
+            engine = latest.get(("engine", spec.engine_name)) if spec.engine_name else None
+            figures = {spec.figure: value} if value is not None and spec.figure else {}
+            reason = self.flagged.get(spec.figure) or catalog.unreliable_figures(figures).get(spec.figure)
+            alt = catalog.metric(spec.figure).engine_alternative if spec.figure else None
+            if reason and engine is not None and alt:
+                tile.show(_fmt(spec.engine_fmt, engine), catalog.metric(alt).label,
+                          f"client {_fmt(spec.fmt, value)}: unreliable",
+                          f"The client's {spec.label} is not shown: {reason}")
+            elif reason:
+                tile.show(_fmt(spec.fmt, value), f"{spec.label} (unreliable)", "", reason)
+            else:
+                sub = f"engine {_fmt(spec.engine_fmt, engine)}" if engine is not None else ""
+                tile.show(_fmt(spec.fmt, value), spec.label, sub,
+                          "The client's figure over the last few seconds" + (
+                              f"; under it, the engine's own ({catalog.metric(alt).name})" if alt and sub else ""))
+
+    def show_summary(self, figures: Mapping[str, float], unreliable: Mapping[str, str], header: str) -> None:
+        """The run's (or the last level's) summary figures, in place of the live ones."""
+        self.mode = "summary"
+        self.set_header(header)
+        for tile in self.tiles.values():
+            key = tile.spec.figure
+            m = catalog.metric(key)
+            value = figures.get(key)
+            alt = m.engine_alternative
+            reason = unreliable.get(key)
+            if reason and alt and figures.get(alt) is not None:
+                tile.show(catalog.metric(alt).format(figures[alt]), catalog.metric(alt).label,
+                          f"client {m.name} {m.format(value)}: unreliable", f"{m.name} is not shown: {reason}")
+            elif reason:
+                tile.show(m.format(value), f"{m.label} (unreliable)", "", reason)
+            else:
+                sub = (f"engine {catalog.metric(alt).format(figures[alt])}"
+                       if alt and figures.get(alt) is not None else "")
+                tile.show(m.format(value), m.label, sub, m.description)
+
+    def live(self, header: str = "") -> None:
+        """Back to live figures (a new run)."""
+        self.mode = "live"
+        self.flagged = {}
+        self.set_header(header)
+        for tile in self.tiles.values():
+            tile.show("–", tile.spec.label)
 
 
 class _Curve(pg.PlotCurveItem):
@@ -99,15 +199,26 @@ def _finite_range(values: np.ndarray) -> tuple[float, float] | None:
     return (float(finite.min()), float(finite.max())) if len(finite) else None
 
 
+def title_height(title_pt: int, legend_pt: int) -> int:
+    """Pixels for a two-line plot title (the title, then the legend)."""
+    fonts = []
+    for pt in (title_pt, legend_pt):
+        font = QFont()
+        font.setPointSize(pt)
+        fonts.append(QFontMetrics(font).lineSpacing())
+    return sum(fonts) + 6
+
+
 class PlotPanel(pg.PlotWidget):
     """One plot of a :class:`PlotSpec`; curves appear when their first sample arrives."""
 
     def __init__(self, spec: PlotSpec, theme: Theme = LIGHT, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent, background=theme.background)
         self.spec, self.theme = spec, theme
+        # Plots share what room there is: a plot never asks for more than its cell.
+        self.setMinimumSize(140, 110)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
         item = self.getPlotItem()
-        title = spec.title + (f" ({spec.unit})" if spec.unit else "")
-        item.setTitle(title, color=theme.foreground, size=f"{theme.plot_title_pt}pt")
         font = pg.QtGui.QFont()
         font.setPointSize(theme.axis_pt)
         for side in ("left", "bottom"):
@@ -119,9 +230,10 @@ class PlotPanel(pg.PlotWidget):
             axis.setCacheMode(pg.QtWidgets.QGraphicsItem.CacheMode.DeviceCoordinateCache)
         item.showGrid(x=False, y=True, alpha=0.15)  # horizontal lines to read values; vertical ones cost ~0.4 ms a refresh
         item.setMenuEnabled(False)
-        item.setLabel("bottom", "seconds", color=theme.muted, size=f"{theme.axis_pt}pt")
-        self.legend = item.addLegend(offset=(-4, 4), labelTextColor=theme.foreground,
-                                     labelTextSize=f"{max(theme.axis_pt, 8)}pt")
+        item.setLabel("bottom", "s since load start", **{"color": theme.muted, "font-size": f"{theme.axis_pt}pt"})
+        # The legend is part of the title, above the plot: it never covers a line.
+        self._legend: list[tuple[str, str]] = []
+        self._set_title()
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
         self.curves: dict[SeriesKey, tuple[_Curve, float, int]] = {}
@@ -155,15 +267,31 @@ class PlotPanel(pg.PlotWidget):
         self.getPlotItem().getViewBox().disableAutoRange()
         self.getPlotItem().autoBtn.show()
 
-    def _curve(self, key: SeriesKey, label: str, scale: float) -> tuple[_Curve, float, int]:
-        color = self.theme.curves[len(self.curves) % len(self.theme.curves)]
+    def _set_title(self) -> None:
+        theme = self.theme
+        unit = f" ({self.spec.unit})" if self.spec.unit else ""
+        legend = "&nbsp;&nbsp;".join(
+            f'<span style="color:{colour}">\u2501\u2501 {html.escape(label)}</span>' for label, colour in self._legend)
+        size = max(theme.plot_title_pt - 2, 8)
+        # Title on one line, the legend on the next: narrow plots keep both readable.
+        name = self.spec.short if self.spec.short and theme.name == "dark" else self.spec.title
+        title = (f"<b>{html.escape(name)}</b>{html.escape(unit)}<br>"
+                 f'<span style="font-size:{size}pt">{legend or "&nbsp;"}</span>')
+        item = self.getPlotItem()
+        item.setTitle(title, color=theme.foreground, size=f"{theme.plot_title_pt}pt")
+        height = title_height(theme.plot_title_pt, size)  # pyqtgraph leaves one 30 px line for a title
+        item.titleLabel.setMaximumHeight(height)
+        item.layout.setRowFixedHeight(0, height)
+
+    def legend_labels(self) -> list[str]:
+        return [label for label, _ in self._legend]
+
+    def _curve(self, key: SeriesKey, label: str, scale: float, colour: int) -> tuple[_Curve, float, int]:
+        color = self.theme.curves[colour % len(self.theme.curves)]
         curve = _Curve(pen=pg.mkPen(color, width=self.theme.line_width), name=label, skipFiniteCheck=True)
         self.getPlotItem().addItem(curve)
-        if not any(sample.item is curve for sample, _ in self.legend.items):
-            self.legend.addItem(curve, label)
-        for sample, text in self.legend.items:  # legend text is costly to paint: cache it
-            for graphic in (sample, text, text.item):
-                graphic.setCacheMode(pg.QtWidgets.QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        self._legend.append((label, color))
+        self._set_title()
         entry = (curve, scale, -1)
         self.curves[key] = entry
         return entry
@@ -185,14 +313,14 @@ class PlotPanel(pg.PlotWidget):
         updated = 0
         for trace in self.spec.traces:
             sources = store.gpu_sources() if trace.source == "gpu*" else [trace.source]
-            for source in sources:
+            for n, source in enumerate(sources):
                 ring = store.series.get((source, trace.name))
                 if ring is None:
                     continue
                 key = (source, trace.name)
                 curve, scale, seen = self.curves.get(key) or self._curve(
                     key, trace.label if trace.source != "gpu*" or len(sources) == 1 else f"{source} {trace.label}",
-                    trace.scale)
+                    trace.scale / (CPU_COUNT if trace.per_core else 1), trace.colour + n)
                 if ring.version == seen:
                     continue
                 t, v = self._visible(key, ring)
@@ -221,7 +349,8 @@ class PlotPanel(pg.PlotWidget):
     def reset(self) -> None:
         for curve, _, _ in self.curves.values():
             self.getPlotItem().removeItem(curve)
-        self.legend.clear()
+        self._legend.clear()
+        self._set_title()
         self.curves.clear()
         self._extent.clear()
         self._decimators.clear()
@@ -254,7 +383,7 @@ class PlotGrid(QWidget):
         self.panels.clear()
         specs = plots_for(has_gpu)
         if self.only is not None:
-            specs = [s for s in specs if s.key in self.only]
+            specs = sorted((s for s in specs if s.key in self.only), key=lambda s: self.only.index(s.key))  # type: ignore[union-attr]
         columns = self.columns if len(specs) <= 2 * self.columns else self.columns + 1  # two rows
         for i, spec in enumerate(specs):
             panel = PlotPanel(spec, self.theme)
@@ -270,9 +399,13 @@ class PlotGrid(QWidget):
 
 
 class Dashboard(QWidget):
-    """Tiles over a grid of plots, with a line saying what is (not) measured."""
+    """Tiles over a grid of plots, with a line saying what is (not) measured. Before the first
+    run it says what to do; while an engine starts, its startup phases stand where the plots
+    will be (they would be empty); from the start of the load, the plots."""
 
-    def __init__(self, theme: Theme = LIGHT, columns: int = 3, only: Sequence[str] | None = None,
+    IDLE, STARTUP, PLOTS = range(3)
+
+    def __init__(self, theme: Theme = LIGHT, columns: int = 4, only: Sequence[str] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         layout = QVBoxLayout(self)
@@ -283,19 +416,48 @@ class Dashboard(QWidget):
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.plots = PlotGrid(theme, columns, only)
+        self.startup = StartupView()
+        self.idle = QLabel("")
+        self.idle.setObjectName("idleHint")
+        self.idle.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.idle.setWordWrap(True)
+        self.idle.setStyleSheet(f"font-size: 13pt; color: {theme.muted};")
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.idle)
+        self.stack.addWidget(self.startup)
+        self.stack.addWidget(self.plots)
         layout.addWidget(self.tiles)
         layout.addWidget(self.banner)
-        layout.addWidget(self.plots, 1)
+        layout.addWidget(self.stack, 1)
+        self.show_idle("Press \u25b6 Start to launch the engine and run the load: its startup, then live "
+                       "throughput, latency and engine series appear here.")
 
     def set_support(self, has_gpu: bool, note: str) -> None:
         self.plots.set_gpu_mode(has_gpu)
         self.banner.setText(note)
         self.banner.setVisible(bool(note))
 
+    def show_idle(self, text: str) -> None:
+        self.idle.setText(text)
+        self.stack.setCurrentIndex(self.IDLE)
+
+    def show_startup(self, title: str) -> None:
+        self.startup.start(title)
+        self.stack.setCurrentIndex(self.STARTUP)
+
+    def show_plots(self) -> None:
+        self.stack.setCurrentIndex(self.PLOTS)
+
+    @property
+    def page(self) -> int:
+        return self.stack.currentIndex()
+
     def refresh(self, store: SeriesStore, latest: dict[SeriesKey, float]) -> int:
         self.tiles.refresh(latest)
+        if self.stack.currentIndex() != self.PLOTS:
+            return 0
         return self.plots.refresh(store)
 
     def reset(self) -> None:
         self.plots.reset()
-        self.tiles.refresh({})
+        self.tiles.live()

@@ -12,6 +12,9 @@ import annotated_types
 from pydantic import BaseModel
 
 from app.config import RunConfig
+from app.labels import humanize
+
+__all__ = ["EditorKind", "FieldSpec", "field_spec", "get_path", "humanize", "with_value"]
 
 EditorKind = Literal["choice", "bool", "tristate", "int", "float", "text", "list"]
 
@@ -94,16 +97,6 @@ def field_spec(path: str, model: type[BaseModel] = RunConfig) -> FieldSpec:
         inner, _ = _strip_annotated(inner)
         return FieldSpec(kind="list", item_type="float" if inner in (float, int) else "str", **common)
     raise TypeError(f"{path}: no editor for {info.annotation!r}")
-
-
-def humanize(name: str) -> str:
-    """``max_error_fraction`` -> ``Max error fraction``; keeps unit suffixes readable."""
-    words = name.split("_")
-    units = {"s": "(s)", "ms": "(ms)", "gib": "(GiB)", "rps": "(req/s)", "pct": "(%)"}
-    if len(words) > 1 and words[-1] in units:
-        words[-1] = units[words[-1]]
-    text = " ".join(words)
-    return text[:1].upper() + text[1:]
 
 
 def get_path(obj: BaseModel, path: str) -> Any:

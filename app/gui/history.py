@@ -279,11 +279,11 @@ DETAIL_SUFFIXES = ("_p90", "_p95")
 
 
 def is_detail(key: str, values: Sequence[float | None]) -> bool:
-    """A row the compact metric table hides: unknown everywhere, a middle percentile, the
-    client's own queueing, or a count that is zero in every run."""
+    """A row the compact metric table hides: unknown everywhere, not a catalogue figure, a middle
+    percentile, the client's own queueing, or a count that is zero in every run."""
     level, base = catalog.split_key(key)
-    if level is not None or all(v is None for v in values):
-        return True
+    if level is not None or all(v is None for v in values) or base not in catalog.BY_KEY:
+        return True  # per level, unknown, or a number the catalogue does not define (an import's own)
     if base.endswith(DETAIL_SUFFIXES) or base.startswith("queue_ms_"):
         return True
     m = catalog.metric(base)
@@ -342,7 +342,7 @@ class HeadlineCard(QFrame):
                 style = f"color:{colour};" + ("font-style:italic;" if fig.verdict == "unreliable" else "")
                 change = fig.factor if fig.verdict != "same" else "no significant difference"
                 title = html.escape(fig.note) if fig.note else ""
-                parts.append(f'<span style="{style}" title="{title}">{html.escape(fig.text().split(",")[0])}'
+                parts.append(f'<span style="{style}" title="{title}">{html.escape(fig.values_text())}'
                              f"{', ' + html.escape(change) if change else ''}</span>")
             figures = QLabel(" &nbsp;·&nbsp; ".join(parts))
             figures.setWordWrap(True)
@@ -406,8 +406,8 @@ class CompareView(QWidget):
         self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.metrics.verticalHeader().setDefaultSectionSize(22)
         tables.addWidget(self._titled("What differs", self.diff))
-        metrics_box = self._titled("Against the baseline: green better \u00b7 red worse \u00b7 grey not "
-                                   "trusted (hover)", self.metrics, self.all_figures)
+        metrics_box = self._titled("Figures: green better, red worse, grey untrusted (hover for why)",
+                                   self.metrics, self.all_figures)
         tables.addWidget(metrics_box)
         tables.setStretchFactor(0, 2)
         tables.setStretchFactor(1, 3)

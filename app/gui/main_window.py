@@ -1,5 +1,6 @@
-"""The workbench window: configuration on the left; live view, history and compare on the right;
-presentation mode on F11 / Ctrl+P.
+"""The workbench window: configuration and the run bar (name, note, Start) on the left; live
+view, history and compare on the right; presentation mode (live, or before/after of two runs)
+on F11 / Ctrl+P.
 
 Threading: the GUI thread only drains the bus (a QTimer at 20 Hz), updates widgets and starts
 workers. Runs, engine stops, store queries, profile files and validation all run in
@@ -9,17 +10,16 @@ the banner, never as tracebacks.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QCheckBox,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QTabWidget,
@@ -37,30 +38,78 @@ from PySide6.QtWidgets import (
 
 from app.bus import Bus, Event, Sample
 from app.config import RunConfig
-from app.gui.availability import Availability, compute_availability
+from app.engines import CheckReport, check_config
+from app.events import (
+    CLIENT_SOURCE,
+    EngineReady,
+    LevelFinished,
+    LevelStarted,
+    LogLine,
+    Notice,
+    PhaseChanged,
+    Progress,
+    RunFinished,
+    RunStarted,
+    TelemetrySupport,
+)
+from app.gui.availability import Availability, compute_availability, judge_here
 from app.gui.config_panel import ConfigPanel, ConfigState
 from app.gui.dashboard import Dashboard
 from app.gui.export_dialog import ExportDialog
-from app.gui.history import CompareView, HistoryView
+from app.gui.history import CompareExtras, CompareView, HistoryView, compare_with_extras
+from app.gui.ladder_tab import LadderTab
 from app.gui.live import LogView, PhaseBar
 from app.gui.presentation import PresentationView
+from app.gui.repeats import run_work
+from app.gui.run_bar import RunBar
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.session import EngineSession
 from app.gui.settings import GuiSettings, load_settings, save_settings
+from app.gui.tune_tab import TuneTab
 from app.gui.workers import Worker, busy_workers, run_in_worker
-from app.load.metrics import LevelSummary, client_starved, level_notes
+from app.labels import engine_defaults, features_on, suggest_run_name
+from app.load.metrics import level_notes
 from app.profiles import ProfileError, load_profile, save_profile, shipped_profiles
 from app.runner import RunResult
-from db.compare import Comparison, compare_runs
+from db import metric_catalog as catalog
+from db.compare import Comparison
 from db.store import RunInfo, RunStore
-from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.base import (
+    FeatureCheck,
+    FlagSet,
+    ValidationIssue,
+    feature_check_line,
+    feature_status_text,
+)
 from engine_adapters.features import FEATURES
-from engine_adapters.hardware import HardwareInfo, probe_hardware
+from engine_adapters.hardware import HardwareInfo
 from engine_adapters.registry import get_adapter
-from engine_adapters.runtimes import RuntimeErrorMessage
+from engine_adapters.secrets import mask_text
 
 REFRESH_HZ = 20
-TILE_FROM_PROGRESS = {"done": "requests_done", "errors": "errors", "output_tok_per_s": "output_tok_per_s"}
+CHECK_COLOURS = {"verified": "#188038", "accepted": "#b06000", "not active": "#d93025", "unknown": "#5f6368"}
+"""Feature-check colours: green only for an effect measured, amber for an echo alone."""
+LIVE_SOURCES = (CLIENT_SOURCE, "engine")
+"""Sources whose latest values the tiles read (the client's rolling figures, the engine's own)."""
+
+
+class _Pages(QStackedWidget):
+    """The desk and the presentation: sized by the page shown, so presentation mode fits a
+    1024x768 projector whatever the desk's panels need."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        page = self.currentWidget()
+        return page.minimumSizeHint() if page is not None else super().minimumSizeHint()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        page = self.currentWidget()
+        return page.sizeHint() if page is not None else super().sizeHint()
+
+
+def startup_key(config: RunConfig) -> str:
+    """The key under which an engine's last start time is remembered: its engine, runtime and
+    model (what a start spends its time on: loading and warming the model), not its features."""
+    return hashlib.sha256(config.engine.model_dump_json().encode()).hexdigest()[:16]
 
 
 class MainWindow(QMainWindow):
@@ -68,7 +117,7 @@ class MainWindow(QMainWindow):
                  db_path: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("tunebench")
-        self.resize(1500, 920)
+        self.resize(1366, 768)
         self.db_path = db_path
         self.state = ConfigState(config or RunConfig())
         self.profile_path = profile_path
@@ -77,8 +126,8 @@ class MainWindow(QMainWindow):
         self.bus = Bus()
         # Request records are the store's business; the window needs samples and run events.
         self.sub = self.bus.subscribe(maxlen=500_000, kinds=(
-            "sample", "phase", "log", "run_started", "engine_ready", "level_started", "level_finished", "progress",
-            "telemetry_support", "notice", "run_finished"))
+            Sample, PhaseChanged, LogLine, RunStarted, EngineReady, LevelStarted, LevelFinished, Progress,
+            TelemetrySupport, Notice, RunFinished))
         self.series = SeriesStore()
         self.latest: dict[SeriesKey, float] = {}
         self.session = EngineSession()
@@ -91,13 +140,18 @@ class MainWindow(QMainWindow):
         self.hardware: HardwareInfo | None = None
         self.availability: Availability | None = None
         self.has_gpu = False
-        self._support: dict[str, dict[str, Any]] = {}
+        self._support: dict[str, TelemetrySupport] = {}
         self._close_requested = False
         self._close_ready = False
         self._shutting_engine = False
         self._validation_pending = False
         self._validation_running = False
         self._compare_ids: list[int] = []
+        self._previous_config: dict[str, Any] | None = None  # the last run's configuration: the name suggestion
+        self._run_config: RunConfig | None = None
+        self._run_note = ""
+        self._ticks = 0
+        self.issues: list[ValidationIssue] = []
         self._build()
         self.timer = QTimer(self)
         self.timer.setInterval(int(1000 / REFRESH_HZ))
@@ -114,7 +168,7 @@ class MainWindow(QMainWindow):
         self.toolbar = toolbar
         toolbar.addWidget(QLabel(" Profile: "))
         self.profile_picker = QComboBox()
-        self.profile_picker.setMinimumWidth(220)
+        self.profile_picker.setMinimumWidth(200)
         self.profile_picker.setToolTip("Shipped and recent profiles")
         toolbar.addWidget(self.profile_picker)
         self.open_action = QAction("Open…", self)
@@ -125,32 +179,33 @@ class MainWindow(QMainWindow):
         for action in (self.open_action, self.save_action, self.save_as_action):
             toolbar.addAction(action)
         toolbar.addSeparator()
-        self.start_button = QPushButton("▶ Start")
-        self.start_button.setObjectName("start")
-        self.stop_button = QPushButton("■ Stop")
-        self.stop_button.setObjectName("stop")
-        self.stop_button.setEnabled(False)
-        self.keep_engine = QCheckBox("Keep engine running between runs")
-        self.keep_engine.setToolTip("Later runs with the same engine and features reuse the running engine "
-                                    "(a start takes about a minute); changing either restarts it.")
-        toolbar.addWidget(self.start_button)
-        toolbar.addWidget(self.stop_button)
-        toolbar.addWidget(self.keep_engine)
-        toolbar.addSeparator()
         self.present_action = QAction("Presentation (F11)", self)
         toolbar.addAction(self.present_action)
+
+        self.run_bar = RunBar()
+        self.start_button = self.run_bar.start_button
+        self.stop_button = self.run_bar.stop_button
+        self.keep_engine = self.run_bar.keep_engine
+        self.repeats = self.run_bar.repeats  # app.gui.repeats: N runs of the configuration, each on a cold cache
 
         self.banner = QLabel("")
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.banner.setVisible(False)
         self.banner_close = QPushButton("Dismiss")
         self.banner_close.setVisible(False)
         self.banner_close.clicked.connect(lambda: self.show_banner(None))
 
-        self.config_panel = ConfigPanel(self.state)
+        self.config_panel = ConfigPanel(self.state, engine_defaults=engine_defaults(self.state.config.engine.kind))
         self.config_panel.validation_requested = self._validate
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(4, 4, 0, 4)
+        left_layout.setSpacing(4)
+        left_layout.addWidget(self.config_panel, 1)
+        left_layout.addWidget(self.run_bar)
 
         self.phase_bar = PhaseBar()
         self.dashboard = Dashboard()
@@ -162,12 +217,15 @@ class MainWindow(QMainWindow):
         self.checks_label = QLabel("")
         self.checks_label.setObjectName("featureChecks")
         self.checks_label.setWordWrap(True)
+        self.checks_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.checks_label.setVisible(False)
         live_layout.addWidget(self.checks_label)
         live_split = QSplitter(Qt.Orientation.Vertical)
         live_split.addWidget(self.dashboard)
         live_split.addWidget(self.log_view)
-        live_split.setSizes([640, 200])
+        live_split.setSizes([560, 150])
+        live_split.setStretchFactor(0, 4)
+        live_split.setStretchFactor(1, 1)
         live_layout.addWidget(live_split, 1)
 
         self.history = HistoryView()
@@ -176,6 +234,10 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(live, "Live")
         self.tabs.addTab(self.history, "History")
         self.tabs.addTab(self.compare, "Compare")
+        self.ladder = LadderTab(self)  # app.gui.ladder_tab: the acceleration ladder (issue 13)
+        self.tabs.addTab(self.ladder, "Ladder")
+        self.tune = TuneTab(self)  # app.gui.tune_tab: the tuner (issue 14)
+        self.tabs.addTab(self.tune, "Tune")
 
         right = QWidget()
         right_layout = QVBoxLayout(right)
@@ -187,11 +249,14 @@ class MainWindow(QMainWindow):
         right_layout.addWidget(self.tabs, 1)
 
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(self.config_panel)
+        split.addWidget(left)
         split.addWidget(right)
-        split.setSizes([430, 1070])
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setSizes([400, 966])
+        self.desk = split
         self.presentation = PresentationView()
-        self.stack = QStackedWidget()
+        self.stack = _Pages()
         self.stack.addWidget(split)
         self.stack.addWidget(self.presentation)
         self.setCentralWidget(self.stack)
@@ -210,6 +275,13 @@ class MainWindow(QMainWindow):
             shortcut.activated.connect(self.toggle_presentation)
         escape = QShortcut(QKeySequence("Escape"), self)
         escape.activated.connect(self._leave_presentation)
+        # L and B switch the presentation's page; enabled only while presenting (they are letters).
+        self.page_keys = []
+        for key, page in (("L", self.presentation.show_live), ("B", self.presentation.show_before_after)):
+            shortcut = QShortcut(QKeySequence(key), self)
+            shortcut.activated.connect(page)
+            shortcut.setEnabled(False)
+            self.page_keys.append(shortcut)
         self.history.refresh_requested.connect(self.refresh_history)
         self.history.compare_requested.connect(self.compare_runs)
         self.history.export_requested.connect(lambda ids: self.open_export(run_ids=ids))
@@ -218,13 +290,16 @@ class MainWindow(QMainWindow):
         self.history.delete_requested.connect(self._delete_runs)
         self.compare.baseline_changed.connect(lambda rid: self.compare_runs(self._compare_ids, baseline=rid))
         self.compare.export_requested.connect(lambda: self.open_export(run_ids=self._compare_ids, comparison=True))
+        self.compare.present_requested.connect(self.present_before_after)
         self.tabs.currentChanged.connect(self._tab_changed)
         self._fill_profile_picker()
+        self._suggest_name()
 
     # -- messages ------------------------------------------------------------------------------
 
     def show_banner(self, text: str | None, error: bool = True) -> None:
-        """Worker errors and run failures, in words, above the tabs."""
+        """Worker errors and run failures, in words, above the tabs (secrets masked)."""
+        text = mask_text(text) if text else text
         self.banner.setText(text or "")
         colours = ("#fce8e6", "#a50e0e") if error else ("#e6f4ea", "#137333")
         self.banner.setStyleSheet(f"background: {colours[0]}; color: {colours[1]}; padding: 6px; border-radius: 4px;")
@@ -233,7 +308,7 @@ class MainWindow(QMainWindow):
 
     def _error(self, message: str) -> None:
         self.show_banner(message)
-        self.statusBar().showMessage(message, 10_000)
+        self.statusBar().showMessage(mask_text(message), 10_000)
 
     # -- startup: settings, hardware, flags, history ---------------------------------------------
 
@@ -247,39 +322,30 @@ class MainWindow(QMainWindow):
     def _probe_engine(self) -> None:
         """Hardware fingerprint and the configured runtime's flags (the first discovery runs the
         engine's --help, ~10 s; then it is cached by version)."""
-        engine = self.state.config.engine
-        self._probed_runtime = engine.runtime.model_dump_json() + engine.kind
-
-        def probe() -> tuple[HardwareInfo, FlagSet | None, str | None]:
-            hardware = probe_hardware()
-            if engine.runtime.kind == "docker":
-                return hardware, None, "flags are not checked for docker images"
-            try:
-                flags = get_adapter(engine.kind).discover_flags(engine)
-                note = None
-            except (RuntimeErrorMessage, OSError, ValueError) as exc:
-                flags, note = None, f"flags not checked against the installed engine: {exc}"
-            return hardware, flags, note
-
-        run_in_worker(probe, self._probed, self._error, name="probe", parent=self)
+        config = self.state.config
+        self._probed_runtime = config.engine.runtime.model_dump_json() + config.engine.kind
+        run_in_worker(lambda: check_config(config), self._probed, self._error, name="probe", parent=self)
 
     def _config_changed(self, path: str) -> None:
         engine = self.state.config.engine
         if engine.runtime.model_dump_json() + engine.kind != getattr(self, "_probed_runtime", None):
             self._probe_engine()
+        self._suggest_name()
 
     def _settings_loaded(self, settings: GuiSettings) -> None:
         self.settings = settings
         self.config_panel.set_recent_models(settings.recent_models)
         self._fill_profile_picker()
 
-    def _probed(self, result: tuple[HardwareInfo, FlagSet | None, str | None]) -> None:
-        self.hardware, self.flags, note = result
+    def _probed(self, report: CheckReport) -> None:
+        assert report.hardware is not None  # check_config always probes it
+        self.hardware, self.flags, note = report.hardware, report.flags, "; ".join(report.notes)
         self.has_gpu = self.has_gpu or self.hardware.has_gpu
         self._apply_support()
         engine_text = f"{get_adapter(self.state.config.engine.kind).display_name} {self.flags.version}" \
             if self.flags else "engine version unknown"
-        self.phase_bar.set_text(f"Idle — {self.hardware.summary()}; {engine_text}")
+        if not self.running:
+            self.phase_bar.set_text(f"Idle — {self.hardware.summary()}; {engine_text}")
         if note:
             self.statusBar().showMessage(note, 15_000)
         self._refresh_availability()
@@ -299,7 +365,8 @@ class MainWindow(QMainWindow):
     # -- validation ------------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        """Adapter validation in a worker; a newer request waits for the running one."""
+        """Adapter validation (and what this machine can do) in a worker; a newer request waits
+        for the running one."""
         if self.hardware is None:
             return
         if self._validation_running:
@@ -307,15 +374,12 @@ class MainWindow(QMainWindow):
             return
         self._validation_running = True
         config, hardware, flags = self.state.config, self.hardware, self.flags
-        adapter = get_adapter(config.engine.kind)
 
-        def check() -> list[ValidationIssue]:
-            try:
-                return adapter.validate(config.engine, config.features, flags, hardware)
-            except RuntimeErrorMessage as exc:
-                return [ValidationIssue("engine", str(exc))]
+        def judge() -> list[ValidationIssue]:
+            issues = check_config(config, discover_flags=False, hardware=hardware, flags=flags).issues
+            return [*issues, *judge_here(config, hardware, issues)]
 
-        run_in_worker(check, self._validated, self._validation_failed, name="validate", parent=self)
+        run_in_worker(judge, self._validated, self._validation_failed, name="validate", parent=self)
 
     def _validated(self, issues: list[ValidationIssue]) -> None:
         self._validation_running = False
@@ -364,6 +428,7 @@ class MainWindow(QMainWindow):
         def loaded(config: RunConfig) -> None:
             self.profile_path = path
             self.state.replace(config)
+            self.config_panel.set_engine_defaults(engine_defaults(config.engine.kind))
             self.setWindowTitle(f"tunebench — {path.name}")
             self.statusBar().showMessage(f"Opened {path}", 5000)
             self.show_banner(None)
@@ -371,6 +436,8 @@ class MainWindow(QMainWindow):
                 self._remember("recent_profiles", str(path))
             self._fill_profile_picker()
             self._refresh_availability()
+            if not self.running:  # the last run's graphs and figures belong to another profile
+                self._clear_live(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
 
         run_in_worker(lambda: load_profile(path), loaded, self._error, name="open-profile", parent=self)
 
@@ -409,16 +476,37 @@ class MainWindow(QMainWindow):
 
     def _remember(self, kind: str, value: str) -> None:
         self.settings = self.settings.remember(kind, value)
+        self._save_settings()
+        if kind == "recent_models":
+            self.config_panel.set_recent_models(self.settings.recent_models)
+
+    def _save_settings(self) -> None:
         settings = self.settings
         run_in_worker(lambda: save_settings(settings), None, self._error, name="save-settings", parent=self)
-        if kind == "recent_models":
-            self.config_panel.set_recent_models(settings.recent_models)
 
     # -- runs ----------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
         return self.run_worker is not None
+
+    def _suggest_name(self) -> None:
+        """The run bar's name: what changed since the last run ("prefix caching on"), or the
+        profile's name for a first run."""
+        config = self.state.config
+        self.run_bar.suggest(suggest_run_name(config.model_dump(mode="json"), self._previous_config, config.name,
+                                              engine_defaults=engine_defaults(config.engine.kind)))
+
+    def _clear_live(self, idle_text: str) -> None:
+        """Forget the last run's graphs and figures (a new profile, a new run)."""
+        self.series.clear()
+        self.latest.clear()
+        self.dashboard.reset()
+        self.presentation.reset()
+        self.dashboard.tiles.set_header("")
+        self.presentation.tiles.set_header("")
+        self.show_feature_checks([])
+        self.dashboard.show_idle(idle_text)
 
     def start_run(self) -> None:
         if self.running or self._close_requested:
@@ -427,29 +515,52 @@ class MainWindow(QMainWindow):
         if problems:
             self._error("Cannot start: " + "; ".join(problems))
             return
-        errors = [i for i in getattr(self, "issues", []) if i.severity == "error"]
+        errors = [i for i in self.issues if i.severity == "error"]
         if errors:
+            path = self.config_panel.editor_for_issue(errors[0])
+            if path is not None:
+                self.config_panel.show_field(path)
             self._error("Cannot start: " + "; ".join(f"{i.field}: {i.message}" for i in errors))
             return
-        config = self.state.config
+        name = self.run_bar.run_name() or self.state.config.name
+        config = self.state.config.model_copy(update={"name": name})
+        self._run_config, self._run_note = config, self.run_bar.run_note()
         self.show_banner(None)
-        self.series.clear()
-        self.latest.clear()
-        self.dashboard.reset()
-        self.presentation.reset()
+        self._clear_live("")
         self.log_view.clear()
-        self.show_feature_checks([])
+        engine = get_adapter(config.engine.kind).display_name
+        self.dashboard.show_startup(f"Starting {engine} on {config.engine.model}")
+        self.dashboard.tiles.set_header(f"Live \u2014 {name}: the client's figures over the last few seconds")
+        previous = self.settings.startup_s.get(startup_key(config))
+        self.phase_bar.set_levels(len(config.load.levels) if config.load.pattern == "sweep" else 1)
+        self.phase_bar.engine_starting(previous)
         self.cancel = threading.Event()
         cancel, keep, bus, session, db_path = self.cancel, self.keep_engine.isChecked(), self.bus, self.session, self.db_path
         self.run_worker = run_in_worker(
-            lambda: session.run(config, bus, cancel, keep_engine=keep, db_path=db_path),
+            run_work(session, config, bus, cancel, keep_engine=keep, db_path=db_path, repeats=self.repeats.value()),
             self._run_done, self._run_failed, name="run", parent=self)
         self._set_running(True)
-        self.phase_bar.set_text("Starting…", 2)
-        self.presentation.set_heading(config.name, f"{config.engine.model} · {config.load.pattern} load, "
-                                      f"concurrency {config.load.concurrency}")
+        self.presentation.set_heading(name, self._load_text(config), self._features_text(config))
         self._remember("recent_models", config.engine.model)
+        self.run_bar.started()
         self.tabs.setCurrentIndex(0)
+
+    @staticmethod
+    def _load_text(config: RunConfig) -> str:
+        load = config.load
+        if load.pattern == "closed":
+            how = f"{load.concurrency:,} concurrent"
+        elif load.pattern == "sweep":
+            how = f"sweep of {load.sweep_of} " + ", ".join(f"{v:g}" for v in load.levels)
+        else:
+            how = f"{load.pattern} at {load.rate_rps:g} req/s" if load.rate_rps else load.pattern
+        return (f"{config.engine.model} \u00b7 {how} \u00b7 {config.workload.input_len.mean:,} in / "
+                f"{config.workload.output_len.mean:,} out tokens")
+
+    @staticmethod
+    def _features_text(config: RunConfig) -> str:
+        on = features_on(config.features.model_dump(mode="json"))
+        return "Features: " + (" \u00b7 ".join(on) if on else "the engine's defaults")
 
     def stop_run(self) -> None:
         if self.cancel is not None and not self.cancel.is_set():
@@ -459,40 +570,68 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping…")
 
     def _set_running(self, running: bool) -> None:
-        self.start_button.setEnabled(not running)
-        self.stop_button.setEnabled(running)
-        self.keep_engine.setEnabled(not running)
+        self.run_bar.set_running(running)
         self.config_panel.setEnabled(not running)
         self.profile_picker.setEnabled(not running)
         self.open_action.setEnabled(not running)
 
     def _run_done(self, result: RunResult) -> None:
         self.last_result = result
+        if self._run_config is not None:
+            self._previous_config = self._run_config.model_dump(mode="json")
+        if result.status == "failed":
+            self.dashboard.startup.set_phase("failed", result.reason or "")
+        note = self._run_note
+        if note and result.run_id:
+            self._store_call(lambda s: s.set_notes(s.resolve(result.run_id), note))
         self._after_run()
+        self._show_run_summary(result)
         if result.status == "failed":
             self._error(f"Run failed: {result.reason}")
             self.log_view.show_diagnosis(result.reason)
         elif result.status == "cancelled":
             self.show_banner(f"Run cancelled: {result.reason or 'stopped by the user'}", error=False)
         else:
-            starved = [lv.label for lv in result.levels if client_starved(lv.summary)]
-            caveat = (f" — the client was starved of CPU at {', '.join(starved)}: its TTFT/ITL are late and "
-                      "bunched; the engine-side means in the log are the ones to trust" if starved else "")
+            flagged = [lv.label for lv in result.levels if lv.summary.unreliable()]
+            caveat = (f" — at {', '.join(flagged)} the client's own timings were unreliable (hover the greyed "
+                      "figures for why): the engine's figures stand in for them" if flagged else "")
             self.show_banner(f"Run completed: {self._result_line(result)}{caveat}", error=False)
+
+    def _show_run_summary(self, result: RunResult) -> None:
+        """After a run, the tiles show its summary (the last level's), labelled as such."""
+        levels = [lv for lv in result.levels if lv.summary.requests]
+        if not levels:
+            return
+        level = levels[-1]
+        which = f", {level.label}" + (f" (the last of {len(result.levels)} levels)" if len(result.levels) > 1 else "")
+        header = (f"Run summary \u2014 {result.name}{which}: {level.summary.completed:,} requests in "
+                  f"{level.summary.duration_s:,.1f} s ({result.status})")
+        figures, unreliable = level.summary.figures(), level.summary.unreliable()
+        for row in (self.dashboard.tiles, self.presentation.tiles):
+            row.show_summary(figures, unreliable, header)
 
     @staticmethod
     def _result_line(result: RunResult) -> str:
+        """Each level's throughput and TTFT; a client figure the level flagged gives way to the
+        engine's own, labelled (db.metric_catalog decides which)."""
         parts = []
         for level in result.levels:
-            flat = level.summary.flat()
-            tok = flat.get("output_tok_per_s")
-            ttft = flat.get("ttft_ms_p50")
-            parts.append(f"{level.label}: " + ", ".join(
-                x for x in (f"{tok:,.0f} tok/s" if isinstance(tok, int | float) else "",
-                            f"TTFT p50 {ttft:,.0f} ms" if isinstance(ttft, int | float) else "") if x))
+            figures, unreliable = level.summary.figures(), level.summary.unreliable()
+            texts = []
+            for key in ("output_tok_per_s", "ttft_ms_p50"):
+                shown = key
+                alt = catalog.metric(key).engine_alternative
+                if key in unreliable and alt and figures.get(alt) is not None:
+                    shown = alt
+                value = figures.get(shown)
+                if value is not None:
+                    m = catalog.metric(shown)
+                    texts.append(f"{m.name} {m.format(value)} {m.unit}")
+            parts.append(f"{level.label}: " + ", ".join(texts))
         return "; ".join(parts) or "no requests measured"
 
     def _run_failed(self, message: str) -> None:
+        self.dashboard.startup.set_phase("failed", message)
         self._after_run()
         self._error(f"Run failed: {message}")
         self.log_view.show_diagnosis(message)
@@ -503,7 +642,12 @@ class MainWindow(QMainWindow):
         self.cancel = None
         self._set_running(False)
         self._tick()
+        if self.phase_bar.stage in ("engine", "load"):  # the run ended without saying so on the bus
+            self.phase_bar.finished("Run ended", completed=False)
+        if self.dashboard.page == Dashboard.STARTUP and self.dashboard.startup.failed_reason is None:
+            self.dashboard.show_idle("The run ended before the engine was ready. Press \u25b6 Start to try again.")
         self.refresh_history()
+        self._suggest_name()
         if self._close_requested:
             self._finish_close()
 
@@ -511,94 +655,113 @@ class MainWindow(QMainWindow):
 
     def _tick(self) -> None:
         items = self.sub.drain()
+        self._ticks += 1
         if items:
-            samples = [i for i in items if isinstance(i, Sample)]
-            self.series.ingest(samples)
-            for sample in samples:
-                if sample.source == "client":
-                    for name, value in sample.values.items():
-                        self.latest[("client", name)] = float(value)
-                if sample.source.startswith("gpu") and not self.has_gpu:
-                    self.has_gpu = True
-                    self._apply_support()
+            # Client progress is an event; plotted (and shown in the tiles) as the ``client`` series.
+            samples: list[Sample] = []
+            for item in items:
+                if isinstance(item, Sample):
+                    samples.append(item)
+                elif isinstance(item.payload, Progress):
+                    samples.append(item.payload.sample(item.t_mono, item.t_wall))
             lines: list[str] = []
             for item in items:
                 if isinstance(item, Event):
-                    if item.kind == "log":
-                        lines.append(str((item.payload or {}).get("line", "")))
+                    if isinstance(item.payload, LogLine):
+                        lines.append(item.payload.line)
+                    elif isinstance(item.payload, EngineReady):
+                        # The plots start with the load: what came before belongs to the start.
+                        samples = [s for s in samples if s.t_mono >= item.t_mono]
+                        self._on_event(item)
                     else:
                         self._on_event(item)
+            self.series.ingest(samples)
+            for sample in samples:
+                if sample.source in LIVE_SOURCES:
+                    for name, value in sample.values.items():
+                        self.latest[(sample.source, name)] = float(value)
+                if sample.source.startswith("gpu") and not self.has_gpu:
+                    self.has_gpu = True
+                    self._apply_support()
+            if samples and self.dashboard.page == Dashboard.IDLE:
+                self.dashboard.show_plots()
             if lines:
                 self.log_view.append(lines)
+        if self._ticks % (REFRESH_HZ // 2) == 0:
+            self._tick_times()
         if self.presenting:
             self.presentation.refresh(self.series, self.latest)
         elif self.tabs.currentIndex() == 0:
             self.dashboard.refresh(self.series, self.latest)
 
+    def _tick_times(self) -> None:
+        """Elapsed and remaining times, twice a second."""
+        self.phase_bar.tick()
+        if self.phase_bar.stage == "engine":
+            previous = self.settings.startup_s.get(startup_key(self._run_config)) if self._run_config else None
+            self.dashboard.startup.set_times(self.phase_bar.engine_elapsed_s(), self.phase_bar.eta_s(), previous)
+
     def _on_event(self, event: Event) -> None:
-        p = event.payload if isinstance(event.payload, dict) else {}
-        kind = event.kind
-        if kind == "phase":
-            self.phase_bar.set_phase(str(p.get("phase", "")), str(p.get("detail", "")))
-        elif kind == "run_started":
-            self.statusBar().showMessage(f"Run {p.get('name')} started ({p.get('engine_kind')} "
-                                         f"{p.get('engine_version') or ''})")
-        elif kind == "engine_ready":
-            startup = p.get("startup_s")
-            checks = p.get("feature_checks") or []
-            lines = [f"tunebench: engine ready at {p.get('base_url')}" +
-                     (f" after {startup:.1f} s" if isinstance(startup, int | float) else "")]
-            for check in checks:
-                state = {True: "active", False: "NOT ACTIVE", None: "unknown"}.get(check.get("active"))
-                lines.append(f"tunebench: feature {check.get('key')}={check.get('requested')}: {state} "
-                             f"({check.get('evidence')})")
+        p = event.payload
+        if isinstance(p, PhaseChanged):
+            self.phase_bar.set_phase(p.phase.value, p.detail)
+            if self.running and p.phase.value not in ("ready", "stopping", "stopped"):
+                if self.dashboard.page != Dashboard.STARTUP:
+                    engine = get_adapter(self.state.config.engine.kind).display_name
+                    self.dashboard.show_startup(f"Starting {engine} on {self.state.config.engine.model}")
+                self.dashboard.startup.set_phase(p.phase.value, p.detail)
+        elif isinstance(p, RunStarted):
+            self.statusBar().showMessage(f"Run {p.name} started ({p.engine_kind} {p.engine_version or ''})")
+        elif isinstance(p, EngineReady):
+            lines = [f"tunebench: engine ready at {p.base_url}" +
+                     (f" after {p.startup_s:.1f} s" if p.startup_s is not None else "")]
+            lines += [f"tunebench: {feature_check_line(check)}" for check in p.feature_checks]
             self.log_view.append(lines)
             self.phase_bar.set_phase("ready", "running the load")
-            self.show_feature_checks(checks)
-        elif kind == "level_started":
-            self.statusBar().showMessage(f"Level {p.get('index')}: {p.get('label')}")
-        elif kind == "level_finished":
-            summary = p.get("summary") or {}
-            tok = summary.get("output_tok_per_s")
-            self.statusBar().showMessage(f"Level {p.get('index')} done: {summary.get('completed', '?')} requests"
-                                         + (f", {tok:,.0f} tok/s" if isinstance(tok, int | float) else ""))
-            try:
-                notes = level_notes(LevelSummary.model_validate(summary))
-            except ValidationError:
-                notes = []
-            self.log_view.append([f"tunebench: level {p.get('label', p.get('index'))}: {note}" for note in notes])
-        elif kind == "progress":
-            for key, tile in TILE_FROM_PROGRESS.items():
-                value = p.get(key)
-                if isinstance(value, int | float):
-                    self.latest[("client", tile)] = float(value)
-        elif kind == "telemetry_support":
-            self._support[str(p.get("source"))] = p
-            if str(p.get("source", "")).startswith("gpu") and p.get("available"):
+            self.show_feature_checks(p.feature_checks)
+            self.series.clear()
+            self.dashboard.plots.reset()
+            self.presentation.plots.reset()
+            self.dashboard.show_plots()
+            if p.startup_s is not None and self._run_config is not None:
+                self.settings = self.settings.with_startup(startup_key(self._run_config), p.startup_s)
+                self._save_settings()
+        elif isinstance(p, LevelStarted):
+            self.statusBar().showMessage(f"Level {p.index}: {p.label}")
+            duration = self._run_config.load.duration_s if self._run_config is not None else None
+            self.phase_bar.level_started(p.index, p.label, p.num_requests, duration)
+            if self.dashboard.page != Dashboard.PLOTS:
+                self.dashboard.show_plots()
+        elif isinstance(p, Progress):
+            self.phase_bar.progress(p.requests_done, p.planned, p.elapsed_s)
+        elif isinstance(p, LevelFinished):
+            summary = p.summary
+            self.statusBar().showMessage(f"Level {p.index} done: {summary.completed} requests, "
+                                         f"{summary.output_tok_per_s:,.0f} tok/s")
+            self.log_view.append([f"tunebench: level {p.label}: {note}" for note in level_notes(summary)])
+            flagged = summary.unreliable()  # the run flagged these: live tiles switch to the engine's own
+            for row in (self.dashboard.tiles, self.presentation.tiles):
+                row.flagged.update(flagged)
+        elif isinstance(p, TelemetrySupport):
+            self._support[p.source] = p
+            if p.source.startswith("gpu") and p.available:
                 self.has_gpu = True
             self._apply_support()
-        elif kind == "notice":
-            self.statusBar().showMessage(str(p.get("message", "")), 10_000)
-        elif kind == "run_finished":
-            status = p.get("status")
-            self.phase_bar.set_text(f"Run {status}" + (f": {p.get('reason')}" if p.get("reason") else ""), 100
-                                    if status == "completed" else None)
+        elif isinstance(p, Notice):
+            self.statusBar().showMessage(p.message, 10_000)
+        elif isinstance(p, RunFinished):
+            text = f"Run {p.status}" + (f": {p.reason}" if p.reason else "")
+            self.phase_bar.finished(text, p.status == "completed")
 
-    def show_feature_checks(self, checks: list[dict[str, Any]]) -> None:
+    def show_feature_checks(self, checks: list[FeatureCheck]) -> None:
         """Whether each requested feature really took effect, in the engine's own words."""
         parts = []
         for check in checks:
-            key = str(check.get("key", ""))
-            label = next((f.label for f in FEATURES if f.key == key), key)
-            active = check.get("active")
-            if active is True:
-                colour, word = "#188038", "active"
-            elif active is False:
-                colour, word = "#d93025", "NOT active"
-            else:
-                colour, word = "#b06000", "not confirmed"
-            parts.append(f'<span style="color:{colour}" title="{html.escape(str(check.get("evidence", "")))}">'
-                         f"{html.escape(label)} = {html.escape(str(check.get('requested')))}: {word}</span>")
+            label = next((f.label for f in FEATURES if f.key == check.key), check.key)
+            colour = CHECK_COLOURS[check.status]
+            word = feature_status_text(check, evidence=False)
+            parts.append(f'<span style="color:{colour}" title="{html.escape(feature_status_text(check))}">'
+                         f"{html.escape(label)} = {html.escape(check.requested)}: {word}</span>")
         self.checks_label.setText("Features: " + " · ".join(parts) if parts else "")
         self.checks_label.setVisible(bool(parts))
 
@@ -606,8 +769,7 @@ class MainWindow(QMainWindow):
         if self.has_gpu:
             note = ""
         else:
-            note = ("No NVIDIA GPU here: the dashboard shows host and engine series (host memory and CPU "
-                    "in place of GPU memory, bandwidth and utilization).")
+            note = "No NVIDIA GPU here: host memory and CPU stand in for GPU memory, bandwidth and utilization."
         self.dashboard.set_support(self.has_gpu, note)
         self.presentation.plots.set_gpu_mode(self.has_gpu)
 
@@ -628,15 +790,33 @@ class MainWindow(QMainWindow):
     def toggle_presentation(self) -> None:
         if self.presenting:
             self.stack.setCurrentIndex(0)
+            for shortcut in self.page_keys:
+                shortcut.setEnabled(False)
             self.toolbar.setVisible(True)
             self.statusBar().setVisible(True)
             self.showNormal()
         else:
+            if self._run_config is None:
+                config = self.state.config
+                self.presentation.set_heading(config.name, self._load_text(config), self._features_text(config))
             self.stack.setCurrentIndex(1)
+            for shortcut in self.page_keys:
+                shortcut.setEnabled(True)
             self.toolbar.setVisible(False)
             self.statusBar().setVisible(False)
             self.showFullScreen()
+        self.stack.updateGeometry()
         self._tick()
+
+    def present_before_after(self) -> None:
+        """The compared runs' headline, before and after, in presentation mode."""
+        headlines = self.compare.extras.headlines
+        if not headlines:
+            self._error("Compare two runs first: the before/after view shows their headline.")
+            return
+        self.presentation.show_before_after(headlines[0])
+        if not self.presenting:
+            self.toggle_presentation()
 
     # -- history, compare, export ----------------------------------------------------------------
 
@@ -654,6 +834,15 @@ class MainWindow(QMainWindow):
 
     def _history_loaded(self, runs: list[RunInfo]) -> None:
         self.history.set_runs(runs)
+        if self._previous_config is None and runs:  # a first run this session: suggest against the last stored
+            latest = max(runs, key=lambda r: r.started_at)
+            run_in_worker(lambda: self._with_store(lambda s: s.get_run(latest.id).config), self._previous_loaded,
+                          None, name="last-config", parent=self)
+
+    def _previous_loaded(self, config: dict[str, Any]) -> None:
+        if self._previous_config is None and config:
+            self._previous_config = config
+            self._suggest_name()
 
     def _store_call(self, fn: Any) -> None:
         run_in_worker(lambda: self._with_store(fn), lambda _r: self.refresh_history(), self._error,
@@ -670,15 +859,16 @@ class MainWindow(QMainWindow):
             self._error("Select at least two runs to compare.")
             return
         self._compare_ids = list(ids)
-        run_in_worker(lambda: self._with_store(lambda s: compare_runs(s, ids, baseline)), self._compared,
+        run_in_worker(lambda: self._with_store(lambda s: compare_with_extras(s, ids, baseline)), self._compared,
                       self._error, name="compare", parent=self)
 
-    def _compared(self, comparison: Comparison) -> None:
-        self.compare.show_comparison(comparison)
+    def _compared(self, result: tuple[Comparison, CompareExtras]) -> None:
+        comparison, extras = result
+        self.compare.show_comparison(comparison, extras)
         self.tabs.setCurrentWidget(self.compare)
 
     def open_export(self, run_ids: list[int], comparison: bool = False) -> ExportDialog:
-        dialog = ExportDialog(self, run_ids=run_ids, comparison=comparison)
+        dialog = ExportDialog(self, run_ids=run_ids, with_store=self._with_store, comparison=comparison)
         dialog.show()
         return dialog
 

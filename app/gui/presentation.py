@@ -1,16 +1,77 @@
-"""Presentation mode: dark, full screen, big numbers and three plots, readable from the back of
-a room. It reads the same ring buffers as the desk dashboard."""
+"""Presentation mode: dark, full screen, big numbers and large plots, readable from the back of a
+room, fitting a 1024x768 or 1280x720 projector. Two pages: the live run (the same ring buffers as
+the desk dashboard), and a before/after view of two runs with the A/B headline
+(:mod:`app.headline`)."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QStackedWidget, QVBoxLayout, QWidget
 
 from app.gui.dashboard import PlotGrid, TileRow
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.theme import DARK, stylesheet
+from app.headline import Headline
 
-PRESENTATION_PLOTS = ("tokens", "latency", "kv")
+PRESENTATION_PLOTS = ("tokens", "latency", "itl")
+VERDICT_COLOURS = {"better": DARK.good, "worse": DARK.bad, "same": DARK.muted, "unreliable": DARK.muted, "": DARK.muted}
+
+
+def _label(text: str, pt: int, colour: str = DARK.foreground, bold: bool = False) -> QLabel:
+    label = QLabel(text)
+    label.setStyleSheet(f"font-size: {pt}pt; color: {colour};" + (" font-weight: 600;" if bold else ""))
+    label.setWordWrap(True)
+    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # never widens the window
+    return label
+
+
+class BeforeAfterView(QWidget):
+    """Two runs side by side: what changed, and each headline figure before and after with the
+    change in words (``4.6x faster``), coloured only when the figure can be trusted."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(14)
+        self.sentence = _label("", 24, DARK.foreground, bold=True)
+        layout.addWidget(self.sentence)
+        self.grid = QGridLayout()
+        self.grid.setHorizontalSpacing(24)
+        self.grid.setVerticalSpacing(10)
+        layout.addLayout(self.grid)
+        self.note = _label("", 13, DARK.muted)
+        layout.addWidget(self.note)
+        layout.addStretch(1)
+        self.headline: Headline | None = None
+
+    def show_headline(self, headline: Headline) -> None:
+        self.headline = headline
+        lead = headline.lead
+        self.sentence.setText(lead.text() if lead is not None else "No clear difference in the headline figures")
+        while self.grid.count():
+            item = self.grid.takeAt(0)
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
+        self.grid.addWidget(_label("", 14), 0, 0)
+        self.grid.addWidget(_label(f"Before\n{headline.before_label}", 16, DARK.muted, True), 0, 1)
+        self.grid.addWidget(_label(f"After\n{headline.after_label}", 16, DARK.muted, True), 0, 2)
+        self.grid.addWidget(_label("Change", 16, DARK.muted, True), 0, 3)
+        notes = []
+        for row, fig in enumerate(headline.figures, start=1):
+            muted = fig.verdict == "unreliable"
+            value_colour = DARK.muted if muted else DARK.foreground
+            self.grid.addWidget(_label(fig.name + (f" ({fig.unit})" if fig.unit else ""), 18, DARK.muted), row, 0)
+            self.grid.addWidget(_label(fig.before_text, 40, value_colour, True), row, 1)
+            self.grid.addWidget(_label(fig.after_text, 40, value_colour, True), row, 2)
+            change = fig.factor if fig.verdict != "same" else "no significant difference"
+            self.grid.addWidget(_label(change or "–", 22, VERDICT_COLOURS.get(fig.verdict, DARK.muted), True), row, 3)
+            if fig.note:
+                notes.append(f"{fig.name}: {fig.note}")
+        for col, stretch in enumerate((3, 2, 2, 3)):
+            self.grid.setColumnStretch(col, stretch)
+        self.note.setText("\n".join(notes))
 
 
 class PresentationView(QWidget):
@@ -20,31 +81,78 @@ class PresentationView(QWidget):
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # paint the dark background
         self.setStyleSheet(stylesheet(DARK) + f"QWidget#presentation {{ background: {DARK.background}; }}")
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(32, 24, 32, 24)
-        layout.setSpacing(18)
-        self.title = QLabel("tunebench")
-        self.title.setStyleSheet(f"font-size: 30pt; font-weight: 600; color: {DARK.foreground};")
-        self.subtitle = QLabel("")
-        self.subtitle.setStyleSheet(f"font-size: 18pt; color: {DARK.muted};")
-        self.hint = QLabel("F11 or Ctrl+P: back to the workbench")
+        layout.setContentsMargins(24, 14, 24, 10)
+        layout.setSpacing(10)
+        self.title = _label("tunebench", 26, DARK.foreground, bold=True)
+        self.subtitle = _label("", 15, DARK.muted)
+        self.features = _label("", 15, DARK.accent)
+        self.hint = QLabel("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after")
         self.hint.setStyleSheet(f"font-size: 11pt; color: {DARK.muted};")
         self.hint.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.hint.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tiles = TileRow()
         self.plots = PlotGrid(DARK, columns=3, only=PRESENTATION_PLOTS)
+        live = QWidget()
+        live_layout = QVBoxLayout(live)
+        live_layout.setContentsMargins(0, 0, 0, 0)
+        live_layout.addWidget(self.tiles)
+        live_layout.addWidget(self.plots, 1)
+        self.before_after = BeforeAfterView()
+        self.empty = _label("Choose two runs in Compare and press \u201cPresent before/after\u201d.", 18, DARK.muted)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(live)
+        self.pages.addWidget(self.before_after)
+        self.pages.addWidget(self.empty)
         layout.addWidget(self.title)
         layout.addWidget(self.subtitle)
-        layout.addWidget(self.tiles)
-        layout.addWidget(self.plots, 1)
+        layout.addWidget(self.features)
+        layout.addWidget(self.pages, 1)
         layout.addWidget(self.hint)
+        self._live_heading = ("tunebench", "", "")
 
-    def set_heading(self, title: str, subtitle: str) -> None:
+    # -- the heading ------------------------------------------------------------------------
+
+    def set_heading(self, title: str, subtitle: str, features: str = "") -> None:
+        """What is shown: the run, the model and load, and which features are on."""
+        self._live_heading = (title, subtitle, features)
+        if self.page == "live":
+            self._apply_heading(*self._live_heading)
+
+    def _apply_heading(self, title: str, subtitle: str, features: str) -> None:
         self.title.setText(title)
         self.subtitle.setText(subtitle)
+        self.features.setText(features)
+        self.features.setVisible(bool(features))
+
+    # -- pages --------------------------------------------------------------------------------
+
+    @property
+    def page(self) -> str:
+        return ("live", "before_after", "empty")[self.pages.currentIndex()]
+
+    def show_live(self) -> None:
+        self.pages.setCurrentIndex(0)
+        self._apply_heading(*self._live_heading)
+
+    def show_before_after(self, headline: Headline | None = None) -> None:
+        if headline is not None:
+            self.before_after.show_headline(headline)
+        current = self.before_after.headline
+        if current is None:
+            self.pages.setCurrentIndex(2)
+            self._apply_heading("Before and after", "", "")
+            return
+        self.pages.setCurrentIndex(1)
+        change = current.change or "Before and after"
+        self._apply_heading(change[:1].upper() + change[1:],
+                            f"Before: {current.before_label}  \u2192  After: {current.after_label}", "")
 
     def refresh(self, store: SeriesStore, latest: dict[SeriesKey, float]) -> int:
         self.tiles.refresh(latest)
+        if self.page != "live":
+            return 0
         return self.plots.refresh(store)
 
     def reset(self) -> None:
         self.plots.reset()
-        self.tiles.refresh({})
+        self.tiles.live()

@@ -197,13 +197,22 @@ GPU_SOURCE = re.compile(r"gpu\d+")
 
 @dataclass(frozen=True)
 class Trace:
-    """One curve: a sample value, its legend label and the factor to display units.
-    ``source`` ``"gpu*"`` means one curve per GPU."""
+    """One curve: a sample value, its legend label, the factor to display units and its colour.
+    ``source`` ``"gpu*"`` means one curve per GPU. Colours are fixed per series (an index into
+    the theme's palette; :data:`ENGINE`, :data:`CLIENT`, :data:`HOST` everywhere), so a series
+    keeps its colour from run to run whatever arrives first. ``per_core`` values (percent of one
+    core) are divided by the machine's core count, to share a scale with machine-wide ones."""
 
     source: str
     name: str
     label: str
     scale: float = 1.0
+    colour: int = 0
+    per_core: bool = False
+
+
+ENGINE, CLIENT, HOST, RED, PURPLE, TEAL, BROWN = range(7)
+"""Palette slots (``Theme.curves``): the engine's series blue, the client's orange, the host's green."""
 
 
 @dataclass(frozen=True)
@@ -213,33 +222,44 @@ class PlotSpec:
     unit: str
     traces: tuple[Trace, ...]
     gpu: bool | None = None  # True: only with a GPU; False: only without; None: always
+    short: str = ""  # the title where room is short (presentation mode)
 
 
 GIB = 2.0**30
 PLOTS: tuple[PlotSpec, ...] = (
-    PlotSpec("gpu_memory", "GPU memory", "GiB", (Trace("gpu*", "memory_used_bytes", "used", 1 / GIB),), gpu=True),
-    PlotSpec("bandwidth", "Memory bandwidth", "GB/s",
-             (Trace("gpu*", "dram_bw_bytes_per_s", "DRAM", 1e-9),), gpu=True),
-    PlotSpec("gpu_util", "GPU utilization", "%", (Trace("gpu*", "gpu_util_pct", "util"),), gpu=True),
-    PlotSpec("host_memory", "Host memory", "GiB",
-             (Trace("host", "memory_used_bytes", "host used", 1 / GIB),
-              Trace("host", "engine_rss_bytes", "engine RSS", 1 / GIB)), gpu=False),
-    PlotSpec("cpu", "CPU", "%", (Trace("host", "cpu_pct", "host"), Trace("host", "engine_cpu_pct", "engine"))),
-    PlotSpec("tokens", "Token rate", "tok/s",
-             (Trace("engine", "generation_tok_per_s", "engine"), Trace("client", "output_tok_per_s", "client"))),
+    PlotSpec("tokens", "Output tokens", "tok/s",
+             (Trace("engine", "generation_tok_per_s", "engine", 1.0, ENGINE),
+              Trace("client", "output_tok_per_s", "client", 1.0, CLIENT)), short="Throughput"),
+    # The client's view beside the engine's own: when they part, the client is late (see client
+    # lag). TTFT (hundreds of ms) and ITL (a few ms) get a plot each, so neither is drawn flat.
+    PlotSpec("latency", "Time to first token", "ms",
+             (Trace("engine", "ttft_mean_ms", "engine mean", 1.0, ENGINE),
+              Trace("client", "ttft_ms_p50", "client p50", 1.0, CLIENT)), short="TTFT"),
+    PlotSpec("itl", "Inter-token latency", "ms",
+             (Trace("engine", "itl_mean_ms", "engine mean", 1.0, ENGINE),
+              Trace("client", "itl_ms_p50", "client p50", 1.0, CLIENT)), short="ITL"),
     PlotSpec("kv", "KV cache", "%",
-             (Trace("engine", "kv_cache_usage_pct", "usage"), Trace("engine", "prefix_cache_hit_rate_pct", "prefix hits"),
-              Trace("engine", "spec_acceptance_rate_pct", "spec accepted"))),
+             (Trace("engine", "kv_cache_usage_pct", "usage", 1.0, ENGINE),
+              Trace("engine", "prefix_cache_hit_rate_pct", "prefix hits", 1.0, TEAL),
+              Trace("engine", "spec_acceptance_rate_pct", "drafts accepted", 1.0, PURPLE))),
     # Tokens per engine step beside the running requests: continuous batching made visible (the
     # decode batch tracks "running"; prefill chunks push it above).
     PlotSpec("requests", "Requests and batch", "",
-             (Trace("engine", "requests_running", "running"), Trace("engine", "requests_waiting", "waiting"),
-              Trace("client", "requests_in_flight", "in flight"),
-              Trace("engine", "tokens_per_step_mean", "tokens/step"))),
-    # The client's view beside the engine's own: when they part, the client is late (see client lag).
-    PlotSpec("latency", "Latency", "ms",
-             (Trace("client", "ttft_ms_p50", "TTFT p50"), Trace("client", "itl_ms_p50", "ITL p50"),
-              Trace("engine", "ttft_mean_ms", "TTFT engine"), Trace("engine", "itl_mean_ms", "ITL engine"))),
+             (Trace("engine", "requests_running", "running", 1.0, ENGINE),
+              Trace("engine", "requests_waiting", "waiting", 1.0, RED),
+              Trace("client", "requests_in_flight", "in flight", 1.0, CLIENT),
+              Trace("engine", "tokens_per_step_mean", "tokens/step", 1.0, PURPLE))),
+    # Both in percent of the whole machine: the engine's reading (percent of one core) is divided
+    # by the core count, so an engine busy on both cores of two reads 100, like the host.
+    PlotSpec("cpu", "CPU, all cores", "%", (Trace("host", "cpu_pct", "host", 1.0, HOST),
+                                            Trace("host", "engine_cpu_pct", "engine", 1.0, ENGINE, per_core=True))),
+    PlotSpec("host_memory", "Host memory", "GiB",
+             (Trace("host", "memory_used_bytes", "host used", 1 / GIB, HOST),
+              Trace("host", "engine_rss_bytes", "engine RSS", 1 / GIB, ENGINE)), gpu=False),
+    PlotSpec("gpu_memory", "GPU memory", "GiB", (Trace("gpu*", "memory_used_bytes", "used", 1 / GIB, HOST),), gpu=True),
+    PlotSpec("bandwidth", "Memory bandwidth", "GB/s",
+             (Trace("gpu*", "dram_bw_bytes_per_s", "DRAM", 1e-9, HOST),), gpu=True),
+    PlotSpec("gpu_util", "GPU utilization", "%", (Trace("gpu*", "gpu_util_pct", "util", 1.0, HOST),), gpu=True),
 )
 PLOTS_BY_KEY = {p.key: p for p in PLOTS}
 
@@ -248,19 +268,38 @@ def plots_for(has_gpu: bool) -> list[PlotSpec]:
     return [p for p in PLOTS if p.gpu is None or p.gpu == has_gpu]
 
 
+def series_label(source: str, name: str) -> str:
+    """A stored series as a person reads it: ``Output tokens: client (tok/s)``; the key itself
+    for a series no plot shows."""
+    for plot in PLOTS:
+        for trace in plot.traces:
+            if trace.name == name and (trace.source == source or (trace.source == "gpu*" and GPU_SOURCE.fullmatch(source))):
+                who = f"{source} {trace.label}" if trace.source == "gpu*" else trace.label
+                return f"{plot.title}: {who}" + (f" ({plot.unit})" if plot.unit else "")
+    return f"{source}.{name}"
+
+
 @dataclass(frozen=True)
 class TileSpec:
+    """A big number: live it shows the client's rolling figure (``source``/``name``), with the
+    engine's own live figure under it (``engine_name``); after a run, the catalogue figure
+    ``key`` of the run's summary (or its engine-side stand-in when the run flagged it)."""
+
     key: str
     label: str
     source: str
     name: str
     fmt: str
+    figure: str = ""
+    engine_name: str = ""
+    engine_fmt: str = "{:,.0f}"
 
 
 TILES: tuple[TileSpec, ...] = (
-    TileSpec("tok_s", "tok/s", "client", "output_tok_per_s", "{:,.0f}"),
-    TileSpec("ttft", "TTFT p50 (ms)", "client", "ttft_ms_p50", "{:,.0f}"),
-    TileSpec("itl", "ITL p50 (ms)", "client", "itl_ms_p50", "{:,.1f}"),
-    TileSpec("done", "requests done", "client", "requests_done", "{:,.0f}"),
-    TileSpec("errors", "errors", "client", "errors", "{:,.0f}"),
+    TileSpec("tok_s", "Output tok/s", "client", "output_tok_per_s", "{:,.0f}", "output_tok_per_s",
+             "generation_tok_per_s"),
+    TileSpec("ttft", "TTFT p50 (ms)", "client", "ttft_ms_p50", "{:,.0f}", "ttft_ms_p50", "ttft_mean_ms"),
+    TileSpec("itl", "ITL p50 (ms)", "client", "itl_ms_p50", "{:,.1f}", "itl_ms_p50", "itl_mean_ms", "{:,.1f}"),
+    TileSpec("done", "Requests done", "client", "requests_done", "{:,.0f}", "requests_completed"),
+    TileSpec("errors", "Errors", "client", "errors", "{:,.0f}", "requests_failed"),
 )

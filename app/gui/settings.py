@@ -11,15 +11,24 @@ from pydantic import BaseModel, Field, ValidationError
 from engine_adapters.paths import config_dir
 
 MAX_RECENT = 10
+MAX_STARTUPS = 50
 
 
 class GuiSettings(BaseModel):
     recent_profiles: list[str] = Field(default_factory=list)
     recent_models: list[str] = Field(default_factory=list)
+    startup_s: dict[str, float] = Field(default_factory=dict)
+    """Seconds the last start of each engine configuration took (key: a hash of engine and
+    features): how long a restart will take, shown while it starts."""
 
     def remember(self, kind: str, value: str) -> GuiSettings:
         items = [value, *[v for v in getattr(self, kind) if v != value]][:MAX_RECENT]
         return self.model_copy(update={kind: items})
+
+    def with_startup(self, key: str, seconds: float) -> GuiSettings:
+        kept = dict(list(self.startup_s.items())[-(MAX_STARTUPS - 1):])
+        kept.pop(key, None)
+        return self.model_copy(update={"startup_s": {**kept, key: round(seconds, 1)}})
 
 
 def settings_path() -> Path:

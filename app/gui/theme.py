@@ -22,20 +22,22 @@ class Theme:
     plot_title_pt: int
     axis_pt: int
     line_width: float
+    tile_sub_pt: int = 8
+    header_pt: int = 10
 
 
 LIGHT = Theme(
     name="light", background="#ffffff", foreground="#202124", panel="#f1f3f4", accent="#1a73e8",
     good="#188038", bad="#d93025", muted="#5f6368",
     curves=("#1a73e8", "#e8710a", "#188038", "#d93025", "#9334e6", "#007b83", "#b06000"),
-    tile_value_pt=22, tile_label_pt=9, plot_title_pt=10, axis_pt=8, line_width=1.0,
+    tile_value_pt=20, tile_label_pt=9, plot_title_pt=10, axis_pt=8, line_width=1.0, tile_sub_pt=8, header_pt=9,
 )
 
 DARK = Theme(
     name="dark", background="#0b0f14", foreground="#f5f7fa", panel="#161c24", accent="#4fc3f7",
     good="#66bb6a", bad="#ef5350", muted="#9aa5b1",
     curves=("#4fc3f7", "#ffb74d", "#81c784", "#e57373", "#ba68c8", "#4dd0e1", "#fff176"),
-    tile_value_pt=64, tile_label_pt=20, plot_title_pt=22, axis_pt=16, line_width=3.0,
+    tile_value_pt=48, tile_label_pt=16, plot_title_pt=18, axis_pt=14, line_width=3.0, tile_sub_pt=13, header_pt=16,
 )
 
 
@@ -46,4 +48,6 @@ def stylesheet(theme: Theme) -> str:
             f"QLabel#tileValue {{ font-size: {theme.tile_value_pt}pt; font-weight: 600; color: {theme.foreground}; "
             f"background: transparent; }}"
             f"QLabel#tileLabel {{ font-size: {theme.tile_label_pt}pt; color: {theme.muted}; background: transparent; }}"
+            f"QLabel#tileSub {{ font-size: {theme.tile_sub_pt}pt; color: {theme.muted}; background: transparent; }}"
+            f"QLabel#tileHeader {{ font-size: {theme.header_pt}pt; color: {theme.muted}; font-weight: 600; }}"
             f"QLabel#banner {{ font-size: {theme.tile_label_pt}pt; color: {theme.muted}; }}")

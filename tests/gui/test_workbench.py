@@ -14,10 +14,12 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QMessageBox, QSpi
 
 from app.bus import Bus
 from app.config import RunConfig
+from app.events import EngineReady, LogLine, PhaseChanged, Progress, TelemetrySupport
 from app.gui.main_window import MainWindow
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.profiles import load_profile
 from app.runner import RunResult
+from engine_adapters.base import FeatureCheck
 from engine_adapters.launcher import registered_engines
 from tests.gui.conftest import close_window, leftovers, live_children
 
@@ -107,8 +109,9 @@ def _feed(bus: Bus, seconds: int, rate_hz: int = 10) -> None:
     t0 = time.monotonic()
     for i in range(seconds * rate_hz):
         t = t0 + i / rate_hz
-        bus.sample("client", {"output_tok_per_s": 100.0 + i, "ttft_ms_p50": 50.0, "itl_ms_p50": 2.5,
-                              "requests_done": float(i), "errors": 0.0, "requests_in_flight": 4.0}, (t, time.time()))
+        bus.emit(Progress(run_id="r", level=0, requests_done=i, errors=0, requests_in_flight=4, output_tokens=64 * i,
+                          elapsed_s=i / rate_hz, output_tok_per_s=100.0 + i, ttft_ms_p50=50.0, itl_ms_p50=2.5),
+                 (t, time.time()))
         bus.sample("engine", {"kv_cache_usage_pct": 10.0, "requests_running": 4.0, "requests_waiting": 1.0,
                               "generation_tok_per_s": 120.0 + i}, (t, time.time()))
         bus.sample("host", {"cpu_pct": 50.0, "memory_used_bytes": 4 * 2.0**30, "engine_rss_bytes": 2.0**30,
@@ -116,11 +119,11 @@ def _feed(bus: Bus, seconds: int, rate_hz: int = 10) -> None:
 
 
 def test_dashboard_plots_and_tiles_follow_the_bus(qtbot, window: MainWindow) -> None:
-    window.bus.event("telemetry_support", {"source": "gpu", "available": False, "state": "no NVIDIA GPU"})
+    window.bus.emit(TelemetrySupport(source="gpu", available=False, state="no NVIDIA GPU"))
     _feed(window.bus, seconds=3)
-    window.bus.event("log", {"line": "INFO loading"})
-    window.bus.event("log", {"line": "ERROR something broke: ValueError: bad"})
-    window.bus.event("phase", {"phase": "loading weights", "detail": "Loading safetensors"})
+    window.bus.emit(LogLine(line="INFO loading"))
+    window.bus.emit(LogLine(line="ERROR something broke: ValueError: bad"))
+    window.bus.emit(PhaseChanged(phase="loading weights", detail="Loading safetensors"))
     tokens = window.dashboard.plots.panels["tokens"]
     qtbot.waitUntil(lambda: len(tokens.curves) == 2, timeout=5000)
     curve = tokens.curves[("client", "output_tok_per_s")][0]
@@ -129,7 +132,7 @@ def test_dashboard_plots_and_tiles_follow_the_bus(qtbot, window: MainWindow) -> 
     assert window.dashboard.tiles.tiles["tok_s"].text() == "129"
     assert window.dashboard.tiles.tiles["done"].text() == "29"
     assert "No NVIDIA GPU" in window.dashboard.banner.text()
-    assert set(window.dashboard.plots.panels) == {"host_memory", "cpu", "tokens", "kv", "requests", "latency"}
+    assert set(window.dashboard.plots.panels) == {"host_memory", "cpu", "tokens", "kv", "requests", "latency", "itl"}
     mem = window.dashboard.plots.panels["host_memory"].curves[("host", "memory_used_bytes")][0]
     assert mem.getData()[1][-1] == pytest.approx(4.0)  # shown in GiB
     assert window.phase_bar.bar.value() == 20 and "loading weights" in window.phase_bar.label.text()
@@ -143,12 +146,12 @@ def test_dashboard_plots_and_tiles_follow_the_bus(qtbot, window: MainWindow) -> 
     assert window.log_view.visible_lines() == ["INFO loading"]
 
     # the engine's own confirmation of each requested feature
-    window.bus.event("engine_ready", {"base_url": "http://127.0.0.1:1", "startup_s": 40.0, "feature_checks": [
-        {"key": "prefix_caching", "requested": "True", "active": True, "evidence": "engine parsed it"},
-        {"key": "max_num_seqs", "requested": "8", "active": False, "evidence": "engine parsed max_num_seqs=None"}]})
+    window.bus.emit(EngineReady(run_id="r", base_url="http://127.0.0.1:1", startup_s=40.0, feature_checks=[
+        FeatureCheck("prefix_caching", "True", "verified", "prefix-cache hits"),
+        FeatureCheck("max_num_seqs", "8", "not active", "engine parsed max_num_seqs=None")]))
     qtbot.waitUntil(window.checks_label.isVisible, timeout=5000)
     text = window.checks_label.text()
-    assert "Prefix caching = True: active" in text and "Max concurrent sequences = 8: NOT active" in text
+    assert "Prefix caching = True: active (verified)" in text and "Max concurrent sequences = 8: NOT ACTIVE" in text
 
     # a GPU appearing switches the layout to GPU plots
     window.bus.sample("gpu0", {"memory_used_bytes": 2.0**33, "gpu_util_pct": 90.0, "dram_bw_bytes_per_s": 3e12})
@@ -183,7 +186,7 @@ def test_presentation_mode_toggles_with_f11_and_ctrl_p(qtbot, window: MainWindow
     assert window.presenting and window.isFullScreen()
     assert not window.toolbar.isVisible()
     qtbot.waitUntil(lambda: window.presentation.tiles.tiles["tok_s"].text() == "109", timeout=5000)
-    assert set(window.presentation.plots.panels) == {"tokens", "latency", "kv"}
+    assert set(window.presentation.plots.panels) == {"tokens", "latency", "itl"}
     big = window.presentation.tiles.tiles["tok_s"].value_label.font().pointSize()
     desk = window.dashboard.tiles.tiles["tok_s"].value_label.font().pointSize()
     assert big >= 2 * desk
@@ -232,8 +235,8 @@ def test_a_failed_start_shows_the_diagnosis_in_plain_words(qtbot, window: MainWi
     reason = "This CPU cannot keep the KV cache in FP8: set KV-cache precision to 'auto'."
 
     def failed(config: RunConfig, bus: Bus, cancel: threading.Event, **_k: object) -> RunResult:
-        bus.event("phase", {"phase": "failed", "detail": reason})
-        bus.event("log", {"line": "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."})
+        bus.emit(PhaseChanged(phase="failed", detail=reason))
+        bus.emit(LogLine(line="NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."))
         return RunResult(run_id="x", name=config.name, config=config, status="failed", reason=reason,
                          started_wall_s=time.time())
 
@@ -273,8 +276,22 @@ def test_the_leak_check_sees_a_running_worker_thread_and_child_process(qtbot) ->
 
 
 def test_ring_buffers_keep_an_hour_at_ten_hz(window: MainWindow) -> None:
-    assert window.series.capacity >= 36_000
-    assert np.dtype(np.float64).itemsize * 4 * window.series.capacity < 2_000_000  # per series, preallocated
+    """The window's own history, fed more than an hour at 10 Hz: it holds the newest hour, in
+    order, in the arrays it started with, and they are what they cost (measured, not computed)."""
+    from app.bus import Sample
+
+    store = window.series
+    n = 36_000 + 500
+    samples = [Sample("engine", 1000.0 + i / 10, 0.0, {"generation_tok_per_s": float(i)}) for i in range(n)]
+    store.ingest(samples[:10])
+    ring = store.series[("engine", "generation_tok_per_s")]
+    arrays = (ring._t, ring._v)
+    store.ingest(samples[10:])
+    t, v = ring.view()
+    assert len(t) == 36_000 and v[0] == n - 36_000 and v[-1] == n - 1  # the newest hour, oldest dropped
+    assert t[-1] - t[0] == pytest.approx(3599.9) and bool(np.all(np.diff(t) > 0))
+    assert ring._t is arrays[0] and ring._v is arrays[1]  # preallocated: nothing grew or was copied
+    assert ring._t.nbytes + ring._v.nbytes < 2_000_000  # per series
 
 
 def test_model_can_be_typed_browsed_and_is_remembered(qtbot, window: MainWindow, tmp_path: Path, monkeypatch) -> None:
@@ -297,6 +314,7 @@ def test_model_can_be_typed_browsed_and_is_remembered(qtbot, window: MainWindow,
 
 def test_load_settings_follow_the_pattern(qtbot, window: MainWindow) -> None:
     panel = window.config_panel
+    panel.tabs.setCurrentIndex(1)  # "Workload and load"
     form, container = panel._rows["load.levels"]
     pattern = panel.editor("load.pattern").widget
     assert isinstance(pattern, QComboBox)
@@ -331,6 +349,8 @@ def test_every_workload_and_load_setting_has_an_editor(qtbot, window: MainWindow
     from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 
     panel = window.config_panel
+    panel.tabs.setCurrentIndex(1)  # "Workload and load"
+    panel.show_advanced()  # length shapes, error budget and client processes are "More settings"
     not_in_the_form = {"workload.model_name", "workload.tokenizer", "workload.input_len", "workload.output_len",
                        "load.continuous_usage"}  # advanced: profiles and the CLI set them
     paths = [f"workload.{n}" for n in WorkloadConfig.model_fields] + [f"load.{n}" for n in LoadConfig.model_fields]

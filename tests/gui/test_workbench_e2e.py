@@ -61,7 +61,8 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     qtbot.waitUntil(lambda: window.phase_bar.phase == "ready", timeout=ENGINE_START_MS)
     assert any("Application startup complete" in line for line in window.log_view.lines)
     qtbot.waitUntil(window.checks_label.isVisible, timeout=10_000)
-    assert "Prefix caching = False: active" in window.checks_label.text()  # the engine confirms the toggle
+    # verified by effect: the probe's repeated prompt found nothing cached (an echo alone is "accepted")
+    assert "Prefix caching = False: active (verified)" in window.checks_label.text()
     tiles = window.dashboard.tiles.tiles
     qtbot.waitUntil(lambda: tiles["done"].text() not in ("–", "0"), timeout=60_000)
     qtbot.waitUntil(lambda: tiles["tok_s"].text() not in ("–", "0"), timeout=30_000)
@@ -108,8 +109,28 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=30_000)
     comparison = window.compare.comparison
     assert comparison is not None and len(comparison.runs) == 2
-    diff_keys = [window.compare.diff.item(r, 0).text() for r in range(window.compare.diff.rowCount())]
-    assert "workload.num_requests" in diff_keys
+    # it compares what was run and measured: the two runs of History, the setting that differs
+    # with each run's value, and each run's own stored figures with the deltas between them
+    by_id = {r.id: r for r in window.history.runs}
+    columns = [r.id for r in comparison.runs]
+    assert sorted(columns) == sorted(by_id)
+    diff = {key: values for key, values in comparison.config_diff}
+    wanted = {by_id[i].status: n for i, n in zip(columns, diff["workload.num_requests"], strict=True)}
+    assert wanted == {"cancelled": 3000, "completed": 12}, diff
+    diff_keys = [window.compare.diff.item(r, 0).data(Qt.ItemDataRole.UserRole)
+                 for r in range(window.compare.diff.rowCount())]
+    assert "workload.num_requests" in diff_keys  # and the table shows it
+    figures = {m.name: m for m in comparison.metrics}
+    for name in ("requests_total", "output_tok_per_s"):
+        values = figures[name].values
+        assert values == [by_id[i].metrics.get(name) for i in columns], (name, values)
+    completed_col = columns.index(completed.id)
+    assert figures["requests_total"].values[completed_col] == 12
+    base = comparison.baseline
+    tok = figures["output_tok_per_s"]
+    for col, value in enumerate(tok.values):
+        assert value is not None and value > 0
+        assert tok.delta_pct[col] == pytest.approx(100.0 * (value - tok.values[base]) / tok.values[base])
     assert window.compare.metrics.rowCount() > 3
     assert window.compare.series_choice.count() > 0
 

@@ -1,0 +1,269 @@
+"""The screens a customer sees, without an engine (issue 16): two-state switches that say what
+the engine's default is, greyed features that claim nothing, settings that do not apply hidden,
+messages in the field's words by the field, progress that does not lie, tiles that show the
+run's summary (and never a client figure the run flagged), fixed series colours, presentation
+mode on a projector, and Compare's headline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QCheckBox, QComboBox, QSpinBox
+
+from app.bus import Bus
+from app.config import RunConfig
+from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress
+from app.gui.dashboard import Dashboard
+from app.gui.main_window import MainWindow
+from app.load.metrics import EngineDeltas, RequestRecord, summarize
+from app.runner import LevelResult, RunResult
+from db.store import RunStore
+from engine_adapters.config import Features
+
+pytestmark = pytest.mark.gui
+
+
+def _click(qtbot, box: QCheckBox) -> None:  # type: ignore[no-untyped-def]
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
+
+
+def test_a_switch_the_engine_decides_is_two_state_and_says_what_the_default_is(qtbot, window: MainWindow) -> None:
+    window.state.replace(window.state.config.model_copy(update={"features": Features()}))
+    editor = window.config_panel.editor("features.prefix_caching")
+    box = editor.widget
+    assert isinstance(box, QCheckBox) and not box.isTristate()
+    assert box.isChecked() and box.text() == "on (engine default)"  # vLLM turns it on by itself
+    assert window.state.config.features.prefix_caching is None
+    _click(qtbot, box)
+    assert window.state.config.features.prefix_caching is False and box.text() == "off"
+    _click(qtbot, box)
+    assert window.state.config.features.prefix_caching is True and box.text() == "on"  # never a third state
+    assert editor.reset_button is not None and editor.reset_button.isVisibleTo(window)
+    qtbot.mouseClick(editor.reset_button, Qt.MouseButton.LeftButton)
+    assert window.state.config.features.prefix_caching is None and box.text() == "on (engine default)"
+
+
+def test_greyed_features_claim_nothing_and_settings_that_do_not_apply_are_hidden(window: MainWindow) -> None:
+    panel = window.config_panel
+    assert window.hardware is not None
+    if not window.hardware.has_gpu:
+        cuda = panel.editor("features.cuda_graphs").widget
+        assert isinstance(cuda, QCheckBox) and not cuda.isEnabled()
+        assert not cuda.isChecked() and "on" not in cuda.text().split()  # greyed, it does not say "on"
+    speculative = ("features.speculative.num_speculative_tokens", "features.speculative.draft_model",
+                   "features.speculative.ngram_prompt_lookup_max", "features.speculative.ngram_prompt_lookup_min")
+    form, _ = panel._rows[speculative[0]]
+    assert not any(form.isRowVisible(panel._rows[p][1]) for p in speculative)  # speculation is off
+    method = panel.editor("features.speculative.method").widget
+    assert isinstance(method, QComboBox)
+    method.setCurrentIndex(method.findData("ngram"))
+    method.activated.emit(method.currentIndex())
+    visible = {p for p in speculative if form.isRowVisible(panel._rows[p][1])}
+    assert visible == {speculative[0], speculative[2], speculative[3]}  # ngram needs no draft model
+    # client-side limits are not an engine's business
+    panel.show_advanced()
+    for path in ("load.duration_s", "load.max_requests"):
+        spin = panel.editor(path).widget
+        assert spin.specialValueText() in ("no limit", "all of them")  # type: ignore[attr-defined]
+    assert panel.tabs.count() == 3 and [panel._group_of[p].tab for p in ("workload.kind", "load.pattern")] == [1, 1]
+    labels = {form.labelForField(panel._rows[p][1]).text() for p in ("workload.api", "workload.num_requests")  # type: ignore[union-attr]
+              for form in [panel._rows[p][0]]}
+    assert labels == {"API", "Requests"}
+
+
+def test_bad_values_are_explained_by_their_field_in_its_words(qtbot, window: MainWindow) -> None:
+    panel = window.config_panel
+    panel.tabs.setCurrentIndex(1)
+    concurrency = panel.editor("load.concurrency")
+    spin = concurrency.widget
+    assert isinstance(spin, QSpinBox)
+    spin.setValue(0)  # the box takes it (it would silently revert otherwise) and says why it is refused
+    assert concurrency.message_text == "must be at least 1"
+    assert window.state.config.load.concurrency == 8
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    assert not window.running and "Concurrency: must be at least 1" in window.banner.text()
+    spin.setValue(100_000)
+    qtbot.waitUntil(lambda: "100,000" in concurrency.message_text, timeout=10_000)
+    assert not panel.summary.text().startswith("Configuration OK")
+    assert "Workload and load" in panel.tabs.tabText(1) and panel.tabs.tabText(1) != "Workload and load"
+    spin.setValue(8)
+    pattern = panel.editor("load.pattern").widget
+    assert isinstance(pattern, QComboBox)
+    pattern.setCurrentIndex(pattern.findData("poisson"))
+    pattern.activated.emit(pattern.currentIndex())
+    message = panel.editor("load.pattern").message_text
+    assert "Rate (req/s)" in message and "rate_rps" not in message
+
+
+def test_a_gpu_profile_on_a_machine_without_one_is_flagged_field_by_field(qtbot, make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window("qwen3-27b-fp8-h100")
+    assert window.hardware is not None
+    if window.hardware.has_gpu:
+        pytest.skip("this machine has a GPU")
+    panel = window.config_panel
+    qtbot.waitUntil(lambda: "GPU" in panel.editor("features.weights_dtype").message_text, timeout=30_000)
+    for path in ("features.kv_cache_dtype", "features.speculative.method"):
+        assert panel.editor(path).message_text, path
+    assert "GPU" in panel.editor("engine.runtime.kind").message_text  # the runtime's own error, by its field
+    assert "\u26a0" in panel.tabs.tabText(2)  # the tab holding it says so
+
+
+def test_a_new_profile_clears_the_last_runs_graphs(qtbot, window: MainWindow) -> None:
+    window.bus.sample("engine", {"generation_tok_per_s": 100.0})
+    qtbot.waitUntil(lambda: window.dashboard.page == Dashboard.PLOTS and bool(window.series.series), timeout=5000)
+    picker = window.profile_picker
+    window.open_profile(Path(str(picker.itemData(picker.findText("qwen3-27b-fp8-h100 (shipped)")))))
+    qtbot.waitUntil(lambda: window.state.config.engine.model != "tunebench:demo", timeout=10_000)
+    assert window.dashboard.page == Dashboard.IDLE and not window.series.series
+    assert all(tile.text() == "\u2013" for tile in window.dashboard.tiles.tiles.values())
+
+
+def _starved_summary() -> tuple[LevelResult, list[RequestRecord]]:
+    records = [RequestRecord(level=0, index=i, scheduled_s=0.1 * i, start_s=0.1 * i, start_wall_s=time.time(),
+                             queue_ms=0.1, ttft_ms=170.0 + i, itl_ms=[0.0] * 15, tpot_ms=0.0, e2e_ms=180.0 + i,
+                             input_tokens=600, output_tokens=16, ok=True) for i in range(20)]
+    engine = EngineDeltas(generation_tokens=320.0, requests_finished=20.0, engine_ttft_ms_mean=19.7,
+                          engine_itl_ms_mean=11.5, engine_e2e_ms_mean=200.0)
+    summary = summarize(records, 4.0, engine=engine, client_lag_ms=[900.0] * 50)
+    return LevelResult(index=0, label="concurrency 4", mode="closed", concurrency=4, started_wall_s=time.time(),
+                       summary=summary), records
+
+
+def test_live_tiles_never_show_a_flagged_client_figure_and_end_on_the_runs_summary(
+        qtbot, window: MainWindow, monkeypatch) -> None:
+    level, _ = _starved_summary()
+
+    def run(config: RunConfig, bus: Bus, cancel: threading.Event, **_k: object) -> RunResult:
+        bus.emit(PhaseChanged(phase="loading weights", detail="Loading safetensors"))
+        gate.wait(10)
+        bus.emit(EngineReady(run_id="r", base_url="http://127.0.0.1:1", startup_s=30.0))
+        bus.emit(LevelStarted(run_id="r", index=0, label="concurrency 4", mode="closed", concurrency=4,
+                              started_wall_s=time.time(), num_requests=20))
+        for i in range(1, 11):
+            bus.emit(Progress(run_id="r", level=0, planned=20, requests_done=i, errors=0, requests_in_flight=4,
+                              output_tokens=16 * i, elapsed_s=i * 0.5, output_tok_per_s=80.0, ttft_ms_p50=170.0,
+                              itl_ms_p50=0.0))
+            bus.sample("engine", {"ttft_mean_ms": 19.7, "itl_mean_ms": 11.5, "generation_tok_per_s": 82.0})
+        bus.emit(LogLine(line='INFO:     127.0.0.1:4242 - "POST /v1/completions HTTP/1.1" 200 OK'))
+        progressed.set()
+        gate2.wait(10)
+        bus.emit(LevelFinished(run_id="r", index=0, label="concurrency 4", summary=level.summary))
+        return RunResult(run_id="r", name=config.name, config=config, started_wall_s=time.time(), levels=[level])
+
+    gate, gate2, progressed = threading.Event(), threading.Event(), threading.Event()
+    monkeypatch.setattr(window.session, "run", run)
+    qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+    # the engine's phases stand where the graphs will be; the bar does not claim the run is done
+    qtbot.waitUntil(lambda: window.dashboard.page == Dashboard.STARTUP
+                    and window.phase_bar.phase == "loading weights", timeout=5000)
+    assert window.phase_bar.bar.value() < 100
+    gate.set()
+    qtbot.waitUntil(progressed.is_set, timeout=5000)
+    try:
+        _check_live(qtbot, window)
+    finally:
+        gate2.set()
+    qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    _check_summary(window)
+
+
+def _check_live(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    qtbot.waitUntil(lambda: window.phase_bar.stage == "load" and "10/20 requests" in window.phase_bar.label.text(),
+                    timeout=5000)
+    assert window.phase_bar.bar.value() == 50 and window.dashboard.page == Dashboard.PLOTS
+    itl = window.dashboard.tiles.tiles["itl"]  # an ITL p50 of 0 is bunched tokens, not a figure
+    qtbot.waitUntil(lambda: "(engine)" in itl.caption.text(), timeout=5000)
+    assert itl.text() == "11.5" and "unreliable" in itl.sub.text()
+    assert not any("POST /v1" in line for line in window.log_view.visible_lines())  # the access line is hidden...
+    window.log_view.show_access.setChecked(True)
+    assert any("POST /v1" in line for line in window.log_view.visible_lines())  # ...not lost
+    window.log_view.show_access.setChecked(False)
+
+
+def _check_summary(window: MainWindow) -> None:
+    tiles = window.dashboard.tiles
+    assert tiles.mode == "summary" and tiles.header.text().startswith("Run summary")
+    ttft = tiles.tiles["ttft"]
+    assert ttft.caption.text() == "TTFT mean (engine) (ms)" and ttft.text() == "19.7"
+    assert "unreliable" in ttft.sub.text() and "starved" in ttft.toolTip()
+    assert "TTFT mean (engine) 19.7 ms" in window.banner.text()  # the banner agrees with the tiles
+    assert "TTFT p50" not in window.banner.text()
+
+
+def test_series_keep_their_colour_and_the_legend_stays_off_the_lines(qtbot, window: MainWindow) -> None:
+    def colours() -> dict[str, str]:
+        panel = window.dashboard.plots.panels["tokens"]
+        return {key[0]: curve.opts["pen"].color().name() for key, (curve, _s, _v) in panel.curves.items()}
+
+    window.bus.sample("engine", {"generation_tok_per_s": 1.0})
+    window.bus.emit(Progress(run_id="r", level=0, requests_done=1, errors=0, requests_in_flight=1, output_tokens=1,
+                             elapsed_s=1.0, output_tok_per_s=1.0))
+    qtbot.waitUntil(lambda: len(colours()) == 2, timeout=5000)
+    first = colours()
+    window.dashboard.reset()
+    window.series.clear()
+    window.bus.emit(Progress(run_id="r", level=0, requests_done=1, errors=0, requests_in_flight=1, output_tokens=1,
+                             elapsed_s=1.0, output_tok_per_s=1.0))  # the client first this time
+    window.bus.sample("engine", {"generation_tok_per_s": 1.0})
+    qtbot.waitUntil(lambda: len(colours()) == 2, timeout=5000)
+    assert colours() == first and first["engine"] != first["client"]
+    panel = window.dashboard.plots.panels["tokens"]
+    assert sorted(panel.legend_labels()) == ["client", "engine"]
+    assert "client" in panel.getPlotItem().titleLabel.text  # the legend is in the title, above the plot
+    latency, itl = window.dashboard.plots.panels["latency"], window.dashboard.plots.panels["itl"]
+    assert {t.name for t in latency.spec.traces} == {"ttft_ms_p50", "ttft_mean_ms"}  # TTFT and ITL apart
+    assert {t.name for t in itl.spec.traces} == {"itl_ms_p50", "itl_mean_ms"}
+
+
+def test_presentation_fits_a_projector_and_says_which_features_are_on(qtbot, window: MainWindow) -> None:
+    qtbot.keyClick(window, Qt.Key.Key_F11)
+    assert window.presenting
+    window.showNormal()
+    for width, height in ((1024, 768), (1280, 720)):
+        hint = window.minimumSizeHint()
+        assert hint.width() <= width and hint.height() <= height, hint
+    assert "prefix caching on" in window.presentation.features.text()
+    axis = window.presentation.plots.panels["tokens"].getPlotItem().getAxis("bottom")
+    assert "14pt" in axis.labelStyle.get("font-size", "")
+
+
+def test_compare_leads_with_a_headline_in_words(qtbot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.unit.test_compare_reliability import _store_run
+
+    db = tmp_path / "demo.db"
+    with RunStore(db) as store:
+        off = _store_run(store, "prefix off", prefix=False, client_ttft_ms=121.0, itl_ms=12.0, lag_ms=3.0,
+                         engine_ttft_ms=91.2)
+        on = _store_run(store, "prefix on", prefix=True, client_ttft_ms=173.0, itl_ms=0.0, lag_ms=900.0,
+                        engine_ttft_ms=19.7)
+    window = make_window(db_path=db)
+    window.compare_runs([off, on])
+    qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=10_000)
+    assert window.compare.headline_text() == ("prefix caching off \u2192 on: TTFT mean (engine) 91.2 \u2192 19.7 ms, "
+                                              "4.6\u00d7 faster")
+    table = window.compare.metrics
+    sections = [table.item(r, 0).text() for r in range(table.rowCount()) if table.item(r, 0).data(
+        Qt.ItemDataRole.UserRole) is None]
+    assert sections[0] == "Headline" and "The engine's own figures" in sections
+    keys = {table.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in range(table.rowCount())}
+    assert "ttft_ms_p90" not in keys  # a middle percentile is detail, behind "All figures"
+    window.compare.all_figures.setChecked(True)
+    assert "ttft_ms_p90" in {table.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in range(table.rowCount())}
+    assert window.compare.diff.item(0, 0).text() == "Prefix caching"
+    window.compare.present_button.click()
+    assert window.presenting and window.presentation.page == "before_after"
+    assert window.presentation.before_after.sentence.text() == "TTFT mean (engine) 91.2 \u2192 19.7 ms, 4.6\u00d7 faster"
+    qtbot.keyClick(window, Qt.Key.Key_L)
+    assert window.presentation.page == "live"
+    qtbot.keyClick(window, Qt.Key.Key_B)
+    assert window.presentation.page == "before_after"
+    qtbot.keyClick(window, Qt.Key.Key_F11)
+    assert not window.presenting
+    run_name = window.run_bar.name
+    run_name.setFocus()
+    qtbot.keyClicks(run_name, "LB")  # on the desk the letters are text, not page switches
+    assert run_name.text().endswith("LB")
