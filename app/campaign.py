@@ -95,10 +95,16 @@ class EngineKeeper:
         self._engine, self._key = engine, key
         return engine
 
-    def close(self) -> None:
+    @property
+    def engine(self) -> EngineProcess | None:
+        """The kept engine while it runs."""
+        engine = self._engine
+        return engine if engine is not None and engine.is_running() else None
+
+    def close(self) -> str | None:
+        """Stop the kept engine; says how it stopped (None when there was none)."""
         engine, self._engine, self._key = self._engine, None, None
-        if engine is not None:
-            engine.stop()
+        return engine.stop() if engine is not None else None
 
 
 @dataclass
