@@ -111,7 +111,12 @@ def check_file(path: Path, busy_timeout_s: float) -> None:
     tables = {t for t in tables if not t.startswith("sqlite_")}
     if not tables:
         return
-    if not TUNEBENCH_TABLES <= tables:
+    # Another tunebench may be creating this file right now: its first commit can hold the
+    # alembic_version table alone (with no revision yet, or a revision of ours); the migration
+    # lock then waits for it. Only tables of some other program make the file not ours.
+    being_created = "alembic_version" in tables and tables <= TUNEBENCH_TABLES and (
+        revision is None or revision[0] in known_revisions())
+    if not TUNEBENCH_TABLES <= tables and not being_created:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise StoreError(f"{path} is an SQLite database but not a tunebench run database (its tables: {shown}); "
                          f"pass --db with another file")

@@ -215,6 +215,17 @@ def test_unclean_stop_on_a_damaged_file_is_reported_on_open(db: Path, tmp_path: 
         assert store.interrupted_on_open == [2] and store.get_run(2).status == "interrupted"
 
 
+def test_a_database_another_tunebench_is_creating_is_not_refused(tmp_path: Path) -> None:
+    """Another process's migration may have committed only ``alembic_version`` so far (seen in a
+    test that polls the file while its writer starts): that file is ours, being created."""
+    path = tmp_path / "starting.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.commit()
+    with RunStore(path) as store:
+        assert store.schema_revision() is not None and store.list_runs() == []
+
+
 def test_unrelated_sqlite_database_is_refused_untouched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = tmp_path / "contacts.db"
     with contextlib.closing(sqlite3.connect(other)) as conn:
