@@ -49,9 +49,19 @@ def leftovers(children_before: set[int], engines_before: set[int],
         problems += [f"thread {t.name!r} still running" for t in threading.enumerate()
                      if t not in threads_before and t.is_alive()
                      and not isinstance(t, threading._DummyThread)]  # type: ignore[attr-defined]
-    problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)]
+    problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)
+                 if not _is_resource_tracker(pid)]
     problems += [f"engine pid {r.pid} still registered" for r in registered_engines() if r.pid not in engines_before]
     return problems
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    """multiprocessing's resource tracker: one per interpreter, started by the first spawned
+    client process and meant to live until the interpreter exits (not a leak of the window)."""
+    try:
+        return any("multiprocessing.resource_tracker" in part for part in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def _name(pid: int) -> str:
