@@ -157,7 +157,7 @@ from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 config = load_profile(resolve_profile("cpu-demo")).model_copy(update={
     "name": "doomed", "workload": WorkloadConfig(num_requests=400, input_len=LengthSpec(mean=32),
                                                  output_len=LengthSpec(mean=48)),
-    "load": LoadConfig(concurrency=4)})
+    "load": LoadConfig(pattern="constant", rate_rps=10, max_concurrency=4)})
 bus = Bus()
 recorder = record_to_default_store(bus)  # TUNEBENCH_DB
 Runner(config, bus, endpoint=sys.argv[1], api_key=sys.argv[2]).run()
@@ -226,7 +226,9 @@ def test_sigkill_of_the_cli_run_mid_load(demo_engine: EngineProcess, tmp_path: P
     profile = tmp_path / "long.toml"
     config = load_profile(resolve_profile("cpu-demo")).model_copy(update={
         "name": "cli doomed", "workload": WorkloadConfig(num_requests=400, input_len=LengthSpec(mean=32),
-                                                          output_len=LengthSpec(mean=48))})
+                                                          output_len=LengthSpec(mean=48)),
+        # Paced (400 requests take 40 s at least), so a fast machine cannot finish before the kill.
+        "load": LoadConfig(pattern="constant", rate_rps=10, max_concurrency=4)})
     from app.profiles import save_profile
 
     save_profile(config, profile)
@@ -248,7 +250,7 @@ def test_engine_death_mid_run_is_stored_as_failed_with_partial_data(tmp_path: Pa
     config = load_profile(resolve_profile("cpu-demo")).model_copy(update={
         "name": "engine dies", "workload": WorkloadConfig(num_requests=400, input_len=LengthSpec(mean=32),
                                                            output_len=LengthSpec(mean=48)),
-        "load": LoadConfig(concurrency=4)})
+        "load": LoadConfig(pattern="constant", rate_rps=10, max_concurrency=4)})
     db = tmp_path / "died.db"
     bus = Bus()
     store = RunStore(db)
