@@ -50,7 +50,6 @@ from app.load.metrics import (
     LevelSummary,
     RequestRecord,
     engine_deltas,
-    parse_engine_counters,
 )
 from app.load.patterns import LevelPlan, plan_levels
 from app.load.procs import ClientPool, ClientProcessError
@@ -60,6 +59,7 @@ from engine_adapters.base import Phase
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
+from engine_adapters.prometheus import MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 from engine_adapters.secrets import mask_env, mask_obj, mask_text, remember_secret
@@ -166,6 +166,7 @@ class Runner:
         self.telemetry = telemetry
         self.run_id = uuid.uuid4().hex
         self.adapter = get_adapter(config.engine.kind)
+        self._metric_map = MetricMap(self.adapter.metric_names)
         self.result = RunResult(run_id=self.run_id, name=config.name, config=config, started_wall_s=time.time())
         self._own_engine: EngineProcess | None = None
         self._started_sent = False
@@ -373,27 +374,31 @@ class Runner:
             resolved = None
         return load_token_counter(w.tokenizer, e.tokenizer, resolved, model)
 
-    def _scrape(self, base_url: str, headers: dict[str, str]) -> dict[str, float]:
+    def _scrape(self, base_url: str, headers: dict[str, str]) -> Scrape | None:
+        """The engine's counters now; None when /metrics cannot be read (the level then has no
+        engine figures: unknown, not zero)."""
         try:
-            text = _http_get(base_url + self.adapter.metrics_path, headers)
-        except (urllib.error.URLError, OSError):
-            return {}
-        return parse_engine_counters(text, self.adapter.metric_names.counters, self.adapter.metric_names.histograms)
+            return self._metric_map.parse(_http_get(base_url + self.adapter.metrics_path, headers))
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
 
-    def _settled(self, base_url: str, headers: dict[str, str], before: dict[str, float] | None = None,
-                 client_tokens: int | None = None) -> dict[str, float]:
+    def _settled(self, base_url: str, headers: dict[str, str], before: Scrape | None = None,
+                 client_tokens: int | None = None) -> Scrape | None:
         """Counters once the engine has recorded everything sent so far: it counts a step just
         after streaming it, so poll briefly until the generation counter matches the client's
         count, or stops moving for a second."""
         deadline = time.monotonic() + SETTLE_S
         after = self._scrape(base_url, headers)
         stable_since = time.monotonic()
-        while after and time.monotonic() < deadline:
+        while after is not None and time.monotonic() < deadline:
             if (before is not None and client_tokens is not None
-                    and after.get("generation_tokens", 0.0) - before.get("generation_tokens", 0.0) == client_tokens):
+                    and after.counters.get("generation_tokens", 0.0) - before.counters.get("generation_tokens", 0.0)
+                    == client_tokens):
                 break
             time.sleep(0.2)
             again = self._scrape(base_url, headers)
+            if again is None:
+                break
             if again != after:
                 stable_since = time.monotonic()
             elif time.monotonic() - stable_since >= 1.0:
@@ -444,9 +449,13 @@ class Runner:
             outcome = self._run_one(plan, dataset, level_opts, rule, live, cancel, w.seed, index_offset, acc)
             index_offset += acc.requests
             deltas: EngineDeltas | None = None
-            if before:
+            if before is not None:
                 after = self._settled(base_url, headers, before, outcome.output_tokens)
-                deltas = engine_deltas(before, after) if after else None
+                if after is not None and restarted(before, after):
+                    self._note(f"level {plan.label}: the engine's counters went back (it restarted?): "
+                               "no engine figures for this level")
+                elif after is not None:
+                    deltas = engine_deltas(before, after)
             summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
                                   lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
                                   client_lag_ms=outcome.client_lag_ms)

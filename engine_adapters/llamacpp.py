@@ -59,6 +59,7 @@ from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
 from engine_adapters.paths import cache_dir
+from engine_adapters.prometheus import metric_total
 from engine_adapters.runtimes import (
     COMPLETE_MARKER,
     RuntimeErrorMessage,
@@ -305,19 +306,6 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
 )
 
 _GENERIC_ERROR_RE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
-
-
-def _metric_total(metrics_text: str, name: str) -> float | None:
-    """Sum of a metric's samples in Prometheus text (all label sets)."""
-    total, found = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-            except ValueError:
-                continue
-    return total if found else None
 
 
 _HELP_FLAGS_RE = re.compile(r"(--?[A-Za-z][\w-]*)(?:,\s*|\s+|$)")
@@ -644,10 +632,10 @@ class LlamaCppAdapter:
         ints = log_ints(log_lines)
 
         def delta(name: str) -> float | None:
-            after = _metric_total(metrics_text, name)
+            after = metric_total(metrics_text, name)
             if after is None:
                 return None
-            return after - (_metric_total(before_text or "", name) or 0.0)
+            return after - (metric_total(before_text or "", name) or 0.0)
 
         checks: list[FeatureCheck] = []
         if features.prefix_caching is not None:

@@ -32,6 +32,7 @@ from engine_adapters.config import EngineConfig, Features
 from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.paths import cache_dir
+from engine_adapters.prometheus import metric_total
 from engine_adapters.runtimes import (
     RuntimeErrorMessage,
     managed_runtime,
@@ -247,19 +248,6 @@ METRIC_NAMES = MetricNames(
         "tokens_per_step": ("vllm:iteration_tokens_total",),
     },
 )
-
-
-def _metric_total(metrics_text: str, name: str) -> float | None:
-    """Sum of a metric's samples in Prometheus text (all label sets)."""
-    total, found = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-            except ValueError:
-                continue
-    return total if found else None
 
 
 def parse_non_default_args(log_lines: Sequence[str]) -> dict[str, object]:
@@ -555,10 +543,10 @@ class VllmAdapter:
         unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
 
         def delta(name: str) -> float | None:
-            after = _metric_total(metrics_text, name)
+            after = metric_total(metrics_text, name)
             if after is None:
                 return None
-            return after - (_metric_total(before_text or "", name) or 0.0)
+            return after - (metric_total(before_text or "", name) or 0.0)
 
         checks: list[FeatureCheck] = []
         if features.prefix_caching is not None:
@@ -616,8 +604,8 @@ class VllmAdapter:
                 return FeatureCheck("prefix_caching", str(wanted), "verified", seen)
             if n > PREFIX_PROBE_MIN_TOKENS:  # long enough to fill a block of any usual size
                 return FeatureCheck("prefix_caching", str(wanted), "not active", f"{seen}; {echo}")
-        elif wanted and (total := _metric_total(metrics_text, "vllm:prefix_cache_hits_total")):
-            queried = _metric_total(metrics_text, "vllm:prefix_cache_queries_total") or 0.0
+        elif wanted and (total := metric_total(metrics_text, "vllm:prefix_cache_hits_total")):
+            queried = metric_total(metrics_text, "vllm:prefix_cache_queries_total") or 0.0
             return FeatureCheck("prefix_caching", "True", "verified",
                                 f"{total:,.0f} of {queried:,.0f} queried tokens hit the prefix cache since start")
         status: FeatureStatus = "accepted" if logged is not None else "unknown"

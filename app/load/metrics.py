@@ -7,15 +7,16 @@ per second) and say where they differ (ITL is per token, not per chunk).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from app.slo import SLO_METRICS, SloError, parse_slo  # noqa: F401 - re-exported: figures apply SLOs
 from db import metric_catalog
 from db.summary import distribution, level_summary_figures
+from engine_adapters import prometheus
+from engine_adapters.prometheus import Scrape
 
 ErrorKind = str  # connect | http | timeout | stream | malformed | cancelled
 
@@ -178,55 +179,22 @@ def meets_slo(record: RequestRecord, slos: Sequence[tuple[str, str, float]]) -> 
 
 # --- engine /metrics ----------------------------------------------------------------------------
 
-def parse_engine_counters(metrics_text: str, counters: Mapping[str, tuple[str, ...]],
-                          histograms: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float]:
-    """Canonical counter -> value (summed over label sets) from Prometheus text; the first name
-    of each alias list that is present wins. Histograms give ``<key>_sum`` and ``<key>_count``."""
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name.endswith(("_created", "_bucket")):
-                    continue
-                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError:
-        return {}
-    out = {}
-    for key, names in counters.items():
-        for name in names:
-            if name in totals:
-                out[key] = totals[name]
-                break
-    for key, names in (histograms or {}).items():
-        for name in names:
-            if name + "_count" in totals:
-                out[key + "_sum"], out[key + "_count"] = totals.get(name + "_sum", 0.0), totals[name + "_count"]
-                break
-    return out
-
-
-def engine_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> EngineDeltas:
-    def delta(key: str) -> float | None:
-        return after[key] - before.get(key, 0.0) if key in after else None
-
-    d = EngineDeltas(**{k: delta(k) for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries",
-                                               "prefix_cache_hits", "spec_decode_drafts",
-                                               "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
-                                               "requests_finished", "preemptions")})
-    if d.prefix_cache_queries:
-        d.prefix_cache_hit_rate = (d.prefix_cache_hits or 0.0) / d.prefix_cache_queries
-    if d.spec_decode_draft_tokens:
-        d.spec_acceptance_rate = (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_draft_tokens
-    if d.spec_decode_drafts:
-        d.spec_mean_acceptance_length = 1.0 + (d.spec_decode_accepted_tokens or 0.0) / d.spec_decode_drafts
+def engine_deltas(before: Scrape, after: Scrape) -> EngineDeltas:
+    """A level's engine figures: the interval between two scrapes of the same engine, read by
+    ``engine_adapters.prometheus`` exactly as the live collector reads it."""
+    interval = prometheus.delta(before, after)
+    figures = prometheus.interval_figures(interval)
+    d = EngineDeltas(**{k: interval.counters.get(k) for k in (
+        "generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_drafts",
+        "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "requests_finished", "preemptions")})
+    d.prefix_cache_hit_rate = figures.get("prefix_cache_hit_ratio")
+    d.spec_acceptance_rate = figures.get("spec_acceptance_ratio")
+    d.spec_mean_acceptance_length = figures.get("spec_mean_acceptance_length")
     for key, field_name in (("ttft_s", "engine_ttft_ms_mean"), ("itl_s", "engine_itl_ms_mean"),
                             ("e2e_s", "engine_e2e_ms_mean"), ("queue_s", "engine_queue_ms_mean")):
-        count, total = delta(key + "_count"), delta(key + "_sum")
-        if count and total is not None:
-            setattr(d, field_name, total / count * 1e3)
-    steps, step_tokens = delta("tokens_per_step_count"), delta("tokens_per_step_sum")
-    if steps and step_tokens is not None:
-        d.engine_tokens_per_step_mean = step_tokens / steps
+        if f"{key}_mean" in figures:
+            setattr(d, field_name, figures[f"{key}_mean"] * 1e3)
+    d.engine_tokens_per_step_mean = figures.get("tokens_per_step_mean")
     return d
 
 

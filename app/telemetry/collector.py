@@ -29,7 +29,7 @@ import aiohttp
 
 from app.bus import Bus, now
 from app.events import Notice, TelemetrySupport
-from app.telemetry.engine_metrics import EngineScraper, RateDeriver, ScrapeError, metrics_url_from
+from app.telemetry.engine_metrics import EngineScraper, RateDeriver, ScrapeError, metrics_url_from, support
 from app.telemetry.gpu import GpuSampler
 from app.telemetry.host import HostSampler, ProcessTree
 from engine_adapters.base import MetricNames
@@ -254,7 +254,7 @@ class TelemetryCollector:
                         self._stats.set("engine", "counter_resets", deriver.resets)
                     if not reported_support:
                         reported_support = True
-                        supported, unsupported = scraper.map.support(scrape)
+                        supported, unsupported = support(scraper.map.names, scrape)
                         self._publish_support(TelemetrySupport(
                             source="engine", available=True, url=self.metrics_url, supported=supported,
                             unsupported=unsupported, detail=f"{len(supported)} quantities from {self.metrics_url}"))

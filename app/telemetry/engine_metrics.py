@@ -1,5 +1,6 @@
-"""Engine metrics: scrape the engine's Prometheus ``/metrics``, map the engine's names to
-canonical ones (the tables live in ``engine_adapters``: ``MetricNames``), and derive rates.
+"""Live engine metrics: scrape the engine's Prometheus ``/metrics`` and publish rates. Parsing,
+canonical names and interval figures are ``engine_adapters.prometheus``'s (one reader for the
+collector, the runner and the feature checks); the tables live with the adapters.
 
 Rates come from counter deltas between two scrapes. A counter that goes DOWN means the engine
 restarted (or a label set vanished): that interval yields no rates at all -- never a negative
@@ -10,17 +11,16 @@ counters already passed the old ones.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine_adapters.base import MetricNames
+from engine_adapters.prometheus import MetricMap, Scrape, delta, interval_figures, restarted
 
-START_TIME_METRIC = "process_start_time_seconds"
+__all__ = ["ENGINE_QUANTITIES", "EngineScraper", "MetricMap", "RateDeriver", "Scrape", "ScrapeError",
+           "gauge_output", "histogram_output", "metrics_url_from", "support"]
 
 # The headline engine quantities (beside them: raw counters as ``<name>_total`` and interval
 # latency means as ``ttft_mean_ms``, ``itl_mean_ms``, ``e2e_mean_ms``, ``queue_mean_ms``).
@@ -65,109 +65,30 @@ def _is_time(canonical: str) -> bool:
     return canonical.endswith("_s")
 
 
-def _averaged(canonical: str) -> bool:
-    """Gauges that are fractions or lengths are averaged over label sets (e.g. data-parallel
-    engines); counts are summed."""
-    return canonical.endswith(("_ratio", "_length"))
+def support(names: MetricNames, scrape: Scrape) -> tuple[list[str], dict[str, str]]:
+    """(published value names this engine supports, unsupported name -> why)."""
+    supported: list[str] = []
+    unsupported: dict[str, str] = {}
+    why = "not exposed by this engine (feature off, or another engine version)"
 
+    def mark(name: str, present: bool) -> None:
+        if present:
+            if name not in supported:
+                supported.append(name)
+            unsupported.pop(name, None)
+        elif name not in supported:
+            unsupported[name] = why
 
-@dataclass
-class Scrape:
-    """One /metrics reading in canonical names (sums over label sets)."""
-
-    gauges: dict[str, float] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, tuple[float, float]] = field(default_factory=dict)  # (sum, count)
-    start_time_s: float | None = None
-
-
-class MetricMap:
-    """Engine names -> canonical names for one engine's ``MetricNames``."""
-
-    def __init__(self, names: MetricNames) -> None:
-        self.names = names
-        self.wanted: set[str] = {START_TIME_METRIC}
-        for table in (names.gauges, names.counters):
-            for aliases in table.values():
-                self.wanted.update(aliases)
-        for aliases in names.histograms.values():
-            for alias in aliases:
-                self.wanted.update((alias + "_sum", alias + "_count"))
-
-    def select(self, text: str) -> str:
-        """Keep only the sample lines we read: the parser is pure Python and a vLLM page is
-        mostly histogram buckets we do not need."""
-        keep = []
-        for line in text.splitlines():
-            if not line or line[0] == "#":
-                continue
-            end = len(line)
-            for sep in ("{", " "):
-                pos = line.find(sep)
-                if 0 <= pos < end:
-                    end = pos
-            if line[:end] in self.wanted:
-                keep.append(line)
-        return "\n".join(keep) + "\n"
-
-    def parse(self, text: str) -> Scrape:
-        """Canonical values from Prometheus text; raises ValueError on malformed text."""
-        raw: dict[str, list[float]] = {}
-        for family in text_string_to_metric_families(self.select(text)):
-            for sample in family.samples:
-                value = float(sample.value)
-                if math.isnan(value) or math.isinf(value):
-                    continue
-                raw.setdefault(sample.name, []).append(value)
-        scrape = Scrape()
-        if START_TIME_METRIC in raw:
-            scrape.start_time_s = max(raw[START_TIME_METRIC])
-        for canonical, aliases in self.names.gauges.items():
-            values = _first(raw, aliases)
-            if values is not None:
-                scrape.gauges[canonical] = sum(values) / len(values) if _averaged(canonical) else sum(values)
-        for canonical, aliases in self.names.counters.items():
-            values = _first(raw, aliases)
-            if values is not None:
-                scrape.counters[canonical] = sum(values)
-        for canonical, aliases in self.names.histograms.items():
-            for alias in aliases:
-                if alias + "_sum" in raw and alias + "_count" in raw:
-                    scrape.histograms[canonical] = (sum(raw[alias + "_sum"]), sum(raw[alias + "_count"]))
-                    break
-        return scrape
-
-    def support(self, scrape: Scrape) -> tuple[list[str], dict[str, str]]:
-        """(published value names this engine supports, unsupported name -> why)."""
-        supported: list[str] = []
-        unsupported: dict[str, str] = {}
-        why = "not exposed by this engine (feature off, or another engine version)"
-
-        def mark(name: str, present: bool) -> None:
-            if present:
-                if name not in supported:
-                    supported.append(name)
-                unsupported.pop(name, None)
-            elif name not in supported:
-                unsupported[name] = why
-
-        for canonical in self.names.gauges:
-            mark(gauge_output(canonical)[0], canonical in scrape.gauges)
-        for canonical in self.names.counters:
-            mark(f"{canonical}_total", canonical in scrape.counters)
-        for name, needs in DERIVED_FROM_COUNTERS.items():
-            if all(c in self.names.counters for c in needs):
-                mark(name, all(c in scrape.counters for c in needs))
-        for canonical in self.names.histograms:
-            mark(histogram_output(canonical), canonical in scrape.histograms)
-        return supported, unsupported
-
-
-def _first(raw: dict[str, list[float]], aliases: Iterable[str]) -> list[float] | None:
-    for alias in aliases:
-        if alias in raw:
-            return raw[alias]
-    return None
+    for canonical in names.gauges:
+        mark(gauge_output(canonical)[0], canonical in scrape.gauges)
+    for canonical in names.counters:
+        mark(f"{canonical}_total", canonical in scrape.counters)
+    for name, needs in DERIVED_FROM_COUNTERS.items():
+        if all(c in names.counters for c in needs):
+            mark(name, all(c in scrape.counters for c in needs))
+    for canonical in names.histograms:
+        mark(histogram_output(canonical), canonical in scrape.histograms)
+    return supported, unsupported
 
 
 @dataclass
@@ -178,7 +99,8 @@ class _Previous:
 
 class RateDeriver:
     """Turns successive scrapes into published values: gauges, raw ``*_total`` counters, rates
-    and interval means. Keeps only the previous scrape (bounded memory)."""
+    and interval means (the interval's figures come from ``engine_adapters.prometheus``, as a
+    level's do). Keeps only the previous scrape (bounded memory)."""
 
     def __init__(self, min_interval_s: float = 0.05) -> None:
         self.min_interval_s = min_interval_s
@@ -195,52 +117,32 @@ class RateDeriver:
             values[f"{canonical}_total"] = value
         prev, notice = self._prev, None
         if prev is not None:
-            if self._restarted(prev.scrape, scrape):
+            if restarted(prev.scrape, scrape):
                 self.resets += 1
                 notice = "engine counters went back (engine restarted?): rates restart from the next interval"
             elif t_mono - prev.t_mono < self.min_interval_s:
                 return values, None  # too close to the last scrape: keep the older baseline
             else:
-                values.update(self._rates(prev.scrape, scrape, t_mono - prev.t_mono))
+                values.update(_published(delta(prev.scrape, scrape), t_mono - prev.t_mono))
         self._prev = _Previous(t_mono, scrape)
         return values, notice
 
-    @staticmethod
-    def _restarted(old: Scrape, new: Scrape) -> bool:
-        if old.start_time_s is not None and new.start_time_s is not None and new.start_time_s != old.start_time_s:
-            return True
-        if any(new.counters[c] < v for c, v in old.counters.items() if c in new.counters):
-            return True
-        return any(new.histograms[h][1] < v[1] for h, v in old.histograms.items() if h in new.histograms)
 
-    @staticmethod
-    def _rates(old: Scrape, new: Scrape, dt: float) -> dict[str, float]:
-        def delta(counter: str) -> float | None:
-            if counter in old.counters and counter in new.counters:
-                return new.counters[counter] - old.counters[counter]
-            return None
-
-        out: dict[str, float] = {}
-        for name, counter in (("generation_tok_per_s", "generation_tokens"), ("prompt_tok_per_s", "prompt_tokens")):
-            d = delta(counter)
-            if d is not None:
-                out[name] = d / dt
-        hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
-        if hits is not None and queries:
-            out["prefix_cache_hit_rate_pct"] = min(100.0, 100.0 * hits / queries)
-        accepted, draft_tokens = delta("spec_decode_accepted_tokens"), delta("spec_decode_draft_tokens")
-        if accepted is not None and draft_tokens:
-            out["spec_acceptance_rate_pct"] = min(100.0, 100.0 * accepted / draft_tokens)
-        drafts = delta("spec_decode_drafts")
-        if accepted is not None and drafts:
-            out["spec_mean_acceptance_length"] = 1.0 + accepted / drafts
-        for canonical, (total, count) in new.histograms.items():
-            if canonical in old.histograms:
-                d_count = count - old.histograms[canonical][1]
-                if d_count > 0:
-                    scale = 1000.0 if _is_time(canonical) else 1.0
-                    out[histogram_output(canonical)] = scale * (total - old.histograms[canonical][0]) / d_count
-        return out
+def _published(interval: Scrape, dt_s: float) -> dict[str, float]:
+    """An interval's rates and figures under their published names and units."""
+    out: dict[str, float] = {}
+    for name, counter in (("generation_tok_per_s", "generation_tokens"), ("prompt_tok_per_s", "prompt_tokens")):
+        if counter in interval.counters:
+            out[name] = interval.counters[counter] / dt_s
+    figures = interval_figures(interval)
+    for canonical in ("prefix_cache_hit_ratio", "spec_acceptance_ratio", "spec_mean_acceptance_length"):
+        if canonical in figures:
+            name, scale = gauge_output(canonical)
+            out[name] = figures[canonical] * scale
+    for canonical in interval.histograms:
+        if f"{canonical}_mean" in figures:
+            out[histogram_output(canonical)] = figures[f"{canonical}_mean"] * (1000.0 if _is_time(canonical) else 1.0)
+    return out
 
 
 def metrics_url_from(endpoint: str, metrics_path: str = "/metrics") -> str:

@@ -15,10 +15,10 @@ from app.load.metrics import (
     engine_deltas,
     level_notes,
     meets_slo,
-    parse_engine_counters,
     parse_slo,
     summarize,
 )
+from engine_adapters.prometheus import MetricMap, Scrape
 from engine_adapters.vllm import METRIC_NAMES
 
 
@@ -93,8 +93,8 @@ METRICS_AFTER = METRICS_BEFORE.replace("} 100.0", "} 1100.0").replace("} 1000.0"
 
 
 def test_engine_deltas_from_prometheus_text() -> None:
-    before = parse_engine_counters(METRICS_BEFORE, METRIC_NAMES.counters)
-    after = parse_engine_counters(METRICS_AFTER, METRIC_NAMES.counters)
+    before = MetricMap(METRIC_NAMES).parse(METRICS_BEFORE)
+    after = MetricMap(METRIC_NAMES).parse(METRICS_AFTER)
     d = engine_deltas(before, after)
     assert d.generation_tokens == 1000
     assert d.prefix_cache_hit_rate == pytest.approx(1500 / 2000)
@@ -113,15 +113,17 @@ def test_engine_latency_means_from_histogram_deltas() -> None:
                 f'vllm:inter_token_latency_seconds_count{{model_name="m"}} {count}\n'
                 f'vllm:inter_token_latency_seconds_sum{{model_name="m"}} {total}\n')
 
-    before = parse_engine_counters(text(1.0, 100), METRIC_NAMES.counters, METRIC_NAMES.histograms)
-    after = parse_engine_counters(text(1.5, 200), METRIC_NAMES.counters, METRIC_NAMES.histograms)
+    before = MetricMap(METRIC_NAMES).parse(text(1.0, 100))
+    after = MetricMap(METRIC_NAMES).parse(text(1.5, 200))
     d = engine_deltas(before, after)
     assert d.engine_itl_ms_mean == pytest.approx(5.0)  # 0.5 s over 100 gaps
     assert d.engine_ttft_ms_mean is None
 
 
 def test_garbage_metrics_text_gives_no_counters() -> None:
-    assert parse_engine_counters("this is { not prometheus", METRIC_NAMES.counters) == {}
+    assert MetricMap(METRIC_NAMES).parse("this is { not prometheus") == Scrape()
+    with pytest.raises(ValueError):  # a wanted name with a broken value: unreadable, never a made-up zero
+        MetricMap(METRIC_NAMES).parse("vllm:generation_tokens_total{ 12")
 
 
 def test_flat_columns() -> None:
@@ -136,10 +138,9 @@ def test_level_notes_name_a_starved_client_and_the_engine_side_figures() -> None
     """The caveats every face shows beside a level: a client whose loop woke later than the token
     gaps it measures is named, with the engine's own figures to trust instead."""
     records = [rec(i, 100.0, [0.1] * 9) for i in range(4)]  # tokens bunched: ~0 ITL
-    engine = engine_deltas({"generation_tokens": 0.0, "tokens_per_step_sum": 0.0, "tokens_per_step_count": 0.0,
-                            "itl_s_sum": 0.0, "itl_s_count": 0.0},
-                           {"generation_tokens": 40.0, "tokens_per_step_sum": 48.0, "tokens_per_step_count": 12.0,
-                            "itl_s_sum": 0.108, "itl_s_count": 36.0})
+    engine = engine_deltas(
+        Scrape(counters={"generation_tokens": 0.0}, histograms={"tokens_per_step": (0.0, 0.0), "itl_s": (0.0, 0.0)}),
+        Scrape(counters={"generation_tokens": 40.0}, histograms={"tokens_per_step": (48.0, 12.0), "itl_s": (0.108, 36.0)}))
     starved = summarize(records, duration_s=1.0, engine=engine, client_lag_ms=[2.0] * 50 + [80.0] * 5)
     calm = summarize(records, duration_s=1.0, engine=engine, client_lag_ms=[0.5] * 55)
     assert client_starved(starved) and not client_starved(calm)

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.telemetry.engine_metrics import MetricMap, RateDeriver, Scrape, histogram_output, metrics_url_from
+from app.telemetry.engine_metrics import (
+    MetricMap,
+    RateDeriver,
+    Scrape,
+    histogram_output,
+    metrics_url_from,
+    support,
+)
 from engine_adapters import llamacpp, sglang, vllm
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -45,7 +52,7 @@ def test_real_vllm_page_maps_to_canonical_names() -> None:
     assert scrape.gauges == {"requests_running": 0.0, "requests_waiting": 0.0, "kv_cache_usage_ratio": 0.0}
     assert scrape.counters["prefix_cache_queries"] >= scrape.counters["prefix_cache_hits"] >= 0
     assert scrape.histograms["ttft_s"][1] == 16 and scrape.start_time_s is not None
-    supported, unsupported = MetricMap(vllm.METRIC_NAMES).support(scrape)
+    supported, unsupported = support(vllm.METRIC_NAMES, scrape)
     assert {"generation_tok_per_s", "kv_cache_usage_pct", "prefix_cache_hit_rate_pct", "ttft_mean_ms"} <= set(supported)
     assert "spec_acceptance_rate_pct" in unsupported and "spec_mean_acceptance_length" in unsupported
 
@@ -190,7 +197,7 @@ llamacpp:requests_processing 0
     assert old_scrape.gauges["kv_cache_usage_ratio"] == 0.5 and old_scrape.gauges["requests_waiting"] == 2
     assert old_scrape.counters["spec_decode_accepted_tokens"] == 30
     assert "kv_cache_usage_ratio" not in new_scrape.gauges and new_scrape.counters["decode_steps"] == 30
-    _, unsupported = mapping.support(new_scrape)
+    _, unsupported = support(mapping.names, new_scrape)
     assert "kv_cache_usage_pct" in unsupported
 
 
@@ -212,7 +219,7 @@ def _step_page(step_tokens: float, steps: float) -> str:
 def test_tokens_per_step_is_a_plain_mean_live_and_per_level() -> None:
     """The real page: 16 streams ran 5,312 tokens in 322 steps. Live and per-level figures come
     from the same histogram, unscaled (tokens, not milliseconds)."""
-    from app.load.metrics import engine_deltas, parse_engine_counters
+    from app.load.metrics import engine_deltas
 
     scrape = MetricMap(vllm.METRIC_NAMES).parse(VLLM_TEXT)
     assert scrape.histograms["tokens_per_step"] == (5312.0, 322.0)
@@ -221,8 +228,8 @@ def test_tokens_per_step_is_a_plain_mean_live_and_per_level() -> None:
     values, _ = deriver.update(mapping.parse(_step_page(100 + 16 * 30, 80)), 1.0)
     assert values["tokens_per_step_mean"] == pytest.approx(16.0)
     names = vllm.METRIC_NAMES
-    before = parse_engine_counters(_step_page(100, 50), names.counters, names.histograms)
-    after = parse_engine_counters(_step_page(100 + 16 * 30 + 64, 81), names.counters, names.histograms)
+    before = MetricMap(names).parse(_step_page(100, 50))
+    after = MetricMap(names).parse(_step_page(100 + 16 * 30 + 64, 81))
     assert engine_deltas(before, after).engine_tokens_per_step_mean == pytest.approx((16 * 30 + 64) / 31)
     assert engine_deltas(before, before).engine_tokens_per_step_mean is None  # no step: unknown, not 0
 
