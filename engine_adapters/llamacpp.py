@@ -39,7 +39,6 @@ import hashlib
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +53,23 @@ from engine_adapters.base import (
     ValidationIssue,
     http_ok,
 )
+from engine_adapters.command_line import (
+    DiagnosisRule,
+    FlagRule,
+    cached_flag_set,
+    counter_change,
+    diagnose_log,
+    diagnosis_rule,
+    env_with_api_key,
+    probe_prompt_len,
+    rendered_flags,
+    run_help,
+    version_issues,
+)
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
-from engine_adapters.paths import cache_dir
-from engine_adapters.prometheus import metric_total
 from engine_adapters.runtimes import (
     COMPLETE_MARKER,
     RuntimeErrorMessage,
@@ -146,14 +156,6 @@ def _ctx_size(features: Features) -> list[str]:
     return ["-c", str(features.max_model_len * (features.max_num_seqs or 1))]
 
 
-@dataclass(frozen=True)
-class FlagRule:
-    """How one feature becomes llama-server flags; [] when the engine default applies."""
-
-    key: str
-    render: Callable[[Features], list[str]]
-
-
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_TYPES.get(f.kv_cache_dtype)) is None
              else ["-ctk", t, "-ctv", t]),
@@ -190,7 +192,7 @@ def canonical_flag(flag: str) -> str:
 
 def feature_flags(features: Features) -> dict[str, list[str]]:
     """Per feature key, the flags it contributes (empty when the engine default applies)."""
-    return {rule.key: rule.render(features) for rule in FLAG_RULES}
+    return rendered_flags(FLAG_RULES, features)
 
 
 def flag_names(tokens: Iterable[str]) -> list[str]:
@@ -263,16 +265,7 @@ def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
-class DiagnosisRule:
-    code: str
-    pattern: re.Pattern[str]
-    advice: Callable[[re.Match[str]], str]
-
-
-def _rule(code: str, rx: str, advice: str | Callable[[re.Match[str]], str]) -> DiagnosisRule:
-    render = advice if callable(advice) else (lambda _m, text=advice: text)
-    return DiagnosisRule(code, re.compile(rx), render)
+_rule = diagnosis_rule
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
@@ -404,12 +397,7 @@ class LlamaCppAdapter:
         return argv
 
     def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
-        from engine_adapters.runtimes import runtime_env
-
-        env = runtime_env(engine)
-        if api_key:
-            env[self.api_key_env] = api_key
-        return env
+        return env_with_api_key(engine, self.api_key_env, api_key)
 
     # -- flag discovery -------------------------------------------------------------------------
 
@@ -420,20 +408,7 @@ class LlamaCppAdapter:
         identity = " ".join(base)
         if engine.runtime.kind in ("managed", "python"):
             identity += hashlib.sha256(SERVE_SCRIPT.read_bytes()).hexdigest()  # its flags are the script's
-        key = hashlib.sha256(identity.encode()).hexdigest()[:12]
-        cache_file = cache_dir() / "flags" / f"llamacpp-{version}-{key}.json"
-        if cache_file.is_file():
-            try:
-                return FlagSet.model_validate_json(cache_file.read_text())
-            except ValueError:
-                cache_file.unlink(missing_ok=True)
-        result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=120)
-        if result.returncode != 0:
-            raise RuntimeErrorMessage(f"`{' '.join(base)} --help` failed: {result.stderr.strip().splitlines()[-1:]}")
-        flags = parse_help(result.stdout + "\n" + result.stderr, version)
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        cache_file.write_text(flags.model_dump_json())
-        return flags
+        return cached_flag_set("llamacpp", version, identity, lambda: run_help(base, 120, with_stderr=True), parse_help)
 
     def installed_version(self, engine: EngineConfig) -> str:
         """``xllamacpp-<wheel version>`` for the wheel; ``b<build>`` for a llama-server."""
@@ -573,34 +548,12 @@ class LlamaCppAdapter:
 
     def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
         """Flags or values the installed version lacks, named with the version, before any launch."""
-        issues = []
-        for key, tokens in feature_flags(features).items():
-            for flag in flag_names(tokens):
-                if not flags.has(flag):
-                    issues.append(ValidationIssue(key, f"{flag} is not supported by the installed llama.cpp "
-                                                       f"{flags.version}"))
-            for flag, value in flag_values(tokens):
-                choices = flags.choices.get(flag)
-                bad = [v for v in value.split(",") if v not in choices] if choices else []
-                if bad:
-                    issues.append(ValidationIssue(key, f"{flag} {value} is not accepted by llama.cpp {flags.version} "
-                                                       f"(choices: {', '.join(choices or [])})"))
-        return issues
+        return version_issues(feature_flags(features), flags, "llama.cpp", flag_names, flag_values, comma_lists=True)
 
     # -- after launch ---------------------------------------------------------------------------
 
     def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
-        lines = list(log_lines)
-        for rule in DIAGNOSIS_RULES:
-            for line in lines:
-                match = rule.pattern.search(line)
-                if match:
-                    return Diagnosis(rule.code, rule.advice(match), line.strip())
-        for line in reversed(lines):
-            match = _GENERIC_ERROR_RE.search(line)
-            if match:
-                return Diagnosis("error", f"The engine failed: {match.group(1)}: {match.group(2).strip()}", line.strip())
-        return None
+        return diagnose_log(DIAGNOSIS_RULES, log_lines, _GENERIC_ERROR_RE)
 
     # -- verification by effect -----------------------------------------------------------------
 
@@ -631,11 +584,7 @@ class LlamaCppAdapter:
         unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
         ints = log_ints(log_lines)
 
-        def delta(name: str) -> float | None:
-            after = metric_total(metrics_text, name)
-            if after is None:
-                return None
-            return after - (metric_total(before_text or "", name) or 0.0)
+        delta = counter_change(metrics_text, before_text)
 
         checks: list[FeatureCheck] = []
         if features.prefix_caching is not None:
@@ -681,9 +630,7 @@ KV_BYTES_TOLERANCE = 0.1  # MiB are logged to two decimals
 
 
 def _prefix_probe_len(features: Features) -> int:
-    if features.max_model_len is not None and features.max_model_len < PREFIX_PROBE_TOKENS + 2:
-        return max(2, features.max_model_len - 2)
-    return PREFIX_PROBE_TOKENS
+    return probe_prompt_len(features, PREFIX_PROBE_TOKENS)
 
 
 def _verify_prefix_caching(features: Features, delta: Callable[[str], float | None], probed: bool,

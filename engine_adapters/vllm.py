@@ -7,13 +7,11 @@ Facts about vLLM live here and only here; the rest of tunebench asks this module
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import re
 import secrets
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,22 @@ from engine_adapters.base import (
     ValidationIssue,
     http_ok,
 )
+from engine_adapters.command_line import (
+    DiagnosisRule,
+    FlagRule,
+    cached_flag_set,
+    counter_change,
+    diagnose_log,
+    diagnosis_rule,
+    env_with_api_key,
+    probe_prompt_len,
+    rendered_flags,
+    run_help,
+    version_issues,
+)
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
-from engine_adapters.paths import cache_dir
 from engine_adapters.prometheus import metric_total
 from engine_adapters.runtimes import (
     RuntimeErrorMessage,
@@ -85,14 +95,6 @@ def speculative_config_json(features: Features) -> str | None:
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
-@dataclass(frozen=True)
-class FlagRule:
-    """How one feature becomes flags; ``render`` returns [] when the engine default applies."""
-
-    key: str
-    render: Callable[[Features], list[str]]
-
-
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("weights_dtype", lambda f: list(_WEIGHTS_FLAGS[f.weights_dtype])),
     FlagRule("kv_cache_dtype", lambda f: [] if f.kv_cache_dtype == "auto" else ["--kv-cache-dtype", f.kv_cache_dtype]),
@@ -129,7 +131,7 @@ RESERVED_FLAGS = frozenset({"--host", "--port", "--model", "--api-key", "--serve
 
 def feature_flags(features: Features) -> dict[str, list[str]]:
     """Per feature key, the flags it contributes (empty when the engine default applies)."""
-    return {rule.key: rule.render(features) for rule in FLAG_RULES}
+    return rendered_flags(FLAG_RULES, features)
 
 
 def flag_names(tokens: Iterable[str]) -> list[str]:
@@ -156,16 +158,7 @@ CONCURRENCY_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per
 NON_DEFAULT_RE = re.compile(r"non-default args: (?P<args>\{.*\})")
 
 
-@dataclass(frozen=True)
-class DiagnosisRule:
-    code: str
-    pattern: re.Pattern[str]
-    advice: Callable[[re.Match[str]], str]
-
-
-def _rule(code: str, rx: str, advice: str | Callable[[re.Match[str]], str]) -> DiagnosisRule:
-    render = advice if callable(advice) else (lambda _m, text=advice: text)
-    return DiagnosisRule(code, re.compile(rx), render)
+_rule = diagnosis_rule
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
@@ -349,12 +342,7 @@ class VllmAdapter:
         return argv
 
     def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
-        from engine_adapters.runtimes import runtime_env
-
-        env = runtime_env(engine)
-        if api_key:
-            env[self.api_key_env] = api_key
-        return env
+        return env_with_api_key(engine, self.api_key_env, api_key)
 
     # -- flag discovery -------------------------------------------------------------------------
 
@@ -364,20 +352,7 @@ class VllmAdapter:
             raise RuntimeErrorMessage("flag discovery needs a local engine; docker images are not inspected")
         base = self.base_command(engine)
         version = self.installed_version(engine)
-        key = hashlib.sha256(" ".join(base).encode()).hexdigest()[:12]
-        cache_file = cache_dir() / "flags" / f"vllm-{version}-{key}.json"
-        if cache_file.is_file():
-            try:
-                return FlagSet.model_validate_json(cache_file.read_text())
-            except ValueError:
-                cache_file.unlink(missing_ok=True)
-        result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=180)
-        if result.returncode != 0:
-            raise RuntimeErrorMessage(f"`{' '.join(base)} --help` failed: {result.stderr.strip().splitlines()[-1:]}")
-        flags = parse_help(result.stdout, version)
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        cache_file.write_text(flags.model_dump_json())
-        return flags
+        return cached_flag_set("vllm", version, " ".join(base), lambda: run_help(base, 180), parse_help)
 
     def installed_version(self, engine: EngineConfig) -> str:
         python = resolve_python(engine)
@@ -483,35 +458,12 @@ class VllmAdapter:
 
     def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
         """Flags the installed version lacks, named with the version, before any launch."""
-        issues = []
-        for key, tokens in feature_flags(features).items():
-            for flag in flag_names(tokens):
-                if not flags.has(flag):
-                    issues.append(ValidationIssue(
-                        key, f"{flag} is not supported by the installed vLLM {flags.version}"))
-            for flag, value in _flag_values(tokens):
-                choices = flags.choices.get(flag)
-                if choices and value not in choices:
-                    issues.append(ValidationIssue(
-                        key, f"{flag} {value} is not accepted by vLLM {flags.version} (choices: {', '.join(choices)})"))
-        return issues
+        return version_issues(feature_flags(features), flags, "vLLM", flag_names, _flag_values)
 
     # -- after launch ---------------------------------------------------------------------------
 
     def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
-        lines = list(log_lines)
-        for rule in DIAGNOSIS_RULES:
-            for line in lines:
-                match = rule.pattern.search(line)
-                if match:
-                    return Diagnosis(rule.code, rule.advice(match), line.strip())
-        for line in reversed(lines):
-            if _NOT_AN_ERROR_RE.search(line):
-                continue
-            match = _GENERIC_ERROR_RE.search(line)
-            if match:
-                return Diagnosis("error", f"The engine failed: {match.group(1)}: {match.group(3).strip()}", line.strip())
-        return None
+        return diagnose_log(DIAGNOSIS_RULES, log_lines, _GENERIC_ERROR_RE, not_an_error=_NOT_AN_ERROR_RE)
 
     # -- verification by effect -----------------------------------------------------------------
 
@@ -542,11 +494,7 @@ class VllmAdapter:
         probed = before_text is not None and probe_error is None and bool(metrics_text)
         unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
 
-        def delta(name: str) -> float | None:
-            after = metric_total(metrics_text, name)
-            if after is None:
-                return None
-            return after - (metric_total(before_text or "", name) or 0.0)
+        delta = counter_change(metrics_text, before_text)
 
         checks: list[FeatureCheck] = []
         if features.prefix_caching is not None:
@@ -631,10 +579,7 @@ def _probe_salt() -> str:
 
 
 def _prefix_probe_len(features: Features) -> int:
-    """The prefix probe's prompt length: shorter when the model length would refuse it."""
-    if features.max_model_len is not None and features.max_model_len < PREFIX_PROBE_TOKENS + 2:
-        return max(2, features.max_model_len - 2)
-    return PREFIX_PROBE_TOKENS
+    return probe_prompt_len(features, PREFIX_PROBE_TOKENS)
 
 
 def _verify_speculation(features: Features, args: Mapping[str, object], delta: Callable[[str], float | None],
