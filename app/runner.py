@@ -155,10 +155,13 @@ class Runner:
     """Runs one configuration; see the module docstring for the event order."""
 
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
-                 engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False) -> None:
+                 engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
+                 gpu_metrics_url: str | None = None) -> None:
         self.config = config
         self.bus = bus
         self.endpoint = check_endpoint(endpoint)
+        # A DCGM exporter's /metrics: GPU telemetry from the machine the engine runs on.
+        self.gpu_metrics_url = check_endpoint(gpu_metrics_url)
         self.keep_requests = keep_requests  # every record in the result too (memory grows with the run)
         self.api_key = api_key
         remember_secret(api_key)  # masked wherever a server or an error message echoes it
@@ -321,7 +324,8 @@ class Runner:
         try:
             self._collector = TelemetryCollector(
                 self.bus, metrics_url=base_url + self.adapter.metrics_path, api_key=self.api_key,
-                metric_names=self.adapter.metric_names, engine_pid=engine.pid if engine else None)
+                metric_names=self.adapter.metric_names, engine_pid=engine.pid if engine else None,
+                gpu_metrics_url=self.gpu_metrics_url)
             self._collector.start()
         except Exception as exc:  # another package's failure must not sink the run
             self._collector = None

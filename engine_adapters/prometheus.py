@@ -70,6 +70,19 @@ def raw_samples(text: str, wanted: set[str]) -> dict[str, list[float]]:
     return raw
 
 
+def labelled_samples(text: str, wanted: set[str]) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of the ``wanted`` names, one per label set, NaN and infinities
+    dropped: for exporters whose label sets are the subject (one GPU per ``gpu`` label). Raises
+    ValueError on malformed text."""
+    out = []
+    for family in text_string_to_metric_families(select_lines(text, wanted)):
+        for sample in family.samples:
+            value = float(sample.value)
+            if not (math.isnan(value) or math.isinf(value)):
+                out.append((sample.name, dict(sample.labels), value))
+    return out
+
+
 def metric_total(text: str, name: str) -> float | None:
     """Sum of one sample name over its label sets; None when absent or unreadable (a feature check
     asks "did this counter move", and an unreadable page answers "unknown")."""

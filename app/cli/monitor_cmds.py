@@ -59,7 +59,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     bus = Bus()
     sub = bus.subscribe(maxlen=10_000)
     collector = TelemetryCollector(bus, metrics_url=url, api_key=api_key, metric_names=get_engine_metrics(args.engine).metric_names,
-                                   engine_pid=engine_pid, engine_interval_s=args.interval)
+                                   engine_pid=engine_pid, engine_interval_s=args.interval,
+                                   gpu_metrics_url=args.gpu_metrics)
     latest: dict[str, dict[str, float]] = {}
     shown_url = None if url is None else mask_url(url)  # the screen never shows a user:password@
     tty = sys.stdout.isatty()
@@ -94,6 +95,8 @@ def register(sub: Any) -> None:
     monitor = sub.add_parser("monitor", help="live GPU / host / engine telemetry until Ctrl-C")
     monitor.add_argument("--endpoint", type=endpoint_url, help="engine base URL or /metrics URL (default: the engine tunebench started)")
     monitor.add_argument("--api-key", type=api_key_arg, help=f"bearer token for the endpoint (default: ${API_KEY_ENV[0]} or ${API_KEY_ENV[1]})")
+    monitor.add_argument("--gpu-metrics", type=endpoint_url, metavar="URL",
+                         help="GPU telemetry from a DCGM exporter's /metrics (the engine's machine) instead of local NVML")
     monitor.add_argument("--engine", choices=sorted(METRICS), default="vllm", help="metric names to read (default vllm)")
     monitor.add_argument("--engine-pid", type=bounded_int(1, MAX_PID), help="engine process whose tree RSS/CPU to show")
     monitor.add_argument("--interval", type=bounded_float(0.05, 3600.0), default=1.0, help="refresh and scrape interval in seconds (default 1)")

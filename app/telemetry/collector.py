@@ -32,8 +32,10 @@ from app.events import Notice, TelemetrySupport
 from app.telemetry.engine_metrics import EngineScraper, RateDeriver, ScrapeError, metrics_url_from, support
 from app.telemetry.gpu import GpuSampler
 from app.telemetry.host import HostSampler, ProcessTree
+from app.telemetry.remote_gpu import RemoteGpuError, read_gpus, support_reports
 from engine_adapters.base import MetricNames
 from engine_adapters.registry import get_engine_metrics
+from engine_adapters.secrets import mask_url
 
 
 class _Stats:
@@ -64,7 +66,8 @@ class TelemetryCollector:
     def __init__(self, bus: Bus, *, metrics_url: str | None = None, api_key: str | None = None,
                  metric_names: MetricNames | None = None, engine_kind: str = "vllm", engine_pid: int | None = None,
                  gpu_interval_s: float = 0.1, host_interval_s: float = 0.5, engine_interval_s: float = 1.0,
-                 nvml: object | None = None, scrape_timeout_s: float | None = None) -> None:
+                 nvml: object | None = None, scrape_timeout_s: float | None = None,
+                 gpu_metrics_url: str | None = None) -> None:
         self.bus = bus
         self.metrics_url = metrics_url_from(metrics_url) if metrics_url else None
         self.api_key = api_key
@@ -77,6 +80,8 @@ class TelemetryCollector:
         # timed-out scrape loses the interval, so the timeout is generous -- stop() cancels it.
         self.scrape_timeout_s = scrape_timeout_s if scrape_timeout_s is not None else max(3.0, 3 * engine_interval_s)
         self._nvml = nvml
+        # GPUs of another machine (a DCGM exporter's URL) replace local NVML: the engine is there.
+        self.gpu_metrics_url = gpu_metrics_url
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._support: dict[str, TelemetrySupport] = {}
@@ -94,7 +99,9 @@ class TelemetryCollector:
             return
         self._stop.clear()
         plans: list[tuple[str, Callable[[], None]]] = []
-        if self.gpu_interval_s and self.gpu_interval_s > 0:
+        if self.gpu_metrics_url:
+            plans.append(("telemetry-gpu-remote", self._run_remote_gpu))
+        elif self.gpu_interval_s and self.gpu_interval_s > 0:
             plans.append(("telemetry-gpu", self._run_gpu))
         if self.host_interval_s and self.host_interval_s > 0:
             plans.append(("telemetry-host", self._run_host))
@@ -189,6 +196,41 @@ class TelemetryCollector:
             self._notice("gpu", f"GPU sampler stopped: {type(exc).__name__}: {exc}")
         finally:
             sampler.close()
+
+    def _run_remote_gpu(self) -> None:
+        """The exporter's GPUs, once a second at most (it refreshes its own fields every few
+        seconds; faster reads would only repeat them)."""
+        assert self.gpu_metrics_url is not None
+        url, reported, failing = self.gpu_metrics_url, False, False
+        try:
+            for _ in self._ticks(max(1.0, self.gpu_interval_s)):
+                try:
+                    gpus = read_gpus(url, timeout_s=self.scrape_timeout_s)
+                except RemoteGpuError as exc:
+                    self._stats.bump("gpu", "errors")
+                    self._stats.set("gpu", "last_error", str(exc))
+                    if not failing:
+                        failing = True
+                        self._notice("gpu", f"remote GPU metrics unreachable, retrying: {exc}")
+                    continue
+                if failing:
+                    failing = False
+                    self._notice("gpu", f"remote GPU metrics reachable again at {mask_url(url)}")
+                if not reported:
+                    reported = True
+                    reports = support_reports(gpus, url) or [TelemetrySupport(
+                        source="gpu", available=False, state="no NVIDIA GPU",
+                        detail=f"the DCGM exporter at {mask_url(url)} reports no GPU")]
+                    for report in reports:
+                        self._publish_support(report)
+                t = now()
+                for gpu in gpus:
+                    if gpu.values:
+                        self.bus.sample(gpu.source, gpu.values, t)
+                        self._stats.bump(gpu.source, "samples")
+        except Exception as exc:  # noqa: BLE001 - a sampler bug must not take the run down
+            self._stats.bump("gpu", "errors")
+            self._notice("gpu", f"remote GPU sampler stopped: {type(exc).__name__}: {exc}")
 
     def _run_host(self) -> None:
         sampler = HostSampler(self._tree)
