@@ -22,6 +22,8 @@ from app.config import RunConfig
 from app.errors import UserError
 from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
 from app.load.metrics import level_notes
+from app.planner.live import limit_figures, plan_for_run
+from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, resolve_profile
 from app.runner import Runner, RunResult, check_endpoint
 from app.urls import check_api_key
@@ -52,19 +54,25 @@ def table_columns(levels: list[dict[str, float]], flagged: set[str]) -> list[str
     return out
 
 
-def format_table(result: RunResult) -> str:
+def format_table(result: RunResult, plan: Plan | None = None) -> str:
     """The final per-level table (what a person reads after a run). A figure its level flagged
-    unreliable is shown in [brackets] (the level's note says why), next to the engine's own."""
+    unreliable is shown in [brackets] (the level's note says why), next to the engine's own.
+    With a ``plan``, each level's output tok/s as a share of the decode ceiling at the batch its
+    engine ran (``app.planner.live``); a rate above the ceiling reads "bug", never over 100%."""
     figures = [lv.summary.figures() for lv in result.levels]
     unreliable = [lv.summary.unreliable() for lv in result.levels]
+    limits = [limit_figures(plan, lv.summary) if plan is not None else None for lv in result.levels]
     columns = table_columns(figures, set().union(*unreliable) if unreliable else set())
-    header = ("level", "ok", "err", *(catalog.metric(k).header for k in columns))
+    header = ("level", "ok", "err", *(catalog.metric(k).header for k in columns),
+              *(("% limit",) if any(limits) else ()))
     rows = [header]
-    for lv, figs, bad in zip(result.levels, figures, unreliable, strict=True):
+    for lv, figs, bad, limit in zip(result.levels, figures, unreliable, limits, strict=True):
         cells = []
         for key in columns:
             text = catalog.metric(key).format(figs.get(key))
             cells.append(f"[{text}]" if key in bad and text != "-" else text)
+        if any(limits):
+            cells.append(limit.percent_text() if limit is not None else "-")
         rows.append((lv.label, str(lv.summary.completed), str(lv.summary.errors), *cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
@@ -75,8 +83,11 @@ def format_table(result: RunResult) -> str:
     if any(unreliable):
         lines.append("[x] = not to be trusted (the level's note says why); (engine) = the engine's own figure, "
                      "the one to read instead")
-    for lv in result.levels:
-        extra = level_notes(lv.summary)
+    if any(limits):
+        lines.append("% limit = output tok/s against the decode ceiling at the batch the engine ran "
+                     "(tunebench plan; docs/planner.md)")
+    for lv, limit in zip(result.levels, limits, strict=True):
+        extra = level_notes(lv.summary) + ([f"limit: {limit.detail()}"] if limit is not None else [])
         if extra:
             lines.append(f"{lv.label}: " + " | ".join(extra))
     return "\n".join(lines)
@@ -150,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         raise UserError(str(exc)) from None
     check_endpoint(args.endpoint)  # an empty or bad URL is refused before anything starts
+    check_endpoint(args.gpu_metrics)
     json_path = Path(args.json) if args.json else None
     if json_path is not None and not json_path.parent.exists():
         raise UserError(f"{json_path}: its folder does not exist")
@@ -161,7 +173,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     recorder = open_recorder(bus, args)  # before run_started is published
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
-        return Runner(run_config, run_bus, keep_requests=args.json_requests, **kwargs)
+        return Runner(run_config, run_bus, keep_requests=args.json_requests, gpu_metrics_url=args.gpu_metrics,
+                      **kwargs)
 
     cancel = threading.Event()
 
@@ -180,7 +193,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     unstored = recorder.check_stored(result) if recorder is not None else None  # not "completed" if not stored
     if result.levels:
         print()
-        print(format_table(result))
+        plan, no_plan = plan_for_run(result.config, result.hardware)
+        print(format_table(result, plan))
+        if no_plan:
+            print(no_plan)
     if json_path is not None:
         write_json(result, json_path)
         print(f"result written to {json_path}")
@@ -200,10 +216,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _report_campaign(campaign: CampaignResult, json_path: Path | None, recorder: Any) -> int:
     """The tables of every repeat, then each figure's mean and 95% confidence interval."""
     for step in campaign.steps:
+        plan = plan_for_run(step.step.config, step.runs[0].hardware)[0] if step.runs else None
         for i, result in enumerate(step.runs):
             if result.levels:
                 print(f"\nrepeat {i + 1} of {step.step.repeats} ({result.status}):")
-                print(format_table(result))
+                print(format_table(result, plan))
         lines = repeat_lines(step)
         if lines:
             print(f"\n{step.step.name}: {len(step.runs)} repeat(s), each on a cold prefix cache")
@@ -231,6 +248,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-demo)")
     run.add_argument("--endpoint", help="attach to a running OpenAI-compatible server instead of launching one")
     run.add_argument("--api-key", help="API key for --endpoint (default: $TUNEBENCH_API_KEY)")
+    run.add_argument("--gpu-metrics", metavar="URL",
+                     help="GPU telemetry from a DCGM exporter's /metrics (the engine's machine, e.g. a Kubernetes "
+                          "node's :9400) instead of local NVML")
     run.add_argument("--json", metavar="FILE", help="write the result (levels and their figures) as JSON")
     run.add_argument("--json-requests", action="store_true",
                      help="with --json: every request record too (kept in memory for the whole run; the run "

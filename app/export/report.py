@@ -12,16 +12,22 @@ from datetime import UTC, datetime
 from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
+from pydantic import ValidationError
 
+from app.config import RunConfig
 from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
 from app.export.quoting import templates
 from app.headline import headlines
+from app.load.metrics import LevelSummary
+from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
 from db import metric_catalog as catalog
 from db.compare import Comparison, compare_runs, single_run_comparison
 from db.store import RunStore
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
+BUG_COLOUR = "#d62728"
+"""A measurement above its physical ceiling (drawn hollow: a bug in the plan or the measurement)."""
 REPORT_METRICS = ("output_tok_per_s", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
                   "tpot_ms_mean", "e2e_ms_p99", "error_rate_pct")
 
@@ -148,6 +154,91 @@ def xy_chart_svg(title: str, curves: Sequence[tuple[str, Sequence[float], Sequen
     return "".join(parts)
 
 
+def roofline_svg(title: str, roof: Roofline, points: Sequence[tuple[str, LimitFigures]], width: int = 460,
+                 height: int = 300) -> str:
+    """Log-log roofline: arithmetic intensity (FLOPs per byte moved) against achieved FLOP/s, the
+    hardware's bandwidth slope and compute roof, and one marked point per level (``class="level"``).
+    A point whose rate is above its ceiling is drawn hollow and red: a bug, not a record."""
+    left, right, top, bottom = 62, 12, 24, 60
+    pw, ph = width - left - right, height - top - bottom
+    height += 14 * max(0, (len(points) - 1) // 2)  # legend rows below the plot
+    xs = [p.arithmetic_intensity_flop_per_byte for _, p in points]
+    ys = [p.achieved_flop_per_s for _, p in points]
+    ridge = roof.ridge_flop_per_byte
+    x_lo = 10 ** math.floor(math.log10(min([*xs, ridge or max(xs, default=1.0), 1.0]) / 2))
+    x_hi = 10 ** math.ceil(math.log10(max([*xs, (ridge or 1.0) * 4, 10.0]) * 2))
+    top_y = roof.peak_flop_per_s or roof.bandwidth_bytes_per_s * x_hi
+    y_hi = 10 ** math.ceil(math.log10(max([*ys, top_y]) * 1.5))
+    y_lo = 10 ** math.floor(math.log10(max(min([*ys, roof.bandwidth_bytes_per_s * x_lo]), 1.0) / 2))
+
+    def px(x: float) -> float:
+        return left + pw * (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo))
+
+    def py(y: float) -> float:
+        return top + ph * (1 - (math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)))
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="11"><text x="4" y="14" font-weight="bold">{xml_escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
+    for e in range(round(math.log10(x_lo)), round(math.log10(x_hi)) + 1):
+        parts.append(f'<line x1="{px(10.0**e):.1f}" y1="{top}" x2="{px(10.0**e):.1f}" y2="{top + ph}" stroke="#eee"/>'
+                     f'<text x="{px(10.0**e):.1f}" y="{top + ph + 14}" text-anchor="middle">1e{e}</text>')
+    for e in range(round(math.log10(y_lo)), round(math.log10(y_hi)) + 1):
+        parts.append(f'<line x1="{left}" y1="{py(10.0**e):.1f}" x2="{left + pw}" y2="{py(10.0**e):.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 4}" y="{py(10.0**e) + 4:.1f}" text-anchor="end">1e{e}</text>')
+    parts += [f'<text x="{left + pw / 2:.0f}" y="{top + ph + 28}" text-anchor="middle">arithmetic intensity '
+              '(FLOP/byte)</text>',
+              f'<text x="12" y="{top + ph / 2:.0f}" transform="rotate(-90 12 {top + ph / 2:.0f})" '
+              'text-anchor="middle">achieved FLOP/s</text>']
+    # The roof: bandwidth x intensity up to the ridge, then the compute roof (clipped to the plot).
+    knee = min(ridge, x_hi) if ridge else x_hi
+    roof_points = [(x_lo, roof.bandwidth_bytes_per_s * x_lo), (knee, roof.attainable_flop_per_s(knee))]
+    if ridge and ridge < x_hi:
+        roof_points.append((x_hi, roof.attainable_flop_per_s(x_hi)))
+    clipped = [(px(x), py(min(max(y, y_lo), y_hi))) for x, y in roof_points]
+    parts.append('<polyline class="roof" fill="none" stroke="#555" stroke-width="1.5" '
+                 f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in clipped)}"/>')
+    colours = [c for c in PALETTE if c != BUG_COLOUR]
+    for i, (label, p) in enumerate(points):
+        colour = BUG_COLOUR if p.fraction is None else colours[i % len(colours)]
+        x, y = px(p.arithmetic_intensity_flop_per_byte), py(p.achieved_flop_per_s)
+        style = f'fill="none" stroke="{colour}" stroke-width="2"' if p.fraction is None else f'fill="{colour}"'
+        parts.append(f'<circle class="level" cx="{x:.1f}" cy="{y:.1f}" r="4" {style}>'
+                     f'<title>{xml_escape(f"{label}: {p.text()}; {p.detail()}")}</title></circle>')
+        parts.append(f'<text x="{left + 200 * (i % 2)}" y="{top + ph + 44 + 14 * (i // 2)}" fill="{colour}">'
+                     f'{xml_escape(f"{label[:16]}: {p.text()}")}</text>')
+    parts.append(f'<text x="{left + 4}" y="{top + 12}" fill="#555">{xml_escape(roof.label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _roofline_charts(comparison: Comparison) -> tuple[list[dict[str, str]], list[str]]:
+    """One roofline per run with a plan (its model's architecture and its hardware), a point per
+    level; runs without one get a note saying why."""
+    charts: list[dict[str, str]] = []
+    notes: list[str] = []
+    for label, run in zip(comparison.labels(), comparison.runs, strict=True):
+        if run.imported or not run.config:
+            continue  # another tool's result: no tunebench configuration to plan
+        try:
+            config = RunConfig.model_validate(run.config)
+            summaries = [(lv.label or f"level {lv.idx}", LevelSummary.model_validate(lv.summary))
+                         for lv in run.levels if lv.summary]
+        except ValidationError:
+            continue  # a configuration or level summary of an older tunebench: nothing to plan
+        plan, why = plan_for_run(config, run.hardware)
+        if plan is None:
+            notes.append(f"{label}: {why}")
+            continue
+        points = [(name, f) for name, s in summaries if (f := limit_figures(plan, s)) is not None]
+        if not points:
+            continue
+        charts.append({"name": f"Roofline {label}", "uri": _svg_uri(roofline_svg(f"Roofline: {label}", roofline(plan),
+                                                                                 points))})
+        notes += [f"{label} {name}: {p.flag}" for name, p in points if p.flag]
+    return charts, notes
+
+
 def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
     """The A/B headline of each compared run (``app.headline``), for the card at the top."""
     if len(comparison.runs) < 2:
@@ -206,6 +297,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                                              for i, v in enumerate(s.values)], labels))}
              for s in ordered[:max_series] if any(np.isfinite(v).any() for v in s.values)]
     dist_charts, dist_notes = _distribution_charts(comparison, store)
+    roofline_charts, roofline_notes = _roofline_charts(comparison)
     metrics = [{"name": row["name"] + (f" — {row['direction']}" if len(runs) > 1 else ""), "key": row["key"],
                 "cells": [{"value": c["value"], "delta": c["note"], "verdict": c["cls"], "reason": c["reason"]}
                           for c in row["cells"]]} for row in comparison.rows()]
@@ -219,7 +311,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
         diff=[{"key": k, "values": ["–" if v is None else json.dumps(v) if not isinstance(v, str) else v
                                     for v in vals]} for k, vals in comparison.config_diff],
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
-        headlines=_headline_items(comparison), distributions=dist_charts, distribution_notes=dist_notes)
+        headlines=_headline_items(comparison), distributions=dist_charts, distribution_notes=dist_notes,
+        rooflines=roofline_charts, roofline_notes=roofline_notes)
 
 
 def report_comparison(store: RunStore, refs: Sequence[int | str], baseline: int | str | None = None) -> Comparison:

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 from app.config import RunConfig
 from app.gui.availability import Availability
 from app.gui.fields import FieldSpec, field_spec, get_path
+from app.gui.plan_box import PlanBox
 from app.labels import ENGINE_DEFAULT, in_field_words, label_for, no_value_text, value_text
 from engine_adapters.base import ValidationIssue
 from engine_adapters.features import FEATURES, FEATURES_BY_KEY, Family
@@ -545,6 +546,8 @@ class ConfigPanel(QWidget):
         for (scroll, layout), title in zip(pages, TABS, strict=True):
             layout.addStretch(1)
             self.tabs.addTab(scroll, title)
+        self.plan_box = PlanBox(state)  # the memory plan and ceilings, recomputed as the toggles change (issue 12)
+        outer.addWidget(self.plan_box)
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setObjectName("validationSummary")

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.live import StartupView
+from app.gui.roofline import RooflinePanel
 from app.gui.series import (
     TILES,
     Decimator,
@@ -41,11 +42,17 @@ from app.gui.series import (
     plots_for,
 )
 from app.gui.theme import LIGHT, Theme, stylesheet
+from app.planner.live import LimitFigures, live_limit_figures, roofline
+from app.planner.plan import Plan
 from db import metric_catalog as catalog
 
 pg.setConfigOptions(antialias=False, useOpenGL=False)
 CPU_COUNT = os.cpu_count() or 1
 """Cores of this machine: per-core CPU readings are divided by it (``Trace.per_core``)."""
+CEILING_IN_VIEW = 4.0
+"""The dashed ceiling line is kept in view while it is at most this many times the measured peak."""
+LIMIT_TILE = TileSpec("limit", "% of limit", "", "", "{:.0f}%")
+"""Output tok/s against the decode ceiling at the batch the engine runs (``app.planner.live``)."""
 
 class Tile(QFrame):
     """One big number with its caption and a small line under it (the engine's own figure, or
@@ -114,7 +121,14 @@ class TileRow(QWidget):
         self.tiles = {spec.key: Tile(spec) for spec in TILES}
         for tile in self.tiles.values():
             row.addWidget(tile)
+        # "% of limit": not a catalogue figure, so beside the tiles rather than among them (app.planner.live).
+        self.limit_tile = Tile(LIMIT_TILE)
+        row.addWidget(self.limit_tile)
         outer.addLayout(row)
+        self.plan: Plan | None = None
+        self.plan_note = "no plan yet"
+        self.limit: LimitFigures | None = None
+        """The live (or, after a run, the last level's) measured rate against its ceiling."""
         self.mode = "live"
         self.flagged: dict[str, str] = {}
         """Client figures (catalogue keys) the running run flagged, with the reason."""
@@ -123,9 +137,29 @@ class TileRow(QWidget):
         self.header.setText(text)
         self.header.setVisible(bool(text))
 
+    def set_plan(self, plan: Plan | None, note: str = "") -> None:
+        """The plan the run's rates are measured against (None: ``note`` says why there is none)."""
+        self.plan, self.plan_note = plan, note or "no plan"
+        self.show_limit(None)
+
+    def show_limit(self, figures: LimitFigures | None) -> None:
+        """The "% of limit" tile: a share of the ceiling, or, above it, a bug (never over 100%)."""
+        self.limit = figures
+        if figures is None:
+            why = self.plan_note if self.plan is None else "no decode rate and batch measured yet"
+            self.limit_tile.show("–", LIMIT_TILE.label, "", why)
+        elif figures.fraction is None:
+            self.limit_tile.show("bug", f"{LIMIT_TILE.label}: above the ceiling",
+                                 f"{figures.ceiling_tok_per_s:,.0f} tok/s ceiling", figures.detail())
+        else:
+            self.limit_tile.show(f"{100 * min(figures.fraction, 1.0):.0f}%", LIMIT_TILE.label,
+                                 f"of {figures.ceiling_tok_per_s:,.0f} at batch {figures.batch:,.1f}", figures.detail())
+
     def refresh(self, latest: dict[SeriesKey, float]) -> None:
         if self.mode != "live":
             return
+        if self.plan is not None:
+            self.show_limit(live_limit_figures(self.plan, latest))
         for tile in self.tiles.values():
             spec = tile.spec
             value = latest.get((spec.source, spec.name))
@@ -172,6 +206,7 @@ class TileRow(QWidget):
         self.set_header(header)
         for tile in self.tiles.values():
             tile.show("–", tile.spec.label)
+        self.show_limit(None)
 
 
 class _Curve(pg.PlotCurveItem):
@@ -233,6 +268,9 @@ class PlotPanel(pg.PlotWidget):
         item.setLabel("bottom", "s since load start", **{"color": theme.muted, "font-size": f"{theme.axis_pt}pt"})
         # The legend is part of the title, above the plot: it never covers a line.
         self._legend: list[tuple[str, str]] = []
+        self.ceiling: float | None = None
+        """The decode ceiling drawn dashed (the "tokens" plot; ``set_ceiling``)."""
+        self._ceiling_line: pg.InfiniteLine | None = None
         self._set_title()
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
@@ -272,6 +310,9 @@ class PlotPanel(pg.PlotWidget):
         unit = f" ({self.spec.unit})" if self.spec.unit else ""
         legend = "&nbsp;&nbsp;".join(
             f'<span style="color:{colour}">\u2501\u2501 {html.escape(label)}</span>' for label, colour in self._legend)
+        if self.ceiling is not None:
+            off = " (off the scale)" if self.ceiling > CEILING_IN_VIEW * self._data_max() else ""
+            legend += f'&nbsp;&nbsp;<span style="color:{self.theme.muted}">\u2504\u2504 ceiling{off}</span>'
         size = max(theme.plot_title_pt - 2, 8)
         # Title on one line, the legend on the next: narrow plots keep both readable.
         name = self.spec.short if self.spec.short and theme.name == "dark" else self.spec.title
@@ -282,6 +323,34 @@ class PlotPanel(pg.PlotWidget):
         height = title_height(theme.plot_title_pt, size)  # pyqtgraph leaves one 30 px line for a title
         item.titleLabel.setMaximumHeight(height)
         item.layout.setRowFixedHeight(0, height)
+
+    def _data_max(self) -> float:
+        return max((hi for _, _, hi in self._extent.values()), default=0.0)
+
+    def set_ceiling(self, value: float | None) -> None:
+        """A dashed horizontal line at the decode ceiling (None: none). In view while it is within
+        ``CEILING_IN_VIEW`` times the data; above that the legend gives it, "off the scale", so the
+        measured curve is not flattened against the floor."""
+        if value is not None:
+            value = float(f"{value:.3g}")  # a ceiling that moves with the batch: repaint on real moves only
+        if value == self.ceiling:
+            return
+        self.ceiling = value
+        item = self.getPlotItem()
+        if value is None:
+            if self._ceiling_line is not None:
+                item.removeItem(self._ceiling_line)
+                self._ceiling_line = None
+        else:
+            if self._ceiling_line is None:
+                self._ceiling_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(
+                    self.theme.muted, width=self.theme.line_width, style=Qt.PenStyle.DashLine))
+                item.addItem(self._ceiling_line, ignoreBounds=True)
+            self._ceiling_line.setPos(value)
+        self._set_title()
+        self._range = None
+        if self.follow:
+            self._follow()
 
     def legend_labels(self) -> list[str]:
         return [label for label, _ in self._legend]
@@ -341,10 +410,14 @@ class PlotPanel(pg.PlotWidget):
         t_end, y_lo, y_hi = 0.0, 0.0, 0.0
         for end, lo, hi in self._extent.values():
             t_end, y_lo, y_hi = max(t_end, end), min(y_lo, lo), max(y_hi, hi)
+        if self.ceiling is not None and self.ceiling <= CEILING_IN_VIEW * y_hi:
+            y_hi = max(y_hi, self.ceiling)
         wanted = (0.0, nice_ceil(max(t_end, 10.0)), -nice_ceil(-y_lo) if y_lo < 0 else 0.0, nice_ceil(y_hi * 1.05))
         if wanted != self._range:
             self._range = wanted
             self.getPlotItem().getViewBox().setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0)
+            if self.ceiling is not None:
+                self._set_title()  # "off the scale" or not
 
     def reset(self) -> None:
         for curve, _, _ in self.curves.values():
@@ -356,6 +429,7 @@ class PlotPanel(pg.PlotWidget):
         self._decimators.clear()
         self._range = None
         self.follow = True
+        self.set_ceiling(None)
 
 
 class PlotGrid(QWidget):
@@ -368,8 +442,22 @@ class PlotGrid(QWidget):
         self.grid = QGridLayout(self)
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.panels: dict[str, PlotPanel] = {}
+        self.extra: QWidget | None = None
+        """A panel after the plots (the dashboard's roofline), in the grid's first free cell."""
         self.has_gpu: bool | None = None
         self.set_gpu_mode(False)
+
+    def set_extra(self, widget: QWidget) -> None:
+        self.extra = widget
+        self._place_extra()
+
+    def _place_extra(self) -> None:
+        if self.extra is None:
+            return
+        n = len(self.panels)
+        columns = self.columns if n <= 2 * self.columns else self.columns + 1  # as the plots are laid out
+        self.grid.removeWidget(self.extra)
+        self.grid.addWidget(self.extra, n // columns, n % columns)
 
     def set_gpu_mode(self, has_gpu: bool) -> None:
         if has_gpu == self.has_gpu:
@@ -389,6 +477,7 @@ class PlotGrid(QWidget):
             panel = PlotPanel(spec, self.theme)
             self.panels[spec.key] = panel
             self.grid.addWidget(panel, i // columns, i % columns)
+        self._place_extra()
 
     def refresh(self, store: SeriesStore) -> int:
         return sum(panel.refresh(store) for panel in self.panels.values())
@@ -416,6 +505,8 @@ class Dashboard(QWidget):
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.plots = PlotGrid(theme, columns, only)
+        self.roofline = RooflinePanel(theme)
+        self.plots.set_extra(self.roofline)
         self.startup = StartupView()
         self.idle = QLabel("")
         self.idle.setObjectName("idleHint")
@@ -452,12 +543,32 @@ class Dashboard(QWidget):
     def page(self) -> int:
         return self.stack.currentIndex()
 
+    def set_plan(self, plan: Plan | None, note: str = "") -> None:
+        """The plan this run is measured against: the "% of limit" tile, the dashed ceiling on
+        the token-rate plot and the roofline (None: ``note`` says why there is none)."""
+        self.tiles.set_plan(plan, note)
+        self.roofline.set_roof(roofline(plan) if plan is not None else None, note)
+
+    def show_limit(self, figures: LimitFigures | None) -> None:
+        """A finished level's (or run's) figure: the tile and the ceiling line."""
+        self.tiles.show_limit(figures)
+        self._show_ceiling(figures)
+
+    def _show_ceiling(self, figures: LimitFigures | None) -> None:
+        tokens = self.plots.panels.get("tokens")
+        if tokens is not None and figures is not None:
+            tokens.set_ceiling(figures.ceiling_tok_per_s)
+
     def refresh(self, store: SeriesStore, latest: dict[SeriesKey, float]) -> int:
         self.tiles.refresh(latest)
         if self.stack.currentIndex() != self.PLOTS:
             return 0
+        if self.tiles.mode == "live" and self.tiles.limit is not None:
+            self._show_ceiling(self.tiles.limit)
+            self.roofline.set_live(self.tiles.limit)
         return self.plots.refresh(store)
 
     def reset(self) -> None:
         self.plots.reset()
+        self.roofline.reset()
         self.tiles.live()

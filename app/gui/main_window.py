@@ -69,6 +69,8 @@ from app.gui.tune_tab import TuneTab
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.labels import engine_defaults, features_on, suggest_run_name
 from app.load.metrics import level_notes
+from app.planner.live import limit_figures, plan_for_run
+from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, save_profile, shipped_profiles
 from app.runner import RunResult
 from db import metric_catalog as catalog
@@ -149,6 +151,7 @@ class MainWindow(QMainWindow):
         self._compare_ids: list[int] = []
         self._previous_config: dict[str, Any] | None = None  # the last run's configuration: the name suggestion
         self._run_config: RunConfig | None = None
+        self._run_plan: Plan | None = None  # what the running run's rates are measured against (issue 12)
         self._run_note = ""
         self._ticks = 0
         self.issues: list[ValidationIssue] = []
@@ -531,6 +534,7 @@ class MainWindow(QMainWindow):
         engine = get_adapter(config.engine.kind).display_name
         self.dashboard.show_startup(f"Starting {engine} on {config.engine.model}")
         self.dashboard.tiles.set_header(f"Live \u2014 {name}: the client's figures over the last few seconds")
+        self._plan_run(config)
         previous = self.settings.startup_s.get(startup_key(config))
         self.phase_bar.set_levels(len(config.load.levels) if config.load.pattern == "sweep" else 1)
         self.phase_bar.engine_starting(previous)
@@ -544,6 +548,23 @@ class MainWindow(QMainWindow):
         self._remember("recent_models", config.engine.model)
         self.run_bar.started()
         self.tabs.setCurrentIndex(0)
+
+    def _plan_run(self, config: RunConfig) -> None:
+        """The plan the run is measured against, for this machine (``app.planner.live``), off the
+        GUI thread: it may read the model's config.json or measure the host's bandwidth once."""
+        self._run_plan = None
+        self.set_run_plan(None, "planning\u2026")
+
+        def planned(result: tuple[Plan | None, str | None]) -> None:
+            if self._run_config is config:  # not a plan for an earlier run
+                self.set_run_plan(*result)
+
+        run_in_worker(lambda: plan_for_run(config), planned, name="plan-run", parent=self)
+
+    def set_run_plan(self, plan: Plan | None, why: str | None = None) -> None:
+        self._run_plan = plan
+        self.dashboard.set_plan(plan, why or "")
+        self.presentation.tiles.set_plan(plan, why or "")
 
     @staticmethod
     def _load_text(config: RunConfig) -> str:
@@ -595,7 +616,7 @@ class MainWindow(QMainWindow):
             flagged = [lv.label for lv in result.levels if lv.summary.unreliable()]
             caveat = (f" — at {', '.join(flagged)} the client's own timings were unreliable (hover the greyed "
                       "figures for why): the engine's figures stand in for them" if flagged else "")
-            self.show_banner(f"Run completed: {self._result_line(result)}{caveat}", error=False)
+            self.show_banner(f"Run completed: {self._result_line(result, self._run_plan)}{caveat}", error=False)
 
     def _show_run_summary(self, result: RunResult) -> None:
         """After a run, the tiles show its summary (the last level's), labelled as such."""
@@ -609,11 +630,15 @@ class MainWindow(QMainWindow):
         figures, unreliable = level.summary.figures(), level.summary.unreliable()
         for row in (self.dashboard.tiles, self.presentation.tiles):
             row.show_summary(figures, unreliable, header)
+        limit = limit_figures(self._run_plan, level.summary) if self._run_plan is not None else None
+        self.dashboard.show_limit(limit)
+        self.presentation.tiles.show_limit(limit)
 
     @staticmethod
-    def _result_line(result: RunResult) -> str:
-        """Each level's throughput and TTFT; a client figure the level flagged gives way to the
-        engine's own, labelled (db.metric_catalog decides which)."""
+    def _result_line(result: RunResult, plan: Plan | None = None) -> str:
+        """Each level's throughput and TTFT, and with a plan its share of the decode ceiling; a
+        client figure the level flagged gives way to the engine's own, labelled (db.metric_catalog
+        decides which)."""
         parts = []
         for level in result.levels:
             figures, unreliable = level.summary.figures(), level.summary.unreliable()
@@ -627,6 +652,9 @@ class MainWindow(QMainWindow):
                 if value is not None:
                     m = catalog.metric(shown)
                     texts.append(f"{m.name} {m.format(value)} {m.unit}")
+            limit = limit_figures(plan, level.summary) if plan is not None else None
+            if limit is not None:
+                texts.append(limit.text())
             parts.append(f"{level.label}: " + ", ".join(texts))
         return "; ".join(parts) or "no requests measured"
 
@@ -739,6 +767,10 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Level {p.index} done: {summary.completed} requests, "
                                          f"{summary.output_tok_per_s:,.0f} tok/s")
             self.log_view.append([f"tunebench: level {p.label}: {note}" for note in level_notes(summary)])
+            limit = limit_figures(self._run_plan, summary) if self._run_plan is not None else None
+            if limit is not None:
+                self.log_view.append([f"tunebench: level {p.label}: {limit.text()} ({limit.detail()})"])
+            self.dashboard.roofline.add_level(p.label, limit)
             flagged = summary.unreliable()  # the run flagged these: live tiles switch to the engine's own
             for row in (self.dashboard.tiles, self.presentation.tiles):
                 row.flagged.update(flagged)

@@ -327,10 +327,11 @@ class Ladder:
         row.checks = checks
         row.verification = verification_of(checks)
         config = self._configs[row.index]
-        measured_batch = float(config.load.concurrency)
-        if row.tokens_per_step is not None and config.load.pattern == "closed":
-            measured_batch = max(1.0, min(row.tokens_per_step, float(config.load.concurrency)))
-        self._ceiling(row, config, measured_batch, mean("spec_acceptance_rate"))
+        from app.planner.live import running_batch
+
+        closed = float(config.load.concurrency) if config.load.pattern == "closed" else None
+        measured_batch, _source = running_batch(row.tokens_per_step, closed)
+        self._ceiling(row, config, measured_batch or float(config.load.concurrency), mean("spec_acceptance_rate"))
 
     def _batch_check(self, row: StepRow) -> StepCheck | None:
         """A step that raised the concurrency: did the engine run bigger batches? (its tokens per
@@ -358,7 +359,8 @@ class Ladder:
         return None if probe_hardware().has_gpu else self.gpu
 
     def _ceiling(self, row: StepRow, config: RunConfig, batch: float, acceptance: float | None) -> None:
-        from app.planner import PlannerError, make_plan, percent_of_ceiling
+        from app.planner import PlannerError, make_plan
+        from app.planner.live import limit_at
         from app.planner.plan import decode_ceiling
 
         try:
@@ -368,11 +370,9 @@ class Ladder:
             return
         row.ceiling_batch = batch
         row.ceiling_tok_per_s = decode_ceiling(plan, batch)
-        if row.output_tok_per_s is None:
-            return
-        fraction, flag = percent_of_ceiling(row.output_tok_per_s, row.ceiling_tok_per_s)
-        row.percent_of_limit = None if flag else fraction
-        row.ceiling_note = flag
+        figures = limit_at(plan, row.output_tok_per_s, batch, batch_source="")  # the one "% of limit" rule
+        if figures is not None:
+            row.percent_of_limit, row.ceiling_note = figures.fraction, figures.flag
 
     def _planned_for(self, config: RunConfig) -> str:
         from app.planner import PlannerError

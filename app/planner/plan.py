@@ -210,6 +210,12 @@ def acceptance_length(config: RunConfig, acceptance_rate: float | None) -> tuple
 
 # --- the plan -----------------------------------------------------------------------------------
 
+def decode_flop_per_token(arch: ModelArch) -> float:
+    """FLOPs to decode one token: 2 x the active parameters that take part in matrix products
+    (the embedding is a row lookup, not a product). Attention over the context is left out."""
+    return 2.0 * (arch.params_active - arch.params_embedding)
+
+
 def decode_ceiling(plan: Plan, batch: float) -> float:
     """Output tok/s ceiling over all devices for ``batch`` sequences decoding at once."""
     return batch * plan.hardware.count * plan.hardware.bandwidth_bytes_per_s / step_bytes(plan, batch) \
@@ -300,7 +306,7 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
                 assumptions=assumptions, warnings=warnings)
     batch_list = batches or sorted({1, 8, 32, 64, config.load.concurrency, *[int(v) for v in config.load.levels
                                                                              if config.load.sweep_of == "concurrency"]})
-    flops_per_token = 2.0 * (arch.params_active - arch.params_embedding)
+    flops_per_token = decode_flop_per_token(arch)
     for b in batch_list:
         step = step_bytes(plan, b)
         total = decode_ceiling(plan, b)
