@@ -21,14 +21,13 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QSizePolicy,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app.gui.live import StartupView
-from app.gui.roofline import RooflinePanel
+from app.gui.roofline import RooflinePanel, style_plot
 from app.gui.series import (
     TILES,
     Decimator,
@@ -250,19 +249,7 @@ class PlotPanel(pg.PlotWidget):
     def __init__(self, spec: PlotSpec, theme: Theme = LIGHT, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent, background=theme.background)
         self.spec, self.theme = spec, theme
-        # Plots share what room there is: a plot never asks for more than its cell.
-        self.setMinimumSize(140, 110)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
-        item = self.getPlotItem()
-        font = pg.QtGui.QFont()
-        font.setPointSize(theme.axis_pt)
-        for side in ("left", "bottom"):
-            axis = item.getAxis(side)
-            axis.setPen(theme.muted)
-            axis.setTextPen(theme.foreground)
-            axis.setTickFont(font)
-            # Text is the costly part of a plot; cache each axis as a pixmap until its range moves.
-            axis.setCacheMode(pg.QtWidgets.QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        item = style_plot(self, theme)
         item.showGrid(x=False, y=True, alpha=0.15)  # horizontal lines to read values; vertical ones cost ~0.4 ms a refresh
         item.setMenuEnabled(False)
         item.setLabel("bottom", "s since load start", **{"color": theme.muted, "font-size": f"{theme.axis_pt}pt"})

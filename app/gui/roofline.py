@@ -14,6 +14,24 @@ from PySide6.QtWidgets import QGraphicsItem, QSizePolicy, QWidget
 from app.gui.theme import LIGHT, Theme
 from app.planner.live import LimitFigures, Roofline
 
+
+def style_plot(widget: pg.PlotWidget, theme: Theme) -> pg.PlotItem:
+    """Every plot's frame: shares what room there is (never asks for more than its cell), axes in
+    the theme's colours and size, each axis cached as a pixmap until its range moves (text is the
+    costly part of a plot)."""
+    widget.setMinimumSize(140, 110)
+    widget.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+    item = widget.getPlotItem()
+    font = pg.QtGui.QFont()
+    font.setPointSize(theme.axis_pt)
+    for side in ("left", "bottom"):
+        axis = item.getAxis(side)
+        axis.setPen(theme.muted)
+        axis.setTextPen(theme.foreground)
+        axis.setTickFont(font)
+        axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+    return item
+
 BUG_COLOUR_INDEX = 3
 """A point above its ceiling is drawn hollow in the theme's red (``curves[3]``): a bug, not a record."""
 
@@ -24,17 +42,7 @@ class RooflinePanel(pg.PlotWidget):
     def __init__(self, theme: Theme = LIGHT, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent, background=theme.background)
         self.theme = theme
-        self.setMinimumSize(140, 110)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
-        item = self.getPlotItem()
-        font = pg.QtGui.QFont()
-        font.setPointSize(theme.axis_pt)
-        for side in ("left", "bottom"):
-            axis = item.getAxis(side)
-            axis.setPen(theme.muted)
-            axis.setTextPen(theme.foreground)
-            axis.setTickFont(font)
-            axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        item = style_plot(self, theme)
         item.setLogMode(x=True, y=True)
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
