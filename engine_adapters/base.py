@@ -242,6 +242,12 @@ class EngineAdapter(EngineMetrics, Protocol):
         ...
 
 
+BESIDE_SCRIPT = "@beside-script@/"
+"""Prefix of an argv token that names a file an exported launch script writes beside itself
+(an adapter's optional ``side_files``, e.g. TensorRT-LLM's options YAML): with ``portable`` the
+adapter writes ``BESIDE_SCRIPT + name`` and the export substitutes the script's folder."""
+
+
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:
     """Whether ``url`` answers 200 now: the readiness probe most engines need (a /health path)."""
     try:

@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine_adapters.base import Diagnosis, FlagSet, ValidationIssue
 from engine_adapters.config import EngineConfig, Features
@@ -60,9 +61,11 @@ def cached_flag_set(engine_kind: str, version: str, identity: str, read_help: Ca
     return flags
 
 
-def run_help(base: Sequence[str], timeout_s: float, *, with_stderr: bool = False) -> str:
+def run_help(base: Sequence[str], timeout_s: float, *, with_stderr: bool = False,
+             env: Mapping[str, str] | None = None) -> str:
     """The text of ``<base> --help``; a failure is one clear line."""
-    result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=timeout_s)
+    result = subprocess.run([*base, "--help"], capture_output=True, text=True, check=False, timeout=timeout_s,
+                            env=dict(env) if env is not None else None)
     if result.returncode != 0:
         raise RuntimeErrorMessage(f"`{' '.join(base)} --help` failed: {result.stderr.strip().splitlines()[-1:]}")
     return result.stdout + ("\n" + result.stderr if with_stderr else "")
@@ -90,6 +93,32 @@ def version_issues(flags_by_feature: Mapping[str, list[str]], flags: FlagSet, en
                 issues.append(ValidationIssue(key, f"{flag} {value} is not accepted by {engine_name} {flags.version} "
                                                    f"(choices: {', '.join(choices)})"))
     return issues
+
+
+def extra_args_issues(features: Features, flags_of: Callable[[Features], Mapping[str, list[str]]],
+                      names: Callable[[Iterable[str]], list[str]], reserved: frozenset[str],
+                      canonical: Callable[[str], str] = lambda flag: flag) -> list[ValidationIssue]:
+    """``extra_args`` may add flags, never override what the configuration sets: the flags
+    tunebench sets itself (``reserved``) and those a feature toggle renders."""
+    issues = []
+    extra = names(features.extra_args)
+    for flag in extra:
+        if canonical(flag) in reserved:
+            issues.append(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
+    controlled = {canonical(flag) for tokens in flags_of(features.model_copy(update={"extra_args": []})).values()
+                  for flag in names(tokens)}
+    for flag in extra:
+        if canonical(flag) in controlled:
+            issues.append(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle"))
+    return issues
+
+
+def model_path_issues(engine: EngineConfig) -> list[ValidationIssue]:
+    """A model given as a local path that does not exist (a hub id is checked by the engine)."""
+    model = engine.model
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        return [ValidationIssue("engine.model", f"model path not found: {model}")]
+    return []
 
 
 # --- the log ------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class RuntimeConfig(StrictModel):
         return self
 
 
-EngineKind = Literal["vllm", "llamacpp"]
+EngineKind = Literal["vllm", "llamacpp", "sglang", "trtllm"]
 
 
 class EngineConfig(StrictModel):

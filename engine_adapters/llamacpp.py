@@ -61,6 +61,7 @@ from engine_adapters.command_line import (
     diagnose_log,
     diagnosis_rule,
     env_with_api_key,
+    extra_args_issues,
     probe_prompt_len,
     rendered_flags,
     run_help,
@@ -448,14 +449,7 @@ class LlamaCppAdapter:
             add(ValidationIssue(info.key, f"llama.cpp has no {info.noun} setting"))
         self._feature_issues(engine, features, hardware, add)
 
-        reserved = [f for f in flag_names(features.extra_args) if canonical_flag(f) in RESERVED_FLAGS]
-        for flag in reserved:
-            add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
-        controlled = {canonical_flag(flag) for key, toks in feature_flags(features.model_copy(update={"extra_args": []})).items()
-                      for flag in flag_names(toks)}
-        for flag in flag_names(features.extra_args):
-            if canonical_flag(flag) in controlled:
-                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle"))
+        issues += extra_args_issues(features, feature_flags, flag_names, RESERVED_FLAGS, canonical_flag)
         if flags is not None:
             issues.extend(self.version_issues(features, flags))
         return issues

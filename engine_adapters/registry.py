@@ -3,18 +3,27 @@ llama.cpp, TensorRT-LLM) register here; the launcher, the runner and the CLI ask
 
 from __future__ import annotations
 
-from engine_adapters import llamacpp, sglang
+from engine_adapters import llamacpp, sglang, trtllm
 from engine_adapters.base import EngineAdapter, EngineMetrics
 from engine_adapters.runtimes import RuntimeErrorMessage
 from engine_adapters.vllm import VllmAdapter
 
 # Typed as the protocol: callers may use only what every engine provides (mypy checks that the
 # vLLM adapter conforms).
-ADAPTERS: dict[str, EngineAdapter] = {"vllm": VllmAdapter(), llamacpp.ADAPTER.kind: llamacpp.ADAPTER}
+# SGLang and TensorRT-LLM are not yet run on a GPU: see ``maturity`` below and docs/engines.md.
+ADAPTERS: dict[str, EngineAdapter] = {"vllm": VllmAdapter(), llamacpp.ADAPTER.kind: llamacpp.ADAPTER,
+                                      sglang.ADAPTER.kind: sglang.ADAPTER, trtllm.ADAPTER.kind: trtllm.ADAPTER}
 
-# Engines whose metrics tunebench can read (``tunebench monitor``): every full adapter, and the
-# engines known so far only by their metric names.
-METRICS: dict[str, EngineMetrics] = {**ADAPTERS, sglang.ENGINE.kind: sglang.ENGINE}
+# Engines whose metrics tunebench can read (``tunebench monitor``): every full adapter, and any
+# engine known so far only by its metric names (none at present).
+METRICS: dict[str, EngineMetrics] = {**ADAPTERS}
+
+
+def maturity(kind: str) -> str | None:
+    """What an adapter says about how far it is proven ("not yet run on a GPU: ..."), or None
+    for an adapter run for real (the GUI, the CLI and the docs show it beside the engine)."""
+    adapter = ADAPTERS.get(kind)
+    return None if adapter is None or getattr(adapter, "gpu_verified", True) else getattr(adapter, "maturity", None)
 
 
 def get_adapter(kind: str) -> EngineAdapter:

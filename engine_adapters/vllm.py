@@ -34,6 +34,8 @@ from engine_adapters.command_line import (
     diagnose_log,
     diagnosis_rule,
     env_with_api_key,
+    extra_args_issues,
+    model_path_issues,
     probe_prompt_len,
     rendered_flags,
     run_help,
@@ -439,18 +441,8 @@ class VllmAdapter:
         for info in not_offered(self.kind, features):  # another engine's feature (features.py says whose)
             add(ValidationIssue(info.key, f"vLLM has no {info.noun} setting"))
 
-        reserved = [f for f in flag_names(features.extra_args) if f in RESERVED_FLAGS]
-        for flag in reserved:
-            add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
-        controlled = {flag for key, toks in feature_flags(features.model_copy(update={"extra_args": []})).items()
-                      for flag in flag_names(toks)}
-        for flag in flag_names(features.extra_args):
-            if flag in controlled:
-                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle"))
-
-        model = engine.model
-        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
-            add(ValidationIssue("engine.model", f"model path not found: {model}"))
+        issues += extra_args_issues(features, feature_flags, flag_names, RESERVED_FLAGS)
+        issues += model_path_issues(engine)
 
         if flags is not None:
             issues.extend(self.version_issues(features, flags))

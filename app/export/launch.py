@@ -25,6 +25,7 @@ from app.errors import UserError
 from app.export.quoting import slug, templates
 from app.profiles import ProfileError, load_profile
 from db.store import RunDetail
+from engine_adapters.base import BESIDE_SCRIPT
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.features import FEATURES
 from engine_adapters.registry import get_adapter
@@ -130,6 +131,9 @@ def _engine_for(spec: LaunchSpec, docker: bool) -> EngineConfig:
         except RuntimeErrorMessage as exc:
             raise UserError(f"cannot build the launch command: {exc}") from None
         image = pinned_image(runtime.docker_image, spec.engine_version, is_cpu_run(spec))
+        own = getattr(get_adapter(engine.kind), "default_image", None)  # another engine's image, unless one was chosen
+        if own and _split_image(runtime.docker_image)[0] in (GPU_IMAGE, CPU_IMAGE):
+            image = own
         updates["runtime"] = runtime.model_copy(update={"kind": "docker", "docker_image": image, "env": env})
     return engine.model_copy(update=updates) if updates else engine
 
@@ -218,6 +222,9 @@ def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
                    "(runs as python -m vllm.entrypoints.openai.api_server)")
     else:
         install = f"pip install 'vllm=={spec.engine_version}'" if spec.engine_version else "pip install vllm"
+    adapter = get_adapter(engine.kind)  # another engine says how it is installed and which image it runs
+    install = getattr(adapter, "install_hint", None) or install
+    image_hint = image_hint if docker else getattr(adapter, "image_hint", None) or image_hint
     return {
         "image_hint": image_hint, "tunebench_version": _tunebench_version(), "source": spec.source,
         "name": spec.config.name, "engine_name": get_adapter(engine.kind).display_name,
@@ -281,6 +288,41 @@ def _startup_timeout_s(spec: LaunchSpec) -> int:
     return math.ceil(value)
 
 
+def _side_files(spec: LaunchSpec, launch: _Launch, fmt: str) -> dict[str, str]:
+    """Files the engine reads besides its argv (TensorRT-LLM's options YAML: the adapter's
+    optional ``side_files``): the bash and docker scripts write them beside themselves; the
+    manifests cannot carry them yet, so those formats are refused in one line."""
+    adapter = get_adapter(launch.engine.kind)
+    files = getattr(adapter, "side_files", None)
+    side: dict[str, str] = files(launch.engine, spec.config.features) if files is not None else {}
+    if side and fmt not in EXECUTABLE_FORMATS:
+        raise UserError(f"{adapter.display_name} reads its settings from {', '.join(sorted(side))}, which only the bash "
+                        f"and docker exports write (beside the script): export --format bash or docker")
+    return side
+
+
+def _quoted(token: str) -> str:
+    """A token quoted for bash; a file the script writes beside itself is found from its folder."""
+    if token.startswith(BESIDE_SCRIPT):
+        return '"$SCRIPT_DIR"/' + shlex.quote(token.removeprefix(BESIDE_SCRIPT))
+    return shlex.quote(token)
+
+
+def _writing_side_files(script: str, side: dict[str, str], before: str) -> str:
+    """``script`` with, just before the engine's command, the lines that write ``side`` beside it
+    (a quoted here-document: nothing in a file expands)."""
+    if not side:
+        return script
+    lines = ['SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    for name, text in sorted(side.items()):
+        if "\nTUNEBENCH_EOF\n" in "\n" + text:  # pragma: no cover - adapters write JSON, whose lines are never bare words
+            raise UserError(f"{name} cannot be embedded in a launch script")
+        lines += [f"# The engine's settings from the configuration, written beside this script as {name}:",
+                  f"cat > \"$SCRIPT_DIR\"/{shlex.quote(name)} <<'TUNEBENCH_EOF'", text.rstrip("\n"), "TUNEBENCH_EOF"]
+    at = script.index(before)
+    return script[:at] + "\n".join(lines) + "\n" + script[at:]
+
+
 def render_launch(spec: LaunchSpec, fmt: str) -> str:
     """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s)."""
     if fmt not in SCRIPT_FORMATS:
@@ -288,6 +330,7 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
     env = templates()
     docker = fmt != "bash"
     launch = _launch(spec, docker=docker)
+    side = _side_files(spec, launch, fmt)
     header = _header(spec, launch, docker)
     port, host = launch.port, launch.host
     health_path = get_adapter(spec.config.engine.kind).health_path
@@ -295,26 +338,27 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
     if fmt == "bash":
         argv = launch.argv
         at = launch.server_at(argv)
-        words = [shlex.quote(a) for a in argv]
+        words = [_quoted(a) for a in argv]
         words[at + 1], words[at + 3] = '"$HOST"', '"$PORT"'
         words[0] = '"$ENGINE_BIN"'
-        return env.get_template("launch.sh.j2").render(
+        return _writing_side_files(env.get_template("launch.sh.j2").render(
             **header, engine_bin=argv[0], lines=_group(argv[1:], words[1:]), host=host, port=port, env=launch.env,
-            secrets=launch.secrets, health_path=health_path, startup_timeout_s=timeout_s, notes=launch.feature_notes)
+            secrets=launch.secrets, health_path=health_path, startup_timeout_s=timeout_s, notes=launch.feature_notes),
+            side, '"$ENGINE_BIN" \\\n')
     image = launch.engine.runtime.docker_image
     options, args = _split_docker(launch.argv, image)
     opts = _docker_options(options)
     if fmt == "docker":
-        words = [shlex.quote(a) for a in launch.argv]
+        words = [_quoted(a) for a in launch.argv]
         for i, a in enumerate(launch.argv):
             if a == f"{host}:{port}:{port}":
                 words[i] = '"$HOST:$PORT:$PORT"'
         at = launch.server_at(args) + len(launch.argv) - len(args)
         words[at + 3] = '"$PORT"'
-        return env.get_template("docker.sh.j2").render(
+        return _writing_side_files(env.get_template("docker.sh.j2").render(
             **header, lines=["docker run", *_group(launch.argv[2:], words[2:])], host=host, port=port,
             env=launch.env, secrets=launch.secrets, health_path=health_path, notes=launch.feature_notes,
-            startup_timeout_s=max(timeout_s, 1800))  # a first start also pulls the image
+            startup_timeout_s=max(timeout_s, 1800)), side, "docker run \\\n")  # a first start also pulls the image
     gpu_count = spec.config.features.tensor_parallel_size * spec.config.features.pipeline_parallel_size
     context = dict(**header, image=image, args=args, host=host, port=port, env=launch.env, secrets=launch.secrets,
                    volumes=[_mount_source(v) for v in opts["volumes"]], gpus=bool(opts["gpus"]), gpu_count=gpu_count,

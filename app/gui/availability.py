@@ -14,9 +14,9 @@ from typing import Any
 from app.config import RunConfig
 from app.gui.fields import FieldSpec, field_spec, get_path, with_value
 from engine_adapters.base import FlagSet, ValidationIssue
-from engine_adapters.features import FEATURES, Capability
+from engine_adapters.features import FEATURES, Capability, offered_by
 from engine_adapters.hardware import HardwareInfo
-from engine_adapters.registry import get_adapter
+from engine_adapters.registry import get_adapter, maturity
 
 
 @dataclass
@@ -28,6 +28,8 @@ class Availability:
     cautions: dict[str, dict[str, str]] = field(default_factory=dict)
     engine_version: str | None = None
     hardware_summary: str = ""
+    engine_note: str = ""
+    """How far the engine's adapter is proven, when not by a real run ("not yet run on a GPU: ...")."""
 
 
 def _candidates(spec: FieldSpec, current: Any) -> list[Any]:
@@ -61,7 +63,8 @@ def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagS
     adapter = get_adapter(config.engine.kind)
     base = RunConfig.model_validate(config.model_dump())
     base = base.model_copy(update={"features": type(base.features)()})  # judge each toggle from defaults
-    out = Availability(engine_version=flags.version if flags else None, hardware_summary=hardware.summary())
+    out = Availability(engine_version=flags.version if flags else None, hardware_summary=hardware.summary(),
+                       engine_note=maturity(config.engine.kind) or "")
     baseline = {str(i) for i in adapter.validate(base.engine, base.features, flags, hardware)}
     for info in FEATURES:
         path = f"features.{info.key}"
@@ -73,7 +76,10 @@ def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagS
             continue
         spec = field_spec(path)
         current = get_path(base, path)
-        for value in _candidates(spec, current):
+        candidates = _candidates(spec, current)
+        if not candidates and spec.kind == "int" and not offered_by(info, config.engine.kind):
+            candidates = [1]  # another engine's count (GPU layers): the adapter's refusal is the reason
+        for value in candidates:
             try:
                 trial = with_value(base, path, value)
             except ValueError:
@@ -87,7 +93,6 @@ def compute_availability(config: RunConfig, hardware: HardwareInfo, flags: FlagS
             elif mine:
                 out.cautions.setdefault(path, {})[str(value)] = mine[0].message
         bad = out.disabled_choices.get(path, {})
-        candidates = _candidates(spec, current)
         if candidates and spec.kind != "choice" and len(bad) == len(candidates):
             out.disabled[path] = next(iter(bad.values()))
     return out

@@ -85,7 +85,7 @@ from engine_adapters.base import (
 )
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import HardwareInfo
-from engine_adapters.registry import get_adapter
+from engine_adapters.registry import get_adapter, maturity
 from engine_adapters.secrets import mask_text
 
 REFRESH_HZ = 20
@@ -347,6 +347,8 @@ class MainWindow(QMainWindow):
         self._apply_support()
         engine_text = f"{get_adapter(self.state.config.engine.kind).display_name} {self.flags.version}" \
             if self.flags else "engine version unknown"
+        if (proven := maturity(self.state.config.engine.kind)) is not None:
+            engine_text += f" ({proven})"
         if not self.running:
             self.phase_bar.set_text(f"Idle — {self.hardware.summary()}; {engine_text}")
         if note:

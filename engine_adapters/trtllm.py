@@ -1,0 +1,553 @@
+"""The TensorRT-LLM adapter: ``trtllm-serve serve MODEL --backend pytorch`` with the features in
+the LLM API options YAML it reads (``--extra_llm_api_options FILE``; newer versions also spell
+it ``--config``), flag discovery from ``--help``, validation, startup phases, diagnosis,
+verification and its Prometheus metric names (``/prometheus/metrics``, ``trtllm_*``).
+
+**Not yet run on a GPU.** TensorRT-LLM needs an NVIDIA GPU (its PyPI package is an installer for
+NVIDIA's own index), so nothing here has launched it: the argv is tested against the ``--help`` of
+``trtllm-serve serve`` at commit 00209af, the YAML against the LLM API fields of the same source,
+the metric table against the collector's declarations (all in ``tests/data/trtllm/``, with how
+they were made). :data:`GPU_VERIFIED` says so until a GPU run confirms it.
+
+**The options file.** Features are TorchLlmArgs fields, so the adapter writes them as one YAML
+(JSON text, which YAML reads) at launch, named by its content in the state directory
+(``state_dir()/trtllm/``); an exported script writes the same file beside itself
+(:data:`engine_adapters.base.BESIDE_SCRIPT`). The flag is ``--extra_llm_api_options``: every
+version has it (newer ones keep it as an alias of ``--config``).
+
+**Feature map** (TensorRT-LLM's names): KV FP8 -> ``kv_cache_config.dtype: fp8``; prefix caching
+-> ``kv_cache_config.enable_block_reuse``; GPU memory utilization ->
+``kv_cache_config.free_gpu_memory_fraction`` (of the memory left after the weights); KV offload
+-> ``kv_cache_config.host_cache_size`` (bytes); speculative decoding -> ``speculative_config``
+(``MTP`` with ``num_nextn_predict_layers``, ``Eagle`` (EAGLE-3) or ``Draft_Target`` with
+``max_draft_len`` and ``speculative_model_dir``, ``NGram`` with ``max_draft_len`` and
+``max_matching_ngram_size``); CUDA graphs off -> ``cuda_graph_config: null``; max sequences ->
+``max_batch_size``; max batched tokens -> ``max_num_tokens``; max model length -> ``max_seq_len``;
+chunked prefill -> ``enable_chunked_prefill``; tensor/pipeline parallel ->
+``tensor_parallel_size``/``pipeline_parallel_size``; bf16/fp16 -> ``dtype``. Metrics need
+``return_perf_metrics`` and ``enable_iter_perf_stats`` (always written). TensorRT-LLM takes
+weight quantization from the checkpoint, offloads no weights and has no API key option: those
+are refused or warned with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine_adapters.base import (
+    BESIDE_SCRIPT,
+    Diagnosis,
+    FeatureCheck,
+    FeatureStatus,
+    FlagSet,
+    MetricNames,
+    Phase,
+    PhasePattern,
+    ValidationIssue,
+    http_ok,
+)
+from engine_adapters.command_line import (
+    DiagnosisRule,
+    cached_flag_set,
+    counter_change,
+    diagnose_log,
+    diagnosis_rule,
+    model_path_issues,
+    run_help,
+)
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.features import not_offered
+from engine_adapters.hardware import HardwareInfo
+from engine_adapters.paths import state_dir
+from engine_adapters.runtimes import RuntimeErrorMessage, resolve_executable, resolve_model, resolve_python
+from engine_adapters.sglang import docker_image, needs_gpu_issue  # what every GPU-only engine shares
+
+RECORDED_VERSION = "main@00209af"
+"""The TensorRT-LLM source whose ``trtllm-serve serve --help`` and LLM API fields the tests check against."""
+GPU_VERIFIED = False
+MATURITY = (f"not yet run on a GPU: argv, options YAML and metric names are checked against TensorRT-LLM "
+            f"{RECORDED_VERSION}'s recorded help, LLM API fields and metric declarations only")
+EXECUTABLE = "trtllm-serve"
+DOCKER_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
+"""NVIDIA's release image (tags ``<version>``); its command is ``trtllm-serve``."""
+PYTHON_ENTRY = "from tensorrt_llm.commands.serve import main; main()"
+OPTIONS_FILE = "trtllm-llm-api-options.yaml"
+CONTAINER_DIR = "/tunebench"
+"""Where a container sees the options file (mounted read-only)."""
+OPTIONS_FLAG = "--extra_llm_api_options"
+GIB = 2**30
+
+# --- metric names ---------------------------------------------------------------------------
+# From tensorrt_llm/metrics/collector.py (MetricsCollector) at commit 050f80d, checked by
+# tests/unit/test_trtllm_adapter.py on the recorded sample. Per-request figures need
+# ``return_perf_metrics``, iteration figures (queue, KV use, drafts) ``enable_iter_perf_stats``.
+# Prompt tokens served from the KV cache are counted (``prompt_cached_tokens_total``) but not the
+# prompt tokens queried, so there is no token hit rate from counters: TensorRT-LLM's own block
+# hit rate is the gauge.
+
+METRIC_NAMES = MetricNames(
+    gauges={
+        "requests_running": ("trtllm_num_requests_running",),
+        "requests_waiting": ("trtllm_num_requests_waiting",),
+        "kv_cache_usage_ratio": ("trtllm_kv_cache_utilization",),
+        "prefix_cache_hit_ratio": ("trtllm_kv_cache_hit_rate",),
+        "spec_mean_acceptance_length": ("trtllm_spec_decode_acceptance_length",),
+    },
+    counters={
+        "generation_tokens": ("trtllm_generation_tokens_total",),
+        "prompt_tokens": ("trtllm_prompt_tokens_total",),
+        "prefix_cache_hits": ("trtllm_prompt_cached_tokens_total",),
+        "spec_decode_draft_tokens": ("trtllm_spec_decode_num_draft_tokens_total",),
+        "spec_decode_accepted_tokens": ("trtllm_spec_decode_num_accepted_tokens_total",),
+        "requests_finished": ("trtllm_request_success_total",),
+    },
+    histograms={
+        "ttft_s": ("trtllm_time_to_first_token_seconds",),
+        "itl_s": ("trtllm_time_per_output_token_seconds",),
+        "e2e_s": ("trtllm_e2e_request_latency_seconds",),
+        "queue_s": ("trtllm_request_queue_time_seconds",),
+    },
+)
+
+# --- feature -> LLM API options -----------------------------------------------------------------
+
+KV_CACHE_DTYPES: dict[str, str] = {"fp8": "fp8", "fp8_e4m3": "fp8"}
+"""KV-cache precision -> ``kv_cache_config.dtype`` (TensorRT-LLM's FP8 KV cache is E4M3)."""
+WEIGHT_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
+DECODING_TYPES: dict[str, str] = {"mtp": "MTP", "eagle3": "Eagle", "draft_model": "Draft_Target", "ngram": "NGram"}
+"""tunebench's speculative method -> ``speculative_config.decoding_type`` (Eagle on the PyTorch
+backend is EAGLE-3)."""
+NEEDS_DRAFT_MODEL = frozenset({"eagle3", "draft_model"})
+
+
+def speculative_config(features: Features) -> dict[str, Any] | None:
+    spec = features.speculative
+    if spec.method not in DECODING_TYPES:
+        return None  # off, or refused by validate (eagle)
+    n = spec.num_speculative_tokens
+    body: dict[str, Any] = {"decoding_type": DECODING_TYPES[spec.method]}
+    if spec.method == "mtp":
+        body["num_nextn_predict_layers"] = n
+    else:
+        body["max_draft_len"] = n
+    if spec.method == "ngram":
+        body["max_matching_ngram_size"] = spec.ngram_prompt_lookup_max
+    if spec.method in NEEDS_DRAFT_MODEL and spec.draft_model:
+        body["speculative_model_dir"] = spec.draft_model
+    return body
+
+
+def llm_api_options(features: Features) -> dict[str, Any]:
+    """The YAML body: only what the configuration sets, plus the metrics switches."""
+    out: dict[str, Any] = {}
+    kv: dict[str, Any] = {}
+    if (dtype := KV_CACHE_DTYPES.get(features.kv_cache_dtype)) is not None:
+        kv["dtype"] = dtype
+    if features.prefix_caching is not None:
+        kv["enable_block_reuse"] = features.prefix_caching
+    if features.gpu_memory_utilization is not None:
+        kv["free_gpu_memory_fraction"] = features.gpu_memory_utilization
+    if features.kv_offload_gib > 0:
+        kv["host_cache_size"] = int(features.kv_offload_gib * GIB)
+    if kv:
+        out["kv_cache_config"] = kv
+    if (spec := speculative_config(features)) is not None:
+        out["speculative_config"] = spec
+    if not features.cuda_graphs:
+        out["cuda_graph_config"] = None
+    if (dtype := WEIGHT_DTYPES.get(features.weights_dtype)) is not None:
+        out["dtype"] = dtype
+    for key, value in (("max_batch_size", features.max_num_seqs), ("max_num_tokens", features.max_num_batched_tokens),
+                       ("max_seq_len", features.max_model_len), ("enable_chunked_prefill", features.chunked_prefill)):
+        if value is not None:
+            out[key] = value
+    if features.tensor_parallel_size != 1:
+        out["tensor_parallel_size"] = features.tensor_parallel_size
+    if features.pipeline_parallel_size != 1:
+        out["pipeline_parallel_size"] = features.pipeline_parallel_size
+    out["return_perf_metrics"] = True  # per-request metrics on /prometheus/metrics
+    out["enable_iter_perf_stats"] = True  # iteration metrics: queue, KV use, drafts
+    return out
+
+
+FEATURE_KEYS: dict[str, tuple[str, ...]] = {
+    "kv_cache_dtype": ("kv_cache_config", "dtype"), "prefix_caching": ("kv_cache_config", "enable_block_reuse"),
+    "gpu_memory_utilization": ("kv_cache_config", "free_gpu_memory_fraction"),
+    "kv_offload_gib": ("kv_cache_config", "host_cache_size"), "speculative.method": ("speculative_config",),
+    "cuda_graphs": ("cuda_graph_config",), "weights_dtype": ("dtype",), "max_num_seqs": ("max_batch_size",),
+    "max_num_batched_tokens": ("max_num_tokens",), "max_model_len": ("max_seq_len",),
+    "chunked_prefill": ("enable_chunked_prefill",), "tensor_parallel_size": ("tensor_parallel_size",),
+    "pipeline_parallel_size": ("pipeline_parallel_size",),
+}
+"""Feature -> where it lands in the YAML (the GUI and the docs name it so; tests check each)."""
+
+
+def options_text(features: Features) -> str:
+    """The options file: JSON, which YAML 1.2 (and PyYAML's safe_load) reads as the same mapping."""
+    return json.dumps(llm_api_options(features), indent=2, sort_keys=True) + "\n"
+
+
+CLI_FOR_OPTION: dict[str, str] = {
+    "--max_batch_size": "max_batch_size", "--max_num_tokens": "max_num_tokens", "--max_seq_len": "max_seq_len",
+    "--tensor_parallel_size": "tensor_parallel_size", "--tp_size": "tensor_parallel_size",
+    "--pipeline_parallel_size": "pipeline_parallel_size", "--pp_size": "pipeline_parallel_size",
+    "--free_gpu_memory_fraction": "kv_cache_config", "--kv_cache_free_gpu_memory_fraction": "kv_cache_config",
+    "--enable_chunked_prefill": "enable_chunked_prefill",
+}
+"""trtllm-serve flags that set what the options file also sets (the file wins, silently)."""
+RESERVED_FLAGS = frozenset({"--host", "--port", "--backend", "--tokenizer", "--config", OPTIONS_FLAG, "--log_level"})
+
+
+def flag_names(tokens: Iterable[str]) -> list[str]:
+    return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
+
+
+_OPTION_LINE_RE = re.compile(r"^ {2}(-\S.*)$")
+_OPTION_NAME_RE = re.compile(r"(?:^|, )(--?[A-Za-z][\w-]*)")
+_CHOICES_RE = re.compile(r"\[([\w.-]+(?:\|[\w.-]+)+)\]")
+
+
+def parse_help(text: str, version: str) -> FlagSet:
+    """Flags and choices from click's ``--help``: an option entry starts two spaces in with its
+    spellings (``--tensor_parallel_size, --tp_size INTEGER``), choices as ``[a|b]``."""
+    flags: set[str] = set()
+    choices: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = _OPTION_LINE_RE.match(line)
+        if not match:
+            continue
+        invocation = re.split(r"\s{2,}", match.group(1), maxsplit=1)[0]
+        names = _OPTION_NAME_RE.findall(invocation)
+        flags.update(names)
+        if m := _CHOICES_RE.search(invocation):
+            for name in names:
+                choices[name] = m.group(1).split("|")
+    return FlagSet(engine="trtllm", version=version, flags=sorted(flags), choices=choices)
+
+
+# --- log knowledge ----------------------------------------------------------------------------
+
+PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
+    PhasePattern(phase, re.compile(rx))
+    for phase, rx in (
+        (Phase.READY, r"Application startup complete|Uvicorn running on"),
+        (Phase.STARTING_SERVER, r"Started server process"),
+        (Phase.WARMING_UP, r"[Ww]arm(ing)?[ -]?up|CUDA graph"),
+        (Phase.KV_CACHE, r"paged KV cache|KV cache|kv_cache_manager"),
+        (Phase.LOADING_WEIGHTS, r"Loading (model|weights|checkpoint)|load_weights|Loading safetensors"),
+    )
+)
+KV_TOKENS_RE = re.compile(r"max tokens in paged KV cache \((?P<tokens>[\d,]+)\)")
+
+
+def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
+    """The KV capacity TensorRT-LLM logged ("Allocated ... for max tokens in paged KV cache (N)")."""
+    for line in reversed(log_lines):
+        if m := KV_TOKENS_RE.search(line):
+            return {"kv_cache_tokens": float(m.group("tokens").replace(",", ""))}
+    return {}
+
+
+DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = tuple(diagnosis_rule(code, rx, advice) for code, rx, advice in (
+    ("no_runtime", r"No module named '?tensorrt_llm'?|trtllm-serve: (command )?not found",
+     "TensorRT-LLM is not installed for this runtime: it needs an NVIDIA GPU (use NVIDIA's release image or a venv "
+     "with tensorrt_llm)."),
+    ("unknown_option", r"Extra inputs are not permitted",
+     "TensorRT-LLM does not know an option in the LLM API file tunebench wrote: the installed version predates it "
+     "(the log names the field)."),
+    ("unknown_flag", r"Error: No such option: (\S+)|no such option",
+     "trtllm-serve does not know an argument (check the installed version: `tunebench engine flags`)."),
+    ("no_gpu", r"No GPU devices found|No CUDA GPUs are available|Found no NVIDIA driver",
+     "TensorRT-LLM needs an NVIDIA GPU and found none usable here."),
+    ("cuda_oom", r"CUDA out of memory|OutOfMemoryError|out of memory",
+     "The GPU ran out of memory while starting: lower GPU memory utilization (the KV cache's share), the max "
+     "sequence length or batch size, use an FP8 checkpoint or KV cache, or tensor parallelism."),
+    ("port_in_use", r"Address already in use|Failed to bind socket",
+     "The port is already in use by another process: choose another port, or 0 for a free one."),
+))
+_GENERIC_ERROR_RE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
+_NOT_AN_ERROR_RE = re.compile(r"\[[IWV]\]|\b(INFO|WARNING|DEBUG)\b")
+
+
+class TrtllmAdapter:
+    """TensorRT-LLM's OpenAI server, ``trtllm-serve`` on the PyTorch backend."""
+
+    kind = "trtllm"
+    display_name = "TensorRT-LLM"
+    health_path = "/health"
+    metrics_path = "/prometheus/metrics"
+    metric_names = METRIC_NAMES
+    phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
+    api_key_env = "TRTLLM_API_KEY"
+    """Not read by trtllm-serve (it has no API key option; validate says so): kept for the protocol."""
+    client_keep_alive = True
+    engine_defaults: Mapping[str, object] = {"prefix_caching": True, "chunked_prefill": False}
+    """TorchLlmArgs defaults: block reuse on, chunked prefill off."""
+    gpu_verified = GPU_VERIFIED
+    maturity = MATURITY
+    install_hint = "NVIDIA's TensorRT-LLM release image or wheel (pip install tensorrt_llm, from NVIDIA's index)"
+    image_hint = f"{DOCKER_IMAGE}:<version>"
+    default_image = DOCKER_IMAGE
+
+    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
+        return http_ok(base_url + self.health_path, timeout_s)
+
+    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
+        return parse_kv_cache(log_lines)
+
+    # -- launch ---------------------------------------------------------------------------------
+
+    def base_command(self, engine: EngineConfig, port: int | None = None, *, portable: bool = False) -> list[str]:
+        runtime = engine.runtime
+        if runtime.kind == "executable":
+            assert runtime.executable is not None
+            return [runtime.executable if portable else resolve_executable(engine), "serve"]
+        if runtime.kind == "python":
+            if portable:
+                return [EXECUTABLE, "serve"]
+            python = resolve_python(engine)
+            assert python is not None
+            return [python, "-c", PYTHON_ENTRY, "serve"]
+        if runtime.kind == "docker":
+            return [*self._docker_prefix(engine, engine.port if port is None else port, portable), EXECUTABLE, "serve"]
+        raise RuntimeErrorMessage("TensorRT-LLM runs from trtllm-serve (runtime kind 'executable'), a Python "
+                                  f"interpreter with tensorrt_llm (kind 'python') or the {DOCKER_IMAGE} image (kind "
+                                  "'docker'); no managed runtime exists (it needs an NVIDIA GPU)")
+
+    def _docker_prefix(self, engine: EngineConfig, port: int, portable: bool) -> list[str]:
+        argv = ["docker", "run", "--rm", "--init", "--ipc=host", "--gpus", "all",
+                "-p", f"{engine.host}:{port}:{port}"]
+        for name in sorted(engine.runtime.env):
+            argv += ["-e", name]
+        try:
+            model = Path(resolve_model(engine.model)).expanduser()
+        except RuntimeErrorMessage:
+            model = Path(engine.model)
+        if model.is_absolute() and model.exists():
+            argv += ["-v", f"{model}:{model}:ro"]
+        return [*argv, "-v", f"{{options}}:{CONTAINER_DIR}/{OPTIONS_FILE}:ro", docker_image(engine, self.default_image)]
+
+    def model_args(self, engine: EngineConfig) -> list[str]:
+        args = [resolve_model(engine.model)]
+        if engine.tokenizer:
+            args += ["--tokenizer", engine.tokenizer]
+        return args
+
+    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
+        host = "0.0.0.0" if engine.runtime.kind == "docker" else engine.host  # noqa: S104 - inside the container
+        return ["--host", host, "--port", str(port)]
+
+    def options_path(self, features: Features) -> Path:
+        """Write the options file (named by its content, so a launch never rewrites another's)."""
+        text = options_text(features)
+        folder = state_dir() / "trtllm"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"llm-api-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        return path
+
+    def side_files(self, engine: EngineConfig, features: Features) -> dict[str, str]:
+        """Files an exported script writes beside itself: the options YAML."""
+        return {OPTIONS_FILE: options_text(features)}
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
+        docker = engine.runtime.kind == "docker"
+        local = BESIDE_SCRIPT + OPTIONS_FILE if portable else str(self.options_path(features))
+        options = f"{CONTAINER_DIR}/{OPTIONS_FILE}" if docker else local
+        argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
+                *self.server_args(engine, port), "--backend", "pytorch", OPTIONS_FLAG, options, *features.extra_args]
+        return [local + token[len("{options}"):] if token.startswith("{options}:") else token for token in argv]
+
+    def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
+        from engine_adapters.runtimes import runtime_env
+
+        return runtime_env(engine)  # trtllm-serve reads no API key
+
+    # -- flag discovery -------------------------------------------------------------------------
+
+    def discover_flags(self, engine: EngineConfig) -> FlagSet:
+        """Parse ``trtllm-serve serve --help`` once per (command, version)."""
+        if engine.runtime.kind not in ("executable", "python"):
+            raise RuntimeErrorMessage("flag discovery needs a local trtllm-serve (runtime kind 'executable' or "
+                                      "'python'); docker images are not inspected")
+        base = self.base_command(engine)
+        version = self.installed_version(engine)
+        return cached_flag_set("trtllm", version, " ".join(base), lambda: run_help(base, 300), parse_help)
+
+    def installed_version(self, engine: EngineConfig) -> str:
+        if engine.runtime.kind == "python":
+            python = resolve_python(engine)
+            assert python is not None
+        elif engine.runtime.kind == "executable":
+            # trtllm-serve is a console script: its interpreter is named on its first line.
+            first = Path(resolve_executable(engine)).read_text(errors="replace").splitlines()[:1]
+            python = first[0].removeprefix("#!").strip() if first and first[0].startswith("#!") else ""
+        else:
+            raise RuntimeErrorMessage("the TensorRT-LLM version is read from a local installation")
+        cmd = [python, "-c", "import importlib.metadata as m; print(m.version('tensorrt_llm'))"]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        except OSError as exc:
+            raise RuntimeErrorMessage(f"could not determine the TensorRT-LLM version ({exc.strerror})") from None
+        lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
+        if not lines:
+            raise RuntimeErrorMessage(f"{python or engine.runtime.executable} has no tensorrt_llm installed "
+                                      "(TensorRT-LLM needs an NVIDIA GPU)")
+        return lines[-1].strip()
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def validate(
+        self, engine: EngineConfig, features: Features, flags: FlagSet | None, hardware: HardwareInfo | None
+    ) -> list[ValidationIssue]:
+        issues: list[ValidationIssue] = []
+        add = issues.append
+        add(ValidationIssue("engine.kind", f"the TensorRT-LLM adapter is {MATURITY}", "warning"))
+        if engine.runtime.kind == "managed":
+            add(ValidationIssue("engine.runtime", "TensorRT-LLM has no managed runtime (it needs an NVIDIA GPU): use "
+                                                  "trtllm-serve (runtime kind 'executable'), a Python interpreter with "
+                                                  f"tensorrt_llm ('python') or the {DOCKER_IMAGE} image ('docker')"))
+        issues += needs_gpu_issue("TensorRT-LLM", hardware,
+                                  features.tensor_parallel_size * features.pipeline_parallel_size)
+        if engine.require_api_key:
+            add(ValidationIssue("engine.require_api_key", "trtllm-serve has no API key option: the server is open to "
+                                                          "anyone who can reach 127.0.0.1; set require_api_key = false "
+                                                          "to acknowledge it", "warning"))
+        if engine.served_model_name:
+            add(ValidationIssue("engine.served_model_name", "trtllm-serve names the model by its path or hub id; the "
+                                                            "served name is ignored", "warning"))
+        for info in not_offered(self.kind, features):
+            add(ValidationIssue(info.key, f"TensorRT-LLM has no {info.noun} setting"))
+        self._feature_issues(features, add)
+        for flag in flag_names(features.extra_args):
+            if flag in RESERVED_FLAGS:
+                add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
+            elif (option := CLI_FOR_OPTION.get(flag)) is not None and option in llm_api_options(features):
+                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle (in the options file)"))
+        issues += model_path_issues(engine)
+        if flags is not None:
+            issues.extend(self.version_issues(features, flags))
+        return issues
+
+    @staticmethod
+    def _feature_issues(features: Features, add: Callable[[ValidationIssue], None]) -> None:
+        spec = features.speculative
+        if features.weights_dtype in ("fp8", "awq", "gptq"):
+            add(ValidationIssue("weights_dtype", "TensorRT-LLM takes weight quantization from the checkpoint: serve a "
+                                                 f"checkpoint already quantized to {features.weights_dtype.upper()} "
+                                                 "(e.g. NVIDIA's ModelOpt FP8 ones) and leave weight precision on auto"))
+        if features.kv_cache_dtype in ("q8_0", "q4_0"):
+            add(ValidationIssue("kv_cache_dtype", f"{features.kv_cache_dtype} is llama.cpp's block-quantized cache; "
+                                                  "TensorRT-LLM's 8-bit KV cache is fp8"))
+        if features.kv_cache_dtype == "fp8_e5m2":
+            add(ValidationIssue("kv_cache_dtype", "TensorRT-LLM's FP8 KV cache is E4M3: choose fp8 or fp8_e4m3"))
+        if spec.method == "eagle":
+            add(ValidationIssue("speculative.method", "TensorRT-LLM's PyTorch backend runs EAGLE-3 heads (eagle3), "
+                                                      "not EAGLE-1/2"))
+        if spec.method in NEEDS_DRAFT_MODEL and not spec.draft_model:
+            add(ValidationIssue("speculative.draft_model", f"speculative method '{spec.method}' needs a draft model "
+                                                           "(speculative_model_dir)"))
+        if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
+            add(ValidationIssue("speculative.draft_model",
+                                f"a draft model is ignored with speculative method '{spec.method}'", "warning"))
+        if features.cpu_offload_gib > 0:
+            add(ValidationIssue("cpu_offload_gib", "TensorRT-LLM does not offload weights to host memory (its host "
+                                                   "tier is for the KV cache: KV offload)"))
+        if features.kv_offload_backend == "lmcache":
+            add(ValidationIssue("kv_offload_backend", "TensorRT-LLM's host KV tier is its own (host_cache_size); LMCache "
+                                                      "is a KV connector it configures separately: use 'native'"))
+        if features.kv_offload_backend and features.kv_offload_gib == 0:
+            add(ValidationIssue("kv_offload_gib", "a KV offload backend is set but kv_offload_gib is 0: nothing is "
+                                                  "offloaded", "warning"))
+        util = features.gpu_memory_utilization
+        if util is not None and not 0 < util <= 1:
+            add(ValidationIssue("gpu_memory_utilization", f"must be in (0, 1], got {util}"))
+        elif util is not None:
+            add(ValidationIssue("gpu_memory_utilization", "TensorRT-LLM applies it to the memory left after the "
+                                                          "weights (kv_cache_config.free_gpu_memory_fraction), not to "
+                                                          "the whole GPU as vLLM does", "warning"))
+
+    def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
+        """The flags tunebench passes and the extra ones, against the installed help."""
+        issues = []
+        for key, names in (("engine", ["--host", "--port", "--backend", OPTIONS_FLAG]),
+                           ("extra_args", flag_names(features.extra_args))):
+            for flag in names:
+                if not flags.has(flag):
+                    issues.append(ValidationIssue(key, f"{flag} is not supported by the installed trtllm-serve "
+                                                       f"{flags.version}"))
+        if (backends := flags.choices.get("--backend")) and "pytorch" not in backends:
+            issues.append(ValidationIssue("engine", f"trtllm-serve {flags.version} has no pytorch backend "
+                                                    f"(choices: {', '.join(backends)})"))
+        return issues
+
+    # -- after launch ---------------------------------------------------------------------------
+
+    def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
+        return diagnose_log(DIAGNOSIS_RULES, log_lines, _GENERIC_ERROR_RE, not_an_error=_NOT_AN_ERROR_RE)
+
+    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
+        """Two identical prompts (block reuse: the second is served from the KV cache) and one
+        repetitive prompt with a few dozen outputs (speculation: drafts proposed and accepted)."""
+        bodies: list[dict[str, Any]] = []
+        if features.prefix_caching is not None:
+            prompt = [PROBE_TOKEN_BASE + i % 89 for i in range(PREFIX_PROBE_TOKENS)]
+            bodies += [{"prompt": prompt, "max_tokens": 1, "temperature": 0.0}] * 2
+        if features.speculative.method != "off":
+            pattern = [PROBE_TOKEN_BASE + 50 + i for i in range(8)]
+            bodies.append({"prompt": pattern * 8, "max_tokens": SPEC_PROBE_OUTPUT_TOKENS, "ignore_eos": True,
+                           "temperature": 0.0})
+        return bodies
+
+    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
+               before_text: str | None = None, probe_error: str | None = None,
+               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
+        """By effect where the metrics show one (prompt tokens served from the KV cache on the
+        probe's repeated prompt; drafts proposed and accepted). Written from the source, not
+        yet run on a GPU; other settings are unknown (tunebench reads no echo of them)."""
+        probed = before_text is not None and probe_error is None and bool(metrics_text)
+        unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
+
+        delta = counter_change(metrics_text, before_text)
+
+        checks: list[FeatureCheck] = []
+        if features.prefix_caching is not None:
+            wanted = bool(features.prefix_caching)
+            cached = delta("trtllm_prompt_cached_tokens_total")
+            if probed and cached is not None:
+                seen = f"{cached:,.0f} prompt tokens served from the KV cache in two identical {PREFIX_PROBE_TOKENS}-token prompts"
+                checks.append(FeatureCheck("prefix_caching", str(wanted), "verified" if wanted == (cached > 0)
+                                           else "not active", seen))
+            else:
+                checks.append(FeatureCheck("prefix_caching", str(wanted), "unknown",
+                                           "no cached-prompt counter was read" + unmeasured))
+        if features.speculative.method != "off":
+            method = features.speculative.method
+            drafted = delta("trtllm_spec_decode_num_draft_tokens_total")
+            accepted = delta("trtllm_spec_decode_num_accepted_tokens_total")
+            if probed and drafted is not None:
+                seen = f"{drafted:,.0f} draft tokens proposed, {accepted or 0:,.0f} accepted in a repetitive-prompt probe"
+                status: FeatureStatus = ("verified" if drafted > 0 and (accepted or 0) > 0
+                                         else "accepted" if drafted > 0 else "not active")
+                checks.append(FeatureCheck("speculative.method", method, status, seen))
+            else:
+                checks.append(FeatureCheck("speculative.method", method, "unknown",
+                                           "no speculative-decoding counter was read" + unmeasured))
+        return checks
+
+
+PROBE_TOKEN_BASE = 11
+PREFIX_PROBE_TOKENS = 128
+SPEC_PROBE_OUTPUT_TOKENS = 64
+
+ADAPTER = TrtllmAdapter()
