@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QSizePolicy,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -61,6 +62,9 @@ class Tile(QFrame):
         super().__init__(parent)
         self.spec = spec
         self.setObjectName("tile")
+        # Tiles share the row equally and never widen the window: their texts wrap and shrink.
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(80)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 4, 10, 4)
         layout.setSpacing(0)
@@ -73,6 +77,11 @@ class Tile(QFrame):
         self.sub = QLabel("")
         self.sub.setObjectName("tileSub")
         self.sub.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        for label in (self.caption, self.sub):  # long captions wrap: a tile never widens the window
+            label.setWordWrap(True)
+        # Nor does a long number: it shrinks to the tile instead (a projector at 1024 px, six tiles).
+        self.value_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self._value_pt: float | None = None
         layout.addWidget(self.value_label)
         layout.addWidget(self.caption)
         layout.addWidget(self.sub)
@@ -85,12 +94,37 @@ class Tile(QFrame):
             return
         self._shown = wanted
         self.value_label.setText(value)
+        self._fit_value()
         self.caption.setText(caption)
         self.sub.setText(sub)
         self.setToolTip(tooltip)
 
     def set_value(self, value: float | None) -> None:
         self.show(_fmt(self.spec.fmt, value), self.spec.label)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self._fit_value()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)  # a tile on a hidden page was sized before it could measure
+        self._fit_value()
+
+    def _fit_value(self) -> None:
+        """The theme's size for the number, or smaller when the tile is too narrow for it."""
+        label = self.value_label
+        if not self.isVisible():
+            return  # measured when shown
+        if self._value_pt is None:
+            label.ensurePolished()  # the theme's style sheet sets the size
+            self._value_pt = label.font().pointSizeF()
+        font = label.font()
+        room = max(label.width() - 4, 1)
+        font.setPointSizeF(self._value_pt)
+        needed = QFontMetrics(font).horizontalAdvance(label.text())
+        size = self._value_pt if needed <= room else max(6.0, self._value_pt * room / needed)
+        if abs(label.font().pointSizeF() - size) > 0.25:  # the theme's style sheet sets the size: override it here
+            label.setStyleSheet("" if size == self._value_pt else f"font-size: {size:.1f}pt;")
 
     def text(self) -> str:
         return self.value_label.text()

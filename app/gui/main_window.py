@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
@@ -29,7 +29,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QSplitter,
-    QStackedWidget,
     QTabWidget,
     QToolBar,
     QVBoxLayout,
@@ -59,7 +58,7 @@ from app.gui.export_dialog import ExportDialog
 from app.gui.history import CompareExtras, CompareView, HistoryView, compare_with_extras
 from app.gui.ladder_tab import LadderTab
 from app.gui.live import LogView, PhaseBar
-from app.gui.presentation import PresentationView
+from app.gui.presentation import CurrentPageStack, PresentationView
 from app.gui.repeats import run_work
 from app.gui.run_bar import RunBar
 from app.gui.series import SeriesKey, SeriesStore
@@ -93,19 +92,6 @@ CHECK_COLOURS = {"verified": "#188038", "accepted": "#b06000", "not active": "#d
 """Feature-check colours: green only for an effect measured, amber for an echo alone."""
 LIVE_SOURCES = (CLIENT_SOURCE, "engine")
 """Sources whose latest values the tiles read (the client's rolling figures, the engine's own)."""
-
-
-class _Pages(QStackedWidget):
-    """The desk and the presentation: sized by the page shown, so presentation mode fits a
-    1024x768 projector whatever the desk's panels need."""
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
-        page = self.currentWidget()
-        return page.minimumSizeHint() if page is not None else super().minimumSizeHint()
-
-    def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
-        page = self.currentWidget()
-        return page.sizeHint() if page is not None else super().sizeHint()
 
 
 def startup_key(config: RunConfig) -> str:
@@ -259,7 +245,7 @@ class MainWindow(QMainWindow):
         split.setSizes([400, 966])
         self.desk = split
         self.presentation = PresentationView()
-        self.stack = _Pages()
+        self.stack = CurrentPageStack()
         self.stack.addWidget(split)
         self.stack.addWidget(self.presentation)
         self.setCentralWidget(self.stack)

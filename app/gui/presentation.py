@@ -5,7 +5,7 @@ the desk dashboard), and a before/after view of two runs with the A/B headline
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QStackedWidget, QVBoxLayout, QWidget
 
 from app.gui.dashboard import PlotGrid, TileRow
@@ -23,6 +23,24 @@ def _label(text: str, pt: int, colour: str = DARK.foreground, bold: bool = False
     label.setWordWrap(True)
     label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # never widens the window
     return label
+
+
+class CurrentPageStack(QStackedWidget):
+    """Pages sized by the page shown (a plain stack asks for the largest page's room): the desk
+    and the presentation, and the presentation's own pages, so presentation mode fits a 1024x768
+    projector whatever the other pages need."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        page = self.currentWidget()
+        return page.minimumSizeHint() if page is not None else super().minimumSizeHint()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        page = self.currentWidget()
+        return page.sizeHint() if page is not None else super().sizeHint()
+
+    def setCurrentIndex(self, index: int) -> None:  # noqa: N802 - Qt API
+        super().setCurrentIndex(index)
+        self.updateGeometry()  # the hints above changed with the page
 
 
 class BeforeAfterView(QWidget):
@@ -99,7 +117,7 @@ class PresentationView(QWidget):
         live_layout.addWidget(self.plots, 1)
         self.before_after = BeforeAfterView()
         self.empty = _label("Choose two runs in Compare and press \u201cPresent before/after\u201d.", 18, DARK.muted)
-        self.pages = QStackedWidget()
+        self.pages = CurrentPageStack()
         self.pages.addWidget(live)
         self.pages.addWidget(self.before_after)
         self.pages.addWidget(self.empty)

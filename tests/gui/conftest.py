@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 from PySide6.QtCore import QThread  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.gui.workers import busy_workers  # noqa: E402
@@ -72,7 +74,10 @@ def _name(pid: int) -> str:
 
 
 def close_window(qtbot, window: MainWindow, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:  # type: ignore[no-untyped-def]
-    window.close()
+    # A window closed mid-run asks "Stop the run?" in a modal box, which nobody answers in a test
+    # (a test's own monkeypatch is undone before this fixture's teardown): answer Yes here.
+    with mock.patch.object(QMessageBox, "question", return_value=QMessageBox.StandardButton.Yes):
+        window.close()
     qtbot.waitUntil(lambda: window._close_ready and not window.isVisible(), timeout=timeout_ms)
     qtbot.waitUntil(lambda: not busy_workers(), timeout=10_000)
 
