@@ -96,6 +96,8 @@ KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"]
 """``q8_0``/``q4_0``: llama.cpp's block-quantized KV cache (8 and 4 bits plus a scale per 32 values)."""
 SpecMethod = Literal["off", "ngram", "eagle", "eagle3", "mtp", "draft_model"]
 KvOffloadBackend = Literal["native", "lmcache"]
+DistributedBackend = Literal["mp", "ray"]
+"""vLLM's executor for several GPUs: ``mp`` (processes on one machine) or ``ray`` (a Ray cluster, across machines)."""
 
 
 class SpeculativeConfig(StrictModel):
@@ -139,4 +141,20 @@ class Features(StrictModel):
     flash_attention: bool | None = None
     tensor_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     pipeline_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
+    data_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL,
+                                    description="Replicas of the model, each on TP x PP GPUs (vLLM --data-parallel-size).")
+    distributed_executor_backend: DistributedBackend | None = None
+    nodes: int = Field(1, ge=1, le=MAX_PARALLEL,
+                       description="Machines the GPUs span: an export-only topology (a local launch is one machine).")
     extra_args: list[ArgStr] = Field(default_factory=list)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one copy of the model spans: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the configuration uses in all: every data-parallel replica's TP x PP. The one
+        definition the planner, tuner, ladder, validation and exports count with."""
+        return self.gpus_per_replica * self.data_parallel_size

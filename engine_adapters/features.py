@@ -167,6 +167,25 @@ FEATURES: tuple[FeatureInfo, ...] = (
         "GPU memory", (Capability.CUDA_GPU, Capability.MULTI_GPU),
     ),
     FeatureInfo(
+        "data_parallel_size", "Data parallel size", Family.SCALE_AND_LIMITS,
+        "Runs several replicas of the model (each on tensor x pipeline parallel GPUs) behind one "
+        "endpoint: throughput grows with the replicas, per-request latency does not improve.",
+        "requests in flight", (Capability.CUDA_GPU, Capability.MULTI_GPU), engines=("vllm",),
+    ),
+    FeatureInfo(
+        "distributed_executor_backend", "Distributed executor", Family.SCALE_AND_LIMITS,
+        "How the engine drives its GPU workers: processes on one machine (mp) or a Ray cluster (ray), "
+        "which is what spans several machines.",
+        "scale-out", engines=("vllm",),
+    ),
+    FeatureInfo(
+        "nodes", "Nodes", Family.SCALE_AND_LIMITS,
+        "How many machines the GPUs span (tensor parallel within a machine, pipeline parallel "
+        "across them). tunebench launches one machine: export the ray or k8s-multinode recipe and "
+        "attach to the cluster with --endpoint.",
+        "GPU memory", engines=("vllm",),
+    ),
+    FeatureInfo(
         "extra_args", "Extra engine arguments", Family.SCALE_AND_LIMITS,
         "Free-form flags passed to the engine as given (checked against the installed version).",
         "anything",

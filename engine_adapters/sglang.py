@@ -468,7 +468,7 @@ class SglangAdapter:
             add(ValidationIssue("engine.runtime", f"SGLang runs from a Python interpreter that has sglang (runtime kind "
                                                   f"'python') or the {DOCKER_IMAGE} image (kind 'docker'); no "
                                                   "managed runtime exists (there is no CPU wheel of SGLang)"))
-        issues += needs_gpu_issue("SGLang", hardware, features.tensor_parallel_size * features.pipeline_parallel_size)
+        issues += needs_gpu_issue("SGLang", hardware, features.gpus_per_replica)
         for info in not_offered(self.kind, features):
             add(ValidationIssue(info.key, f"SGLang has no {info.noun} setting"))
         self._feature_issues(features, hardware, add)

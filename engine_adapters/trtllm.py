@@ -418,7 +418,7 @@ class TrtllmAdapter:
                                                   "trtllm-serve (runtime kind 'executable'), a Python interpreter with "
                                                   f"tensorrt_llm ('python') or the {DOCKER_IMAGE} image ('docker')"))
         issues += needs_gpu_issue("TensorRT-LLM", hardware,
-                                  features.tensor_parallel_size * features.pipeline_parallel_size)
+                                  features.gpus_per_replica)
         if engine.require_api_key:
             add(ValidationIssue("engine.require_api_key", "trtllm-serve has no API key option: the server is open to "
                                                           "anyone who can reach 127.0.0.1; set require_api_key = false "

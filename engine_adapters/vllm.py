@@ -119,6 +119,13 @@ FLAG_RULES: tuple[FlagRule, ...] = (
              ["--tensor-parallel-size", str(f.tensor_parallel_size)]),
     FlagRule("pipeline_parallel_size", lambda f: [] if f.pipeline_parallel_size == 1 else
              ["--pipeline-parallel-size", str(f.pipeline_parallel_size)]),
+    FlagRule("data_parallel_size", lambda f: [] if f.data_parallel_size == 1 else
+             ["--data-parallel-size", str(f.data_parallel_size)]),
+    FlagRule("distributed_executor_backend", lambda f: [] if f.distributed_executor_backend is None else
+             ["--distributed-executor-backend", f.distributed_executor_backend]),
+    # Export-only: the launch recipes (app.export) place the GPUs on machines; validate refuses
+    # nodes > 1 for a local launch, so no flag is ever rendered for it.
+    FlagRule("nodes", lambda f: []),
     FlagRule("extra_args", lambda f: list(f.extra_args)),
 )
 
@@ -411,11 +418,14 @@ class VllmAdapter:
                                 f"without chunked prefill, max_num_batched_tokens ({features.max_num_batched_tokens}) "
                                 f"must be at least max_model_len ({features.max_model_len})"))
 
-        parallel = features.tensor_parallel_size * features.pipeline_parallel_size
-        if hardware is not None and parallel > 1 and not cpu_build and parallel > len(hardware.gpus):
+        parallel = features.gpu_count
+        if (hardware is not None and parallel > 1 and not cpu_build and features.nodes == 1
+                and parallel > len(hardware.gpus)):
             add(ValidationIssue("tensor_parallel_size",
-                                f"tensor x pipeline parallel size {parallel} needs {parallel} GPUs; "
+                                f"tensor x pipeline{' x data' * (features.data_parallel_size > 1)} parallel size "
+                                f"{parallel} needs {parallel} GPUs; "
                                 f"{len(hardware.gpus)} visible"))
+        issues += _multi_node_issues(engine, features)
         if hardware is not None and not cpu_build:
             if not hardware.has_gpu:
                 add(ValidationIssue("engine.runtime",
@@ -650,6 +660,41 @@ def _verify_kv_dtype(dtype: str, args: Mapping[str, object], log: str, log_lines
     if abs(ratio - 1.0) <= KV_RATIO_TOLERANCE:
         return FeatureCheck("kv_cache_dtype", dtype, "not active", seen + ": stored in 16 bits, not fp8")
     return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"{echo}; {seen}, which fits no prediction")
+
+def _multi_node_issues(engine: EngineConfig, features: Features) -> list[ValidationIssue]:
+    """What a configuration spanning machines needs: tunebench launches on one machine only, so
+    ``nodes > 1`` is exported (a Ray or LeaderWorkerSet recipe) and attached to with --endpoint."""
+    issues: list[ValidationIssue] = []
+    nodes, gpus = features.nodes, features.gpu_count
+    if nodes > 1:
+        issues.append(ValidationIssue(
+            "nodes", f"{nodes} nodes cannot be launched by tunebench on this machine: export the recipe "
+                     "(tunebench export PROFILE --format ray, or --format k8s-multinode), start it on the cluster, "
+                     "then measure it with tunebench run --endpoint URL (and --gpu-metrics for its DCGM exporter)"))
+        if gpus % nodes:
+            issues.append(ValidationIssue(
+                "nodes", f"{gpus} GPUs (tensor x pipeline x data parallel) cannot be split evenly over {nodes} nodes"))
+    if features.distributed_executor_backend == "ray" and _has_ray(engine) is False:
+        issues.append(ValidationIssue(
+            "distributed_executor_backend", "the ray backend needs the ray package where vLLM runs "
+                                            "(pip install ray), which this runtime lacks", "warning"))
+    return issues
+
+
+def _has_ray(engine: EngineConfig) -> bool | None:
+    """Whether the engine's Python environment has the ``ray`` package (a directory lookup, no
+    process: validation runs on every edit); None where it cannot be told (an executable, a container)."""
+    if engine.runtime.kind not in ("managed", "python"):
+        return None
+    try:
+        python = resolve_python(engine)
+    except RuntimeErrorMessage:
+        return None
+    if python is None:
+        return None
+    venv = Path(python).parent.parent
+    return any(venv.glob("lib/python3*/site-packages/ray/__init__.py"))
+
 
 def _flag_values(tokens: Sequence[str]) -> list[tuple[str, str]]:
     pairs = []

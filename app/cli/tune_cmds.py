@@ -212,7 +212,7 @@ def _target_hardware(gpu: str, config: Any) -> Any:
     from app.ladder.run import target_hardware
 
     f = config.features
-    return target_hardware(gpu, f.tensor_parallel_size * f.pipeline_parallel_size)
+    return target_hardware(gpu, f.gpu_count)
 
 
 # --- stored tunes -------------------------------------------------------------------------------

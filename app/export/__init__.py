@@ -1,6 +1,7 @@
 """Leaving tunebench: launch scripts for the winning configuration (bash, docker run, docker
-compose, Kubernetes), an HTML report for customers, runs as JSON/CSV; and the import of other
-tools' results (``vllm bench serve``, GuideLLM) as runs marked imported.
+compose, Kubernetes; vLLM across machines: a Ray cluster script, a LeaderWorkerSet), an HTML
+report for customers, runs as JSON/CSV; and the import of other tools' results (``vllm bench
+serve``, GuideLLM) as runs marked imported.
 
 One entry point for both faces: :func:`export` renders any format from a :class:`Target` and,
 given a path, writes it by the one rule of :mod:`app.export.files` (atomic, scripts
@@ -43,8 +44,8 @@ from app.export.report import render_report, report_comparison
 from db.store import RunStore
 
 FORMATS: tuple[str, ...] = (*SCRIPT_FORMATS, *DATA_FORMATS)
-SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "html": ".html", "json": ".json",
-            "csv": ".csv"}
+SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "ray": ".sh", "k8s-multinode": ".yaml",
+            "html": ".html", "json": ".json", "csv": ".csv"}
 
 __all__ = [
     "CSV_COLUMNS", "DATA_FORMATS", "EXECUTABLE_FORMATS", "EXPORT_VERSION", "FORMATS", "SCRIPT_FORMATS", "STDOUT",

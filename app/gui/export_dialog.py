@@ -33,8 +33,9 @@ WithStore = Callable[[Callable[[RunStore], Any]], Any]
 """Runs ``fn(store)`` on the window's store (called in a worker thread)."""
 
 FORMAT_LABELS = {"bash": "Launch script (bash)", "docker": "docker run script", "compose": "Docker Compose",
-                 "k8s": "Kubernetes manifest", "html": "HTML report", "json": "Run data (JSON)",
-                 "csv": "Requests (CSV)"}
+                 "k8s": "Kubernetes manifest", "ray": "Multi-node: Ray cluster script (vLLM)",
+                 "k8s-multinode": "Multi-node: Kubernetes LeaderWorkerSet (vLLM)", "html": "HTML report",
+                 "json": "Run data (JSON)", "csv": "Requests (CSV)"}
 PREVIEW_MAX_CHARS = 400_000
 
 

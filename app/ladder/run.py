@@ -159,7 +159,7 @@ class Ladder:
             return
         if self._hardware is None:
             here = probe_hardware()
-            tp = self.base.features.tensor_parallel_size * self.base.features.pipeline_parallel_size
+            tp = self.base.features.gpu_count
             cpu = self.base.engine.runtime.kind == "managed" and "cpu" in self.base.engine.runtime.managed
             self._hardware = (target_hardware(self.gpu, tp) if for_plan and self.gpu and not here.has_gpu and not cpu
                               else here)

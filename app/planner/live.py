@@ -105,7 +105,8 @@ def limit_at(plan: Plan, measured_tok_per_s: float | None, batch: float | None, 
     ceiling = decode_ceiling(used, batch)
     fraction, flag = percent_of_ceiling(measured_tok_per_s, ceiling)
     flop_per_token = decode_flop_per_token(used.arch)
-    intensity = batch * used.acceptance_length * flop_per_token / step_bytes(used, batch)
+    share = batch / used.replicas  # one data-parallel replica's share of the batch
+    intensity = share * used.acceptance_length * flop_per_token / step_bytes(used, share)
     return LimitFigures(batch=batch, batch_source=batch_source, measured_tok_per_s=measured_tok_per_s,
                         ceiling_tok_per_s=ceiling, fraction=None if flag else fraction, flag=flag,
                         acceptance_length=used.acceptance_length, arithmetic_intensity_flop_per_byte=intensity,
@@ -172,7 +173,7 @@ def plan_for_run(config: RunConfig, hardware: Mapping[str, Any] | None = None) -
             spec = find_gpu_spec(name)
             if spec is None:
                 return None, f"no ceiling: GPU '{name}' is not in the spec table"
-            count = config.features.tensor_parallel_size * config.features.pipeline_parallel_size
+            count = config.features.gpu_count
             return make_plan(config, hardware=gpu_hardware(spec, count)), None
         return make_plan(config), None
     except (PlannerError, UserError) as exc:

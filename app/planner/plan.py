@@ -76,6 +76,9 @@ class Plan(BaseModel):
     memory: MemoryPlan
     ceilings: list[CeilingRow]
     acceptance_length: float = 1.0
+    replicas: int = 1
+    """Data-parallel replicas: each holds the whole model on ``hardware.count / replicas`` devices
+    and decodes its share of the batch, reading the weights once per step for that share."""
     prefill_tok_per_s: float | None = None
     assumptions: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
@@ -104,7 +107,7 @@ def cpu_hardware(config: RunConfig) -> Hardware:
 
 def resolve_hardware(config: RunConfig, gpu: str | None, gpus: int | None) -> Hardware:
     """``--gpu NAME`` from the spec table; else this machine's GPU; else, for a CPU runtime, the host."""
-    count = gpus or config.features.tensor_parallel_size * config.features.pipeline_parallel_size
+    count = gpus or config.features.gpu_count
     if gpu:
         spec = find_gpu_spec(gpu)
         if spec is None:
@@ -217,8 +220,11 @@ def decode_flop_per_token(arch: ModelArch) -> float:
 
 
 def decode_ceiling(plan: Plan, batch: float) -> float:
-    """Output tok/s ceiling over all devices for ``batch`` sequences decoding at once."""
-    return batch * plan.hardware.count * plan.hardware.bandwidth_bytes_per_s / step_bytes(plan, batch) \
+    """Output tok/s ceiling over all devices for ``batch`` sequences decoding at once: each of the
+    data-parallel replicas decodes ``batch / replicas`` on its share of the devices (throughput x
+    replicas of one replica's ceiling at its share)."""
+    share = batch / plan.replicas
+    return share * plan.hardware.count * plan.hardware.bandwidth_bytes_per_s / step_bytes(plan, share) \
         * plan.acceptance_length
 
 
@@ -252,7 +258,7 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
         warnings.append(f"{hw.name} has no FP8 tensor cores: FP8 weights run through a slower fallback, if at all")
     held, read_b1 = weight_bytes(arch, bpp)
     devices = hw.count
-    tp, pp = f.tensor_parallel_size, f.pipeline_parallel_size
+    tp, pp, dp = f.tensor_parallel_size, f.pipeline_parallel_size, f.data_parallel_size
     kv_token = arch.kv_bytes_per_token(kvb)
     kv_head_share = max(arch.num_kv_heads / tp, 1) / arch.num_kv_heads if arch.num_kv_heads else 1 / tp
     kv_token_device = kv_token * kv_head_share / pp
@@ -280,7 +286,7 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
     pool = max(pool, 0.0)
     kv_tokens = int(pool // kv_token_device) if kv_token_device else 0
     per_seq_bytes = longest * kv_token_device + state_device
-    max_seqs = int(pool // per_seq_bytes) if per_seq_bytes else 0
+    max_seqs = int(pool // per_seq_bytes) * dp if per_seq_bytes else 0  # every replica holds its own
     load = config.load
     concurrency_sweep = load.pattern == "sweep" and load.sweep_of == "concurrency" and load.levels
     if fits and (load.pattern == "closed" or concurrency_sweep):
@@ -288,6 +294,7 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
         if wanted > max_seqs:
             warnings.append(f"concurrency {wanted} cannot be held in KV memory: {max_seqs} sequences of "
                             f"{longest:,} tokens fit in {pool / GIB:.1f} GiB per device"
+                            + (f" across {dp} data-parallel replicas" if dp > 1 else "")
                             + ("; an FP8 KV cache would hold twice as many" if kvb > 1 else ""))
     if f.max_model_len and kv_tokens and f.max_model_len > kv_tokens:
         warnings.append(f"max_model_len {f.max_model_len:,} exceeds the {kv_tokens:,} tokens the KV pool holds")
@@ -295,6 +302,9 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
                         kv_bytes_per_token_per_device=kv_token_device, state_bytes_per_seq=arch.linear_state_bytes_per_seq,
                         kv_pool_bytes_per_device=pool, kv_tokens=kv_tokens, context_tokens=longest,
                         mean_decode_context_tokens=mean_ctx, max_concurrent_seqs=max_seqs, fits=fits)
+    if dp > 1:
+        assumptions.append(f"{dp} data-parallel replicas, each with the whole model on {tp * pp} device(s): memory "
+                           "is per device as for one replica; the batch is shared evenly between replicas")
     accept, accept_note = acceptance_length(config, acceptance_rate)
     if accept_note:
         assumptions.append(accept_note)
@@ -302,17 +312,17 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
     if arch.linear_state_bytes_per_seq:
         assumptions.append("hybrid layers: each sequence's fixed state is read and written every step")
     plan = Plan(model=config.engine.model, arch=arch, hardware=hw, weights_dtype=wdtype, weight_bytes_per_param=bpp,
-                kv_dtype=kvdtype, kv_dtype_bytes=kvb, memory=memory, ceilings=[], acceptance_length=accept,
+                kv_dtype=kvdtype, kv_dtype_bytes=kvb, memory=memory, ceilings=[], acceptance_length=accept, replicas=dp,
                 assumptions=assumptions, warnings=warnings)
     batch_list = batches or sorted({1, 8, 32, 64, config.load.concurrency, *[int(v) for v in config.load.levels
                                                                              if config.load.sweep_of == "concurrency"]})
     flops_per_token = decode_flop_per_token(arch)
     for b in batch_list:
-        step = step_bytes(plan, b)
+        step = step_bytes(plan, b / dp)  # one replica's step, at its share of the batch
         total = decode_ceiling(plan, b)
         plan.ceilings.append(CeilingRow(batch=b, decode_output_tok_per_s=total,
                                         decode_output_tok_per_s_per_device=total / devices, step_bytes=step,
-                                        arithmetic_intensity_flop_per_byte=b * accept * flops_per_token / step))
+                                        arithmetic_intensity_flop_per_byte=b / dp * accept * flops_per_token / step))
     tflops = (hw.fp8_tflops if wdtype == "fp8" and hw.fp8_tflops else hw.bf16_tflops)
     if tflops:
         prompt = config.workload.input_len.mean + config.workload.shared_prefix_tokens

@@ -209,7 +209,7 @@ class Tuner:
             cand = Candidate(index=i, knobs=knobs, label=knob_text(knobs))
             config = apply_knobs(self.base, knobs)
             f = config.features
-            cand.gpus = f.tensor_parallel_size * f.pipeline_parallel_size
+            cand.gpus = f.gpu_count
             report = check_config(config, discover_flags=False, hardware=self._hardware, flags=self._flags)
             reason = prune_reason(config, list(knobs), report.issues)
             if reason is None:

@@ -68,6 +68,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("num_speculative_tokens", "speculative.num_speculative_tokens", int, "spec tokens"),
     Knob("gpu_memory_utilization", "gpu_memory_utilization", float, "GPU mem"),
     Knob("tensor_parallel_size", "tensor_parallel_size", int, "TP"),
+    Knob("data_parallel_size", "data_parallel_size", int, "DP"),
 )
 KNOBS_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS} | {k.path: k for k in KNOBS}
 

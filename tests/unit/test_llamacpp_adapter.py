@@ -161,6 +161,8 @@ def test_every_catalogued_feature_is_mapped_or_refused(tmp_path: Path, gguf: Pat
         "cpu_offload_gib": Features(cpu_offload_gib=1), "tensor_parallel_size": Features(tensor_parallel_size=2),
         "pipeline_parallel_size": Features(pipeline_parallel_size=2), "gpu_layers": Features(gpu_layers=10),
         "flash_attention": Features(flash_attention=True), "extra_args": Features(extra_args=["--cache-reuse", "8"]),
+        "data_parallel_size": Features(data_parallel_size=2),
+        "distributed_executor_backend": Features(distributed_executor_backend="ray"), "nodes": Features(nodes=2),
     }
     assert set(changed) == {f.key for f in FEATURES}
     base = [tok for toks in feature_flags(Features()).values() for tok in toks]
