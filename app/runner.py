@@ -54,6 +54,7 @@ from app.load.metrics import (
 from app.load.patterns import LevelPlan, plan_levels
 from app.load.procs import ClientPool, ClientProcessError
 from app.load.tokens import TokenCounter, load_token_counter
+from app.planner.plan import kv_plan_check
 from app.verification import RunEffects
 from engine_adapters.base import Phase
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
@@ -289,8 +290,21 @@ class Runner:
         r.feature_checks = [asdict(c) for c in checks]
         self._emit(EngineReady(run_id=self.run_id, base_url=engine.base_url, startup_s=r.startup_s,
                                kv_cache=r.kv_cache, feature_checks=list(checks)))
+        self._kv_beside_plan(r.kv_cache.get("kv_cache_tokens"))
         self.api_key = engine.api_key
         return engine.base_url, engine.auth_headers()
+
+    def _kv_beside_plan(self, engine_kv_tokens: float | None) -> None:
+        """The engine's own KV capacity beside the planner's, with the plan's error (the issue's
+        check: within 5% on the CPU demo). A plan that cannot be made says nothing."""
+        if not engine_kv_tokens:
+            return
+        try:
+            line = kv_plan_check(self.config, engine_kv_tokens)
+        except Exception as exc:  # noqa: BLE001 - the plan is a side note; it must not sink the run
+            line = f"no KV plan to compare with ({type(exc).__name__}: {exc})"
+        if line:
+            self._note(line)
 
     def _bind_client(self, engine: EngineProcess) -> None:
         """The client on the cores the engine's compute threads leave free (a CPU engine

@@ -26,12 +26,7 @@ from app.gui.main_window import MainWindow
 from db import metric_catalog as catalog
 from tests.conftest import engine_available
 
-# On demand only: this drive of the whole demo does not pass yet on the 2-core CI machine (it
-# failed and then hung in teardown in the last two tries), so it stays out of `make test` until it
-# does. TUNEBENCH_DEMO_E2E=1 runs it.
-pytestmark = [pytest.mark.e2e, pytest.mark.gui,
-              pytest.mark.skipif(not os.environ.get("TUNEBENCH_DEMO_E2E"),
-                                 reason="the whole-demo drive runs on demand (TUNEBENCH_DEMO_E2E=1): not passing yet")]
+pytestmark = [pytest.mark.e2e, pytest.mark.gui]
 
 ENGINE_START_MS = 400_000
 RUN_MS = 240_000
