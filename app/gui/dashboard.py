@@ -63,7 +63,9 @@ class Tile(QFrame):
         self.spec = spec
         self.setObjectName("tile")
         # Tiles share the row equally and never widen the window: their texts wrap and shrink.
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        policy = QSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        policy.setHeightForWidth(True)  # a narrow tile grows down for its wrapped lines
+        self.setSizePolicy(policy)
         self.setMinimumWidth(80)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 4, 10, 4)
@@ -147,6 +149,7 @@ class TileRow(QWidget):
         outer.setSpacing(2)
         self.header = QLabel("")
         self.header.setObjectName("tileHeader")
+        self.header.setWordWrap(True)  # "Run summary — <a long run name>, ..." never widens the window
         self.header.setVisible(False)
         outer.addWidget(self.header)
         row = QHBoxLayout()

@@ -222,6 +222,8 @@ def test_series_keep_their_colour_and_the_legend_stays_off_the_lines(qtbot, wind
 def test_presentation_fits_a_projector_and_says_which_features_are_on(qtbot, window: MainWindow) -> None:
     # after a run the tiles carry their longest texts (the engine's figure standing in, and why)
     for row in (window.dashboard.tiles, window.presentation.tiles):
+        row.set_header("Run summary \u2014 prefix caching on with a long run name, concurrency 8: 400 requests in "
+                       "8.3 s (completed)")
         for tile in row.tiles.values():
             tile.show("12,345.6", "TTFT mean (engine) (ms)", "client TTFT p50 81.4: unreliable (the client was starved)")
     window.show_banner("Run completed: concurrency 4: Output throughput 401.2 tok/s, TTFT mean (engine) 75.4 ms, "
