@@ -8,27 +8,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic_core
-
 from app.bus import Bus, Event
+from app.cli import campaign_cmds as shared
 from app.cli.argtypes import bounded_int
-from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
-from app.events import EngineReady, LadderUpdated, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
-from app.export.files import STDOUT, check_target
+from app.events import LadderUpdated
+from app.export.files import STDOUT
 from app.ladder.spec import ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
-from app.profiles import ProfileError, load_profile, resolve_profile
-from engine_adapters.secrets import mask_obj
-
-EXIT_FAILED, EXIT_CANCELLED = 1, 130
-SCRIPT_FORMATS = ("bash", "docker", "compose", "k8s")
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -140,23 +131,6 @@ class _LadderConsole(_Console):
                 self._line(safe(step_line(row, len(state.rows))))
 
 
-def _write_json(doc: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
-        tmp.replace(path)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
-
-
-def _profile(name: str) -> tuple[Any, str]:
-    try:
-        path = resolve_profile(name)
-        return load_profile(path), path.stem
-    except ProfileError as exc:
-        raise UserError(str(exc)) from None
-
-
 def _step_index(state: LadderState, step: int | None) -> StepRow:
     """``--step N`` (1-based), or the last step that ran (a stored ladder) or can run (a plan)."""
     if step is not None:
@@ -170,28 +144,20 @@ def _step_index(state: LadderState, step: int | None) -> StepRow:
 
 
 def _export_step(row: StepRow, fmt: str, output: str, engine_version: str | None = None) -> int:
-    from app.export import save
     from app.export.ladder_report import launch_script
 
-    text = launch_script(row, fmt, engine_version)
-    if output in (STDOUT, "-"):
-        sys.stdout.write(text)
-    else:
-        save(text, fmt, output)
-        print(safe(f"wrote {output} (step {row.index + 1}, {row.name}, as {fmt})"), file=sys.stderr)
-    return 0
+    return shared.write_output(launch_script(row, fmt, engine_version), fmt, output,
+                        f"wrote {output} (step {row.index + 1}, {row.name}, as {fmt})")
 
 
 def cmd_ladder(args: argparse.Namespace) -> int:
     from app.ladder.run import Ladder
 
-    config, stem = _profile(args.profile)
+    config, stem = shared.load_profile_arg(args.profile)
     spec, default = ladder_of(config)
-    if args.output is not None and args.output not in (STDOUT, "-"):
-        check_target(Path(args.output))
-    json_path = Path(args.json) if args.json else None
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"{json_path}: its folder does not exist")
+    if args.output is not None:
+        shared.check_output(args.output)
+    json_path = shared.json_target(args.json)
     if default:
         print(safe(f"{stem} has no [ladder] section: using the default order (baseline, FP8 weights, batching, "
                    "FP8 KV cache, prefix caching, speculative decoding)"), file=sys.stderr)
@@ -202,88 +168,60 @@ def cmd_ladder(args: argparse.Namespace) -> int:
             return _export_step(_step_index(planned, args.step), args.format, args.output)
         print(format_plan(planned))
         if json_path is not None:
-            _write_json({"plan": planned.model_dump(mode="json")}, json_path)
-        return 0 if any(r.status != "skipped" for r in planned.rows) else EXIT_FAILED
-    sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished, LadderUpdated))
-    recorder = open_recorder(bus, args)
-    cancel = threading.Event()
-    try:
-        ladder = Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry)
-    except BaseException:
-        if recorder is not None:
-            recorder.close()
-        raise
-
+            shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
+        return 0 if any(r.status != "skipped" for r in planned.rows) else shared.EXIT_FAILED
     console = _LadderConsole(sys.stdout, args.verbose)
-    state: LadderState = run_in_foreground(lambda: ladder.run(cancel), sub, console.handle, cancel,
-                                           name="tunebench-ladder", recorder=recorder)
+    state: LadderState
+    ladder, state, recorder = shared.run_campaign(
+        bus, args, lambda recorder: Ladder(config, bus, spec=spec, profile=stem, recorder=recorder,
+                                           telemetry=not args.no_telemetry),
+        console.handle, name="tunebench-ladder", extra_events=(LadderUpdated,))
     print()
     print(format_ladder_table(state))
     if json_path is not None:
         campaign = ladder.campaign_result.to_dict() if ladder.campaign_result is not None else None
-        _write_json({"ladder": state.model_dump(mode="json"), "campaign": campaign}, json_path)
-        print(f"result written to {json_path}")
-    if recorder is not None:
-        for problem in recorder.errors:
-            print(safe(f"tunebench: store: {problem}"), file=sys.stderr)
-        if state.run_ids:
-            final = state.final_row
-            print(safe(f"stored as ladder {state.ladder_id}: runs {', '.join(map(str, state.run_ids))} "
-                       f"(tunebench ladders show {state.ladder_id}; tunebench ladders report {state.ladder_id} "
-                       f"-o ladder.html"
-                       + (f"; tunebench export {final.run_ids[-1]} --format bash: the final step's launch script"
-                          if final is not None and final.run_ids else "") + ")"))
-    if state.status == "cancelled":
-        return EXIT_CANCELLED
-    if state.status != "completed" or any(r.status == "failed" for r in state.rows):
-        print(safe(f"tunebench: ladder {state.status}" + (f": {state.reason}" if state.reason else "")),
-              file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+        shared.write_json({"ladder": state.model_dump(mode="json"), "campaign": campaign}, json_path, announce=True)
+    final = state.final_row
+    shared.report_stored(recorder, (f"stored as ladder {state.ladder_id}: runs {', '.join(map(str, state.run_ids))} "
+                             f"(tunebench ladders show {state.ladder_id}; tunebench ladders report {state.ladder_id} "
+                             f"-o ladder.html"
+                             + (f"; tunebench export {final.run_ids[-1]} --format bash: the final step's launch "
+                                "script" if final is not None and final.run_ids else "") + ")")
+                   if state.run_ids else None)
+    return shared.exit_code("ladder", state.status, state.reason, ok=not any(r.status == "failed" for r in state.rows))
 
 
 # --- stored ladders ----------------------------------------------------------------------------
 
-def _open(args: argparse.Namespace) -> Any:
-    from app.cli.store_cmds import open_store
+def _load(args: argparse.Namespace) -> Any:
+    """The stored ladder ``args.ladder`` names."""
+    from app.ladder.stored import load_ladder
 
-    return open_store(args)
+    return shared.with_store(args, lambda store: load_ladder(store, args.ladder))
 
 
 def cmd_ladders_list(args: argparse.Namespace) -> int:
-    from datetime import datetime
-
     from app.ladder.stored import list_ladders
 
-    with _open(args) as store:
-        ladders = list_ladders(store)
-    if args.json:
-        print(pydantic_core.to_json([s.state.model_dump(mode="json") for s in ladders], indent=2,
-                                    inf_nan_mode="null").decode())
-        return 0
-    if not ladders:
-        print("no stored ladders (tunebench ladder PROFILE runs one)")
-        return 0
-    for s in ladders:
+    ladders = shared.with_store(args, list_ladders)
+
+    def line(s: Any) -> str:
         st = s.state
         done = st.completed_rows
         top = max((r.factor_baseline or 0.0 for r in done), default=0.0)
-        when = datetime.fromtimestamp(st.started_wall_s).strftime("%Y-%m-%d %H:%M")
-        print(safe(f"{st.ladder_id}  {when}  {st.status:<11}  {len(done)}/{len(st.rows)} steps ran"
-                   + (f", up to {factor_text(top)} output tok/s" if top else "") + f"  {st.name}  "
-                   f"runs {', '.join(map(str, s.run_ids))}"))
-    return 0
+        return (f"{st.ladder_id}  {shared.when_text(st.started_wall_s)}  {st.status:<11}  "
+                f"{len(done)}/{len(st.rows)} steps ran" + (f", up to {factor_text(top)} output tok/s" if top else "")
+                + f"  {st.name}  runs {', '.join(map(str, s.run_ids))}")
+
+    return shared.print_list(ladders, as_json=args.json, dump=lambda s: s.state.model_dump(mode="json"),
+                             empty="no stored ladders (tunebench ladder PROFILE runs one)", line=line)
 
 
 def cmd_ladders_show(args: argparse.Namespace) -> int:
-    from app.ladder.stored import load_ladder
-
-    with _open(args) as store:
-        stored = load_ladder(store, args.ladder)
+    stored = _load(args)
     state = stored.state
     if args.json:
-        print(pydantic_core.to_json(state.model_dump(mode="json"), indent=2, inf_nan_mode="null").decode())
-        return 0
+        return shared.print_json(state.model_dump(mode="json"))
     print(safe(f"ladder {state.ladder_id}: {state.name} ({state.status}"
                + (f": {state.reason}" if state.reason else "") + ")"))
     print(format_ladder_table(state))
@@ -292,10 +230,8 @@ def cmd_ladders_show(args: argparse.Namespace) -> int:
 
 def cmd_ladders_compare(args: argparse.Namespace) -> int:
     from app.cli.store_cmds import cmd_compare
-    from app.ladder.stored import load_ladder
 
-    with _open(args) as store:
-        stored = load_ladder(store, args.ladder)
+    stored = _load(args)
     ids = stored.run_ids
     if len(ids) < 2:
         raise UserError(f"ladder {stored.ladder_id} has {len(ids)} stored run(s): nothing to compare")
@@ -304,38 +240,22 @@ def cmd_ladders_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ladders_report(args: argparse.Namespace) -> int:
-    from app.export import save
     from app.export.ladder_report import render_ladder_report
-    from app.ladder.stored import load_ladder
 
-    if args.output not in (STDOUT, "-"):
-        check_target(Path(args.output))
-    with _open(args) as store:
-        stored = load_ladder(store, args.ladder)
-    text = render_ladder_report(stored.state, title=args.title)
-    if args.output in (STDOUT, "-"):
-        sys.stdout.write(text)
-    else:
-        save(text, "html", args.output)
-        print(safe(f"wrote {args.output}"), file=sys.stderr)
-    return 0
+    shared.check_output(args.output)
+    stored = _load(args)
+    return shared.write_output(render_ladder_report(stored.state, title=args.title), "html", args.output)
 
 
 def cmd_ladders_export(args: argparse.Namespace) -> int:
-    from app.ladder.stored import load_ladder
-
-    if args.output not in (STDOUT, "-"):
-        check_target(Path(args.output))
-    with _open(args) as store:
-        stored = load_ladder(store, args.ladder)
+    shared.check_output(args.output)
+    stored = _load(args)
     row = _step_index(stored.state, args.step)
     return _export_step(row, args.format, args.output, stored.state.engine_version)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    db = argparse.ArgumentParser(add_help=False)
-    db.add_argument("--db", metavar="PATH", default=None,
-                    help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
+    db = shared.db_parent()
     ladder = sub.add_parser("ladder", parents=[db],
                             help="the acceleration ladder: a plain engine, then one feature at a time, each step "
                                  "measured against the baseline, the previous step and the physical ceiling")
@@ -348,7 +268,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ladder.add_argument("--gpu", metavar="NAME", help="with --dry-run: plan for this GPU (e.g. H100)")
     ladder.add_argument("--export", dest="output", metavar="FILE",
                         help="write a step's launch script instead of running ('-': standard output)")
-    ladder.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash", help="with --export (default bash)")
+    ladder.add_argument("--format", "-f", choices=shared.SCRIPT_FORMATS, default="bash", help="with --export (default bash)")
     ladder.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="with --export: step N (default: the last that can run)")
     ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
@@ -359,29 +279,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                            "report, export")
     lsub = ladders.add_subparsers(dest="ladders_command", metavar="ACTION")
     ladders.set_defaults(handler=cmd_ladders_list, json=False)
-    db = argparse.ArgumentParser(add_help=False)  # after the action too, without hiding one given before it
-    db.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS, help="run database")
-    ls = lsub.add_parser("list", parents=[db], help="stored ladders, newest first")
-    ls.add_argument("--json", action="store_true", help="print JSON")
-    ls.set_defaults(handler=cmd_ladders_list)
-    show = lsub.add_parser("show", parents=[db], help="one ladder's steps, figures and factors")
-    show.add_argument("ladder", help="ladder id (or a unique start), or one of its runs")
-    show.add_argument("--json", action="store_true", help="print JSON")
-    show.set_defaults(handler=cmd_ladders_show)
+    db = shared.db_parent(argparse.SUPPRESS, "run database")  # after the action too, without hiding one given before it
+    shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
+                  show_help="one ladder's steps, figures and factors",
+                  show_target_help="ladder id (or a unique start), or one of its runs")
     cmp = lsub.add_parser("compare", parents=[db],
                           help="compare the ladder's runs as a whole, the first step as baseline")
     cmp.add_argument("ladder")
     cmp.add_argument("--json", action="store_true", help="print JSON")
     cmp.set_defaults(handler=cmd_ladders_compare)
-    rep = lsub.add_parser("report", parents=[db], help="the ladder's HTML report")
-    rep.add_argument("ladder")
-    rep.add_argument("-o", "--output", metavar="FILE", required=True, help="HTML file ('-': standard output)")
-    rep.add_argument("--title", help="the report's title")
-    rep.set_defaults(handler=cmd_ladders_report)
+    shared.add_report(lsub, [db], "ladder", handler=cmd_ladders_report, help="the ladder's HTML report")
     exp = lsub.add_parser("export", parents=[db], help="a step's launch script (default: the final step that ran)")
     exp.add_argument("ladder")
     exp.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="step N (1-based)")
-    exp.add_argument("--format", "-f", choices=SCRIPT_FORMATS, default="bash")
+    exp.add_argument("--format", "-f", choices=shared.SCRIPT_FORMATS, default="bash")
     exp.add_argument("-o", "--output", metavar="FILE", default=STDOUT,
                      help="output file ('-' or none: standard output)")
     exp.set_defaults(handler=cmd_ladders_export)

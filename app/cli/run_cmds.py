@@ -11,8 +11,6 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic_core
-
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import bounded_int
@@ -29,7 +27,6 @@ from app.runner import Runner, RunResult, check_endpoint
 from app.urls import check_api_key
 from db import metric_catalog as catalog
 from engine_adapters.base import feature_check_line
-from engine_adapters.secrets import mask_obj
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
 PLAIN_PROGRESS_S = 5.0
@@ -146,13 +143,9 @@ class _Console:
 
 def write_json(result: RunResult | CampaignResult, path: Path) -> None:
     """Atomic: a crash never leaves half a result file. Secrets masked (engine_adapters.secrets)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        doc = result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json")
-        tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
-        tmp.replace(path)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
+    from app.cli.campaign_cmds import write_json as write_doc
+
+    write_doc(result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json"), path)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -9,27 +9,20 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic_core
-
 from app.bus import Bus, Event
+from app.cli import campaign_cmds as shared
 from app.cli.argtypes import bounded_int
-from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
-from app.events import EngineReady, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
-from app.export.files import STDOUT, check_target
+from app.events import LogLine
+from app.export.files import STDOUT
 from app.export.tune_report import COLUMNS, pick_text, state_summary, trial_table
-from app.profiles import ProfileError, load_profile, resolve_profile
 from app.tuner.state import TuneState
-from engine_adapters.secrets import mask_obj
 
-EXIT_FAILED, EXIT_CANCELLED = 1, 130
-SCRIPT_FORMATS = ("bash", "docker", "compose", "k8s")
 SUFFIXES = {"bash": ".sh", "docker": ".docker.sh", "compose": ".compose.yaml", "k8s": ".k8s.yaml"}
 _DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 
@@ -77,23 +70,6 @@ class _TuneConsole(_Console):
         super().handle(ev)
 
 
-def _profile(name: str) -> tuple[Any, str]:
-    try:
-        path = resolve_profile(name)
-        return load_profile(path), path.stem
-    except ProfileError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _write_json(doc: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
-        tmp.replace(path)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
-
-
 def _slo(args: argparse.Namespace, space_raw: dict[str, Any] | None, config: Any) -> str:
     slo = args.slo or (space_raw or {}).get("slo") or config.load.slo
     if not slo:
@@ -129,10 +105,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"tunebench: {', '.join(ignored)} ignored with --resume: the tune goes on with its own",
                   file=sys.stderr)
     budget_s = parse_duration_s(args.budget) if args.budget else None
-    json_path = Path(args.json) if args.json else None
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"{json_path}: its folder does not exist")
-    config, stem = _profile(args.profile)
+    json_path = shared.json_target(args.json)
+    config, stem = shared.load_profile_arg(args.profile)
     bus = Bus()
     if args.dry_run:
         space_raw = read_space_file(args.space) if args.space else None
@@ -145,13 +119,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         planned = tuner.plan()
         _print_plan(planned, sys.stdout)
         if json_path is not None:
-            _write_json({"plan": planned.model_dump(mode="json")}, json_path)
-        return 0 if any(c.status != "pruned" for c in planned.candidates) else EXIT_FAILED
+            shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
+        return 0 if any(c.status != "pruned" for c in planned.candidates) else shared.EXIT_FAILED
     if args.no_store and args.resume is not None:
         raise UserError("--resume reads the tune from the run database: it cannot go with --no-store")
-    recorder = open_recorder(bus, args)
-    sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished))
-    try:
+
+    def build(recorder: Any) -> Any:
         if args.resume is not None:
             from app.tuner.stored import resumable
 
@@ -161,45 +134,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                  telemetry=not args.no_telemetry)
             done = sum(1 for t in stored.trials if t.get("status") in ("passed", "failed", "infeasible", "error"))
             print(safe(f"resuming tune {stored.id} ({stored.status}): {done} completed trial(s) kept"))
-        else:
-            space_raw = read_space_file(args.space) if args.space else None
-            space = build_space(config, _hardware(), space_raw, source=args.space or "search space")
-            if args.percentile:
-                space.percentile = args.percentile
-            tuner = Tuner(config, bus, slo=_slo(args, space_raw, config), space=space,
-                          strategy=args.strategy or "grid", max_candidates=args.trials, budget_s=budget_s,
-                          repeats=args.repeats, profile=stem, recorder=recorder, telemetry=not args.no_telemetry,
-                          seed=args.seed)
-    except BaseException:
-        if recorder is not None:
-            recorder.close()
-        raise
-    cancel = threading.Event()
+            return tuner
+        space_raw = read_space_file(args.space) if args.space else None
+        space = build_space(config, _hardware(), space_raw, source=args.space or "search space")
+        if args.percentile:
+            space.percentile = args.percentile
+        return Tuner(config, bus, slo=_slo(args, space_raw, config), space=space, strategy=args.strategy or "grid",
+                     max_candidates=args.trials, budget_s=budget_s, repeats=args.repeats, profile=stem,
+                     recorder=recorder, telemetry=not args.no_telemetry, seed=args.seed)
 
     console = _TuneConsole(sys.stdout, args.verbose)
-    state: TuneState = run_in_foreground(lambda: tuner.run(cancel), sub, console.handle, cancel, name="tunebench-tune",
-                                         recorder=recorder,
-                                         cancel_note="stopping requests and the engine; --resume goes on later")
+    state: TuneState
+    _tuner, state, recorder = shared.run_campaign(bus, args, build, console.handle, name="tunebench-tune",
+                                           cancel_note="stopping requests and the engine; --resume goes on later")
     print()
     print(format_table(state))
     print()
     print(safe(pick_text(state)))
     if json_path is not None:
-        _write_json({"tune": state.model_dump(mode="json")}, json_path)
-        print(f"result written to {json_path}")
-    if recorder is not None:
-        for problem in recorder.errors:
-            print(safe(f"tunebench: store: {problem}"), file=sys.stderr)
-        print(safe(f"stored as tune {state.tune_id} (tunebench tunes show {state.tune_id}; tunebench tunes report "
-                   f"{state.tune_id} -o tune.html; tunebench tunes export {state.tune_id} --format bash -o pick.sh)"))
-    if state.status == "cancelled":
-        print(safe(f"tunebench: tune cancelled: tunebench tune {args.profile} --resume {state.tune_id} goes on"),
-              file=sys.stderr)
-        return EXIT_CANCELLED
-    if state.status != "completed" or state.pick is None:
-        print(safe(f"tunebench: tune {state.status}" + (f": {state.reason}" if state.reason else "")), file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+        shared.write_json({"tune": state.model_dump(mode="json")}, json_path, announce=True)
+    shared.report_stored(recorder, f"stored as tune {state.tune_id} (tunebench tunes show {state.tune_id}; "
+                                   f"tunebench tunes report {state.tune_id} -o tune.html; "
+                                   f"tunebench tunes export {state.tune_id} --format bash -o pick.sh)")
+    return shared.exit_code("tune", state.status, state.reason, ok=state.pick is not None,
+                     cancelled_note=f"tunebench: tune cancelled: tunebench tune {args.profile} --resume "
+                                    f"{state.tune_id} goes on")
 
 
 def _hardware() -> Any:
@@ -217,47 +176,32 @@ def _target_hardware(gpu: str, config: Any) -> Any:
 
 # --- stored tunes -------------------------------------------------------------------------------
 
-def _open(args: argparse.Namespace) -> Any:
-    from app.cli.store_cmds import open_store
-
-    return open_store(args)
-
-
 def cmd_tunes_list(args: argparse.Namespace) -> int:
-    from datetime import datetime
-
     from app.tuner.stored import list_states
 
-    with _open(args) as store:
-        states = list_states(store)
-    if args.json:
-        print(pydantic_core.to_json([s.model_dump(mode="json") for s in states], indent=2,
-                                    inf_nan_mode="null").decode())
-        return 0
-    if not states:
-        print("no stored tunes (tunebench tune PROFILE --slo ... runs one)")
-        return 0
-    for st in states:
+    states = shared.with_store(args, list_states)
+
+    def line(st: TuneState) -> str:
         n = state_summary(st)
-        when = datetime.fromtimestamp(st.started_wall_s).strftime("%Y-%m-%d %H:%M") if st.started_wall_s else "-"
+        when = shared.when_text(st.started_wall_s) if st.started_wall_s else "-"
         pick = f"pick: {st.pick.label} @ {st.pick.load_label}" if st.pick else "no pick"
-        print(safe(f"{st.tune_id}  {when}  {st.status:<11}  {n['trials']} trials ({n['passed']} met the SLO), "
-                   f"{n['candidates']} configurations  SLO {st.slo}  {pick}  {st.name}"))
-    return 0
+        return (f"{st.tune_id}  {when}  {st.status:<11}  {n['trials']} trials ({n['passed']} met the SLO), "
+                f"{n['candidates']} configurations  SLO {st.slo}  {pick}  {st.name}")
+
+    return shared.print_list(states, as_json=args.json, dump=lambda s: s.model_dump(mode="json"),
+                             empty="no stored tunes (tunebench tune PROFILE --slo ... runs one)", line=line)
 
 
 def _load(args: argparse.Namespace) -> TuneState:
     from app.tuner.stored import load_tune
 
-    with _open(args) as store:
-        return load_tune(store, args.tune)
+    return shared.with_store(args, lambda store: load_tune(store, args.tune))
 
 
 def cmd_tunes_show(args: argparse.Namespace) -> int:
     state = _load(args)
     if args.json:
-        print(pydantic_core.to_json(state.model_dump(mode="json"), indent=2, inf_nan_mode="null").decode())
-        return 0
+        return shared.print_json(state.model_dump(mode="json"))
     print(safe(f"tune {state.tune_id}: {state.name} ({state.status}" + (f": {state.reason}" if state.reason else "")
                + f"); SLO {state.slo} at {state.percentile}; {state.strategy} search"))
     print(format_table(state))
@@ -267,18 +211,10 @@ def cmd_tunes_show(args: argparse.Namespace) -> int:
 
 
 def cmd_tunes_report(args: argparse.Namespace) -> int:
-    from app.export import save
     from app.export.tune_report import render_tune_report
 
-    if args.output not in (STDOUT, "-"):
-        check_target(Path(args.output))
-    text = render_tune_report(_load(args), title=args.title)
-    if args.output in (STDOUT, "-"):
-        sys.stdout.write(text)
-    else:
-        save(text, "html", args.output)
-        print(safe(f"wrote {args.output}"), file=sys.stderr)
-    return 0
+    shared.check_output(args.output)
+    return shared.write_output(render_tune_report(_load(args), title=args.title), "html", args.output)
 
 
 def cmd_tunes_export(args: argparse.Namespace) -> int:
@@ -286,9 +222,9 @@ def cmd_tunes_export(args: argparse.Namespace) -> int:
     from app.export.tune_report import pick_launch_script
 
     state = _load(args)
-    formats = SCRIPT_FORMATS if args.format == "all" else (args.format,)
+    formats = shared.SCRIPT_FORMATS if args.format == "all" else (args.format,)
     if args.format == "all":
-        if args.output in (STDOUT, "-"):
+        if shared.to_stdout(args.output):
             raise UserError("--format all writes four files: give -o a folder")
         folder = Path(args.output)
         try:
@@ -302,31 +238,27 @@ def cmd_tunes_export(args: argparse.Namespace) -> int:
             print(safe(f"wrote {path}"), file=sys.stderr)
         return 0
     text = pick_launch_script(state, args.format)
-    if args.output in (STDOUT, "-"):
-        sys.stdout.write(text)
-    else:
-        check_target(Path(args.output))
-        save(text, args.format, args.output)
-        print(safe(f"wrote {args.output} (the pick of tune {state.tune_id}, as {args.format})"), file=sys.stderr)
-    return 0
+    shared.check_output(args.output)
+    return shared.write_output(text, args.format, args.output,
+                        f"wrote {args.output} (the pick of tune {state.tune_id}, as {args.format})")
 
 
 def cmd_tunes_import(args: argparse.Namespace) -> int:
     from app.export.sweep_import import import_into_tune
     from app.tuner.stored import load_tune
 
-    with _open(args) as store:
+    def read(store: Any) -> tuple[str, int]:
         tune_id = load_tune(store, args.tune).tune_id
-        n = import_into_tune(store, tune_id, args.file, args.label)
+        return tune_id, import_into_tune(store, tune_id, args.file, args.label)
+
+    tune_id, n = shared.with_store(args, read)
     print(safe(f"imported {n} point(s) from {args.file} into tune {tune_id} (drawn on its chart; tunebench tunes "
                f"report {tune_id} -o tune.html)"))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    db = argparse.ArgumentParser(add_help=False)
-    db.add_argument("--db", metavar="PATH", default=None,
-                    help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
+    db = shared.db_parent()
     tune = sub.add_parser("tune", parents=[db],
                           help="find the engine configuration that yields the most output tok/s per GPU while meeting "
                                "an SLO: a goodput search per configuration, a Pareto chart, the pick exported")
@@ -362,21 +294,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tunes = sub.add_parser("tunes", help="stored tunes: list, show, report, export the pick, import other tools' points")
     tsub = tunes.add_subparsers(dest="tunes_command", metavar="ACTION")
     tunes.set_defaults(handler=cmd_tunes_list, db=None, json=False)
-    ls = tsub.add_parser("list", parents=[db], help="stored tunes, newest first")
-    ls.add_argument("--json", action="store_true", help="print JSON")
-    ls.set_defaults(handler=cmd_tunes_list)
-    show = tsub.add_parser("show", parents=[db], help="one tune's trials, pick and what bound it")
-    show.add_argument("tune", help="tune id (or a unique start)")
-    show.add_argument("--json", action="store_true", help="print JSON")
-    show.set_defaults(handler=cmd_tunes_show)
-    rep = tsub.add_parser("report", parents=[db], help="the tune's HTML report (Pareto chart, trials, pick)")
-    rep.add_argument("tune")
-    rep.add_argument("-o", "--output", metavar="FILE", required=True, help="HTML file ('-': standard output)")
-    rep.add_argument("--title", help="the report's title")
-    rep.set_defaults(handler=cmd_tunes_report)
+    shared.add_list_show(tsub, [db], "tune", list_handler=cmd_tunes_list, show_handler=cmd_tunes_show,
+                  show_help="one tune's trials, pick and what bound it", show_target_help="tune id (or a unique start)")
+    shared.add_report(tsub, [db], "tune", handler=cmd_tunes_report,
+                      help="the tune's HTML report (Pareto chart, trials, pick)")
     exp = tsub.add_parser("export", parents=[db], help="the pick's launch script (bash, docker, compose, k8s, or all)")
     exp.add_argument("tune")
-    exp.add_argument("--format", "-f", choices=(*SCRIPT_FORMATS, "all"), default="bash")
+    exp.add_argument("--format", "-f", choices=(*shared.SCRIPT_FORMATS, "all"), default="bash")
     exp.add_argument("-o", "--output", metavar="PATH", default=STDOUT,
                      help="file ('-' or none: standard output); with --format all, a folder")
     exp.set_defaults(handler=cmd_tunes_export)

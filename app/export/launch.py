@@ -36,7 +36,9 @@ from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, m
 from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
 
 ScriptFormat = Literal["bash", "docker", "compose", "k8s", "ray", "k8s-multinode"]
-SCRIPT_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s", "ray", "k8s-multinode")
+SINGLE_NODE_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s")
+"""Launch formats for one machine (what a ladder's or a tune's single winner exports to)."""
+SCRIPT_FORMATS: tuple[str, ...] = (*SINGLE_NODE_FORMATS, "ray", "k8s-multinode")
 MULTI_NODE_FORMATS = frozenset({"ray", "k8s-multinode"})
 """vLLM across machines: a Ray cluster from one script run on every node, or a LeaderWorkerSet."""
 EXECUTABLE_FORMATS = frozenset({"bash", "docker", "ray"})

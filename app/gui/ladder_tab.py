@@ -13,24 +13,19 @@ saved profile keeps its ladder.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QComboBox,
-    QFileDialog,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMenu,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QToolButton,
     QVBoxLayout,
@@ -40,6 +35,7 @@ from PySide6.QtWidgets import (
 from app.bus import Bus, Event
 from app.config import RunConfig
 from app.events import LadderUpdated
+from app.gui.campaign_panel import CampaignTab
 from app.gui.ladder_chart import StaircaseChart
 from app.gui.theme import DARK, LIGHT
 from app.gui.workers import run_in_worker
@@ -67,16 +63,31 @@ def row_cells(row: StepRow) -> list[str]:
             limit_text(row) if row.ran else "", engine, row.verification if row.ran else ""]
 
 
-class LadderTab(QWidget):
+def _style_cell(item: QTableWidgetItem, row: StepRow, col: int) -> None:
+    """Losses, failures and inactive features in red, skipped steps muted; the why in tooltips."""
+    if col == 5 and row.loss or col == 1 and row.status in ("failed", "interrupted") \
+            or col == 11 and row.verification == "not active":
+        item.setForeground(QBrush(QColor(LIGHT.bad)))
+    elif row.status == "skipped":
+        item.setForeground(QBrush(QColor(LIGHT.muted)))
+    if col == 1 and row.reason:
+        item.setToolTip(row.reason)
+    if col == 11 and row.checks:
+        item.setToolTip("\n".join(f"{c.feature} = {c.requested}: {c.status} ({c.evidence})" for c in row.checks))
+    if col == 9 and row.ceiling_note:
+        item.setToolTip(row.ceiling_note)
+
+
+class LadderTab(CampaignTab):
     """See the module docstring. ``window`` is the :class:`app.gui.main_window.MainWindow`."""
 
+    noun, title, tick_ms = "ladder", "Ladder", TICK_MS
+
     def __init__(self, window: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.main = window
+        super().__init__(window, parent)
         self.spec: LadderSpec | None = None
         self.is_default = False
         self.state: LadderState | None = None
-        self.stored: list[Any] = []
         self.present_chart: StaircaseChart | None = None
         self._editing = False
         self._plan_pending = False
@@ -84,16 +95,11 @@ class LadderTab(QWidget):
         self._planned_hardware: Any = None
         self._ladder_ok = False  # the configuration can carry a ladder (a shared-prefix workload, one level)
         self._showing_stored = False  # a stored ladder is open: a new plan does not replace it
-        self._busy = False
         self.sub = window.bus.subscribe(kinds=(LadderUpdated,))
         self._build()
-        self.timer = QTimer(self)
-        self.timer.setInterval(TICK_MS)
-        self.timer.timeout.connect(self.tick)
-        self.timer.start()
+        self._start_ticking()
         window.state.changed.connect(self._config_changed)
         self._load_spec()
-        QTimer.singleShot(0, self.refresh_stored)
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -104,9 +110,7 @@ class LadderTab(QWidget):
         self.workload_label.setWordWrap(True)
         layout.addWidget(self.workload_label)
         split = QSplitter(Qt.Orientation.Horizontal)
-        left = QWidget()
-        left_box = QVBoxLayout(left)
-        left_box.setContentsMargins(0, 0, 0, 0)
+        left_box = self._left_panel(split)
         left_box.addWidget(QLabel("Steps (each a change to the previous step that ran):"))
         self.steps = QListWidget()
         self.steps.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -126,40 +130,12 @@ class LadderTab(QWidget):
         for button in (self.add_button, self.remove_button, self.up_button, self.down_button, self.default_button):
             edit.addWidget(button)
         left_box.addLayout(edit)
-        run_row = QHBoxLayout()
-        self.start_button = QPushButton("\u25b6 Start ladder")
-        self.start_button.setObjectName("startLadder")
-        self.stop_button = QPushButton("\u25a0 Stop")
-        self.stop_button.setEnabled(False)
-        run_row.addWidget(self.start_button)
-        run_row.addWidget(self.stop_button)
-        left_box.addLayout(run_row)
-        left_box.addWidget(QLabel("Stored ladders:"))
-        self.stored_picker = QComboBox()
-        left_box.addWidget(self.stored_picker)
-        stored_row = QHBoxLayout()
-        self.open_button = QPushButton("Open")
-        self.compare_button = QPushButton("Compare")
-        self.report_button = QPushButton("Report\u2026")
-        self.export_button = QPushButton("Export final step\u2026")
-        for button in (self.open_button, self.compare_button, self.report_button, self.export_button):
-            stored_row.addWidget(button)
-        left_box.addLayout(stored_row)
-        self.message = QLabel("")
-        self.message.setWordWrap(True)
-        left_box.addWidget(self.message)
-        split.addWidget(left)
-        right = QSplitter(Qt.Orientation.Vertical)
+        self._add_run_row(left_box, "\u25b6 Start ladder", "startLadder")
+        self.open_button, self.compare_button, self.report_button, self.export_button = self._add_stored_box(
+            left_box, "Stored ladders:", "Open", "Compare", "Report\u2026", "Export final step\u2026")
+        self._add_message(left_box)
         self.chart = StaircaseChart(LIGHT)
-        right.addWidget(self.chart)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        right.addWidget(self.table)
-        right.setSizes([520, 260])
-        split.addWidget(right)
+        self._add_results(split, self.chart, COLUMNS, [520, 260])
         split.setSizes([290, 1000])
         layout.addWidget(split, 1)
         self.remove_button.clicked.connect(self.remove_step)
@@ -167,7 +143,6 @@ class LadderTab(QWidget):
         self.down_button.clicked.connect(lambda: self.move_step(1))
         self.default_button.clicked.connect(self.use_default)
         self.start_button.clicked.connect(self.start)
-        self.stop_button.clicked.connect(self.main.stop_run)
         self.open_button.clicked.connect(self.open_stored)
         self.compare_button.clicked.connect(self.compare_stored)
         self.report_button.clicked.connect(self.save_report)
@@ -316,17 +291,9 @@ class LadderTab(QWidget):
 
     # -- running ---------------------------------------------------------------------------------
 
-    @property
-    def running_here(self) -> bool:
-        return getattr(self, "_running", False)
-
     def start(self) -> None:
         w = self.main
-        if w.running or self.spec is None:
-            return
-        problems = w.config_panel.problems()
-        if problems:
-            w._error("Cannot start the ladder: " + "; ".join(problems))
+        if w.running or self.spec is None or self._blocked():
             return
         from app.ladder.run import run_ladder
 
@@ -343,20 +310,9 @@ class LadderTab(QWidget):
                               db_path=db_path, hardware=hardware, flags=flags, runner_factory=self.runner_factory)
 
         self._showing_stored = False
-        w.show_banner(None)
-        w._clear_live("")
-        w.log_view.clear()
-        w.cancel = cancel
-        self._running = True
-        w.run_worker = run_in_worker(work, self._done, self._failed, name="ladder", parent=self)
-        w._set_running(True)
+        self._launch(work, cancel, "Ladder starting\u2026")
         w.presentation.set_heading(spec.name or config.name, "Acceleration ladder: " + " \u2192 ".join(
             s.name for s in spec.steps), "The staircase grows as each step finishes")
-        w.phase_bar.set_text("Ladder starting\u2026", 2)
-        self._update_buttons()
-
-    runner_factory: Any = None
-    """Tests put a stand-in runner here (``app.ladder.run.Ladder``'s ``runner_factory``)."""
 
     def _done(self, state: LadderState) -> None:
         self._finished()
@@ -368,20 +324,8 @@ class LadderTab(QWidget):
         self.main.show_banner(text, error=state.status not in ("completed", "cancelled"))
         self.show_state(state)
 
-    def _failed(self, message: str) -> None:
-        self._finished()
-        self.main._error(f"Ladder failed: {message}")
-
-    def _finished(self) -> None:
-        self._running = False
-        self.main._after_run()
-        self._update_buttons()
-        self.refresh_stored()
-
     def tick(self) -> None:
-        if self.main.running != self._busy:  # a run started or ended (here or from the toolbar)
-            self._busy = self.main.running
-            self._update_buttons()
+        self._follow_window()
         if self._planned_hardware is None and self.main.hardware is not None and not self.running_here:
             self.replan()  # the window's probe arrived: judge the steps on this machine, not the ladder's GPU
         latest = None
@@ -399,24 +343,7 @@ class LadderTab(QWidget):
         self.state = state
         self.chart.set_state(state)
         self._presentation_chart().set_state(state)
-        rows = state.rows if state else []
-        self.table.setRowCount(len(rows))
-        for i, row in enumerate(rows):
-            for col, text in enumerate(row_cells(row)):
-                item = QTableWidgetItem(text)
-                if col == 5 and row.loss or col == 1 and row.status in ("failed", "interrupted") \
-                        or col == 11 and row.verification == "not active":
-                    item.setForeground(QBrush(QColor(LIGHT.bad)))
-                elif row.status == "skipped":
-                    item.setForeground(QBrush(QColor(LIGHT.muted)))
-                if col == 1 and row.reason:
-                    item.setToolTip(row.reason)
-                if col == 11 and row.checks:
-                    item.setToolTip("\n".join(f"{c.feature} = {c.requested}: {c.status} ({c.evidence})"
-                                               for c in row.checks))
-                if col == 9 and row.ceiling_note:
-                    item.setToolTip(row.ceiling_note)
-                self.table.setItem(i, col, item)
+        self._fill_table(state.rows if state else [], row_cells, _style_cell)
 
     def _presentation_chart(self) -> StaircaseChart:
         """A large, dark staircase above the presentation's plots (created on first use)."""
@@ -431,24 +358,14 @@ class LadderTab(QWidget):
 
     # -- stored ladders ----------------------------------------------------------------------------
 
-    def refresh_stored(self) -> None:
+    def _list_stored(self, store: Any) -> list[Any]:
         from app.ladder.stored import list_ladders
 
-        run_in_worker(lambda: self.main._with_store(list_ladders), self._stored_loaded, self.main._error,
-                      name="ladders", parent=self)
+        return list_ladders(store)
 
-    def _stored_loaded(self, ladders: list[Any]) -> None:
-        self.stored = ladders
-        self.stored_picker.clear()
-        for s in ladders:
-            st = s.state
-            self.stored_picker.addItem(f"{st.ladder_id} \u00b7 {st.name} \u00b7 {st.status} "
-                                       f"({len(st.completed_rows)}/{len(st.rows)} steps)")
-        self._update_buttons()
-
-    def _chosen(self) -> Any:
-        i = self.stored_picker.currentIndex()
-        return self.stored[i] if 0 <= i < len(self.stored) else None
+    def _stored_label(self, item: Any) -> str:
+        st = item.state
+        return f"{st.ladder_id} \u00b7 {st.name} \u00b7 {st.status} ({len(st.completed_rows)}/{len(st.rows)} steps)"
 
     def open_stored(self) -> None:
         chosen = self._chosen()
@@ -463,25 +380,14 @@ class LadderTab(QWidget):
         if chosen is not None:
             self.main.compare_runs(chosen.run_ids)
 
-    def save_report(self, path: str | None = None) -> None:
+    def _report_target(self) -> tuple[Any, str] | None:
         chosen = self._chosen()
-        if chosen is None:
-            return
-        if not path:
-            path, _ = QFileDialog.getSaveFileName(self, "Save the ladder report", f"ladder-{chosen.ladder_id}.html",
-                                                  "HTML (*.html)")
-        if not path:
-            return
-        state = chosen.state
+        return None if chosen is None else (chosen.state, chosen.ladder_id)
 
-        def write() -> Path:
-            from app.export import save
-            from app.export.ladder_report import render_ladder_report
+    def _render_report(self, state: Any) -> str:
+        from app.export.ladder_report import render_ladder_report
 
-            return save(render_ladder_report(state), "html", path)
-
-        run_in_worker(write, lambda p: self.message.setText(f"Report written to {p}"), self.main._error,
-                      name="ladder-report", parent=self)
+        return render_ladder_report(state)
 
     def export_final(self) -> None:
         chosen = self._chosen()

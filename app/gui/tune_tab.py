@@ -15,34 +15,33 @@ from pathlib import Path
 from typing import Any
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from app.export.launch import SINGLE_NODE_FORMATS
 from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
+from app.gui.campaign_panel import CampaignTab
 from app.gui.theme import LIGHT, Theme
 from app.gui.workers import run_in_worker
 from app.tuner.state import TuneState, chart_points, pareto_front, slo_frontier, tpot_floor
 
 TICK_MS = 250
 DEFAULT_SLO = "ttft_ms<=500,tpot_ms<=50"
-SCRIPT_FORMATS = ("bash", "docker", "compose", "k8s")
+SCRIPT_FORMATS = SINGLE_NODE_FORMATS  # a single winner runs on one machine
 
 
 class ParetoChart(QWidget):
@@ -117,37 +116,40 @@ class ParetoChart(QWidget):
             brush=None if hollow else pg.mkBrush(colour), name=name))
 
 
-class TuneTab(QWidget):
+def _style_cell(item: QTableWidgetItem, row: dict[str, str], col: int) -> None:
+    """A trial's status in red (failed) or green (passed), the pick's row highlighted, notes as tooltips."""
+    key, status = COLUMNS[col], row["status"]
+    if key == "status" and status.endswith("failed"):
+        item.setForeground(QBrush(QColor(LIGHT.bad)))
+    elif key == "status" and status.endswith("passed"):
+        item.setForeground(QBrush(QColor(LIGHT.good)))
+    if status.startswith("PICK"):
+        item.setBackground(QBrush(QColor("#fef7e0")))
+    if key == "note" and row["note"]:
+        item.setToolTip(row["note"])
+
+
+class TuneTab(CampaignTab):
     """See the module docstring. ``window`` is the :class:`app.gui.main_window.MainWindow`."""
 
-    runner_factory: Any = None
-    """Tests put a stand-in runner here (the tuner's ``runner_factory``)."""
+    noun, title, tick_ms = "tune", "Tune", TICK_MS
     engines: Any = None
     """Tests put a stand-in engine source here (default: the tune's own engine keeper)."""
 
     def __init__(self, window: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.main = window
+        super().__init__(window, parent)
         self.state: TuneState | None = None
         self.stored: list[TuneState] = []
         self.tuner: Any = None
-        self._running = False
-        self._busy = False
         self._build()
-        self.timer = QTimer(self)
-        self.timer.setInterval(TICK_MS)
-        self.timer.timeout.connect(self.tick)
-        self.timer.start()
-        QTimer.singleShot(0, self.refresh_stored)
+        self._start_ticking()
 
     # -- layout --------------------------------------------------------------------------------
 
     def _build(self) -> None:
         layout = QHBoxLayout(self)
         split = QSplitter(Qt.Orientation.Horizontal)
-        left = QWidget()
-        box = QVBoxLayout(left)
-        box.setContentsMargins(0, 0, 0, 0)
+        box = self._left_panel(split)
         form = QFormLayout()
         self.slo_edit = QLineEdit(DEFAULT_SLO)
         self.slo_edit.setToolTip("Bounds on ttft_ms, tpot_ms, e2e_ms, queue_ms, held at the percentile below")
@@ -183,24 +185,9 @@ class TuneTab(QWidget):
         form.addRow("Confirm pick:", self.repeats)
         form.addRow("Space file:", space_row)
         box.addLayout(form)
-        run_row = QHBoxLayout()
-        self.start_button = QPushButton("\u25b6 Start tune")
-        self.start_button.setObjectName("startTune")
-        self.stop_button = QPushButton("\u25a0 Stop")
-        self.stop_button.setEnabled(False)
-        run_row.addWidget(self.start_button)
-        run_row.addWidget(self.stop_button)
-        box.addLayout(run_row)
-        box.addWidget(QLabel("Stored tunes:"))
-        self.stored_picker = QComboBox()
-        box.addWidget(self.stored_picker)
-        stored_row = QHBoxLayout()
-        self.open_button = QPushButton("Open")
-        self.resume_button = QPushButton("Resume")
-        self.report_button = QPushButton("Report\u2026")
-        for button in (self.open_button, self.resume_button, self.report_button):
-            stored_row.addWidget(button)
-        box.addLayout(stored_row)
+        self._add_run_row(box, "\u25b6 Start tune", "startTune")
+        self.open_button, self.resume_button, self.report_button = self._add_stored_box(
+            box, "Stored tunes:", "Open", "Resume", "Report\u2026")
         export_row = QHBoxLayout()
         self.export_format = QComboBox()
         self.export_format.addItems(list(SCRIPT_FORMATS))
@@ -217,26 +204,13 @@ class TuneTab(QWidget):
         self.pick_label.setWordWrap(True)
         self.pick_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         box.addWidget(self.pick_label)
-        self.message = QLabel("")
-        self.message.setWordWrap(True)
-        box.addWidget(self.message)
+        self._add_message(box)
         box.addStretch(1)
-        split.addWidget(left)
-        right = QSplitter(Qt.Orientation.Vertical)
         self.chart = ParetoChart(LIGHT)
-        right.addWidget(self.chart)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        right.addWidget(self.table)
-        right.setSizes([480, 300])
-        split.addWidget(right)
+        self._add_results(split, self.chart, COLUMNS, [480, 300])
         split.setSizes([330, 960])
         layout.addWidget(split)
         self.start_button.clicked.connect(lambda: self.start())
-        self.stop_button.clicked.connect(self.main.stop_run)
         self.space_button.clicked.connect(self._pick_space)
         self.open_button.clicked.connect(self.open_stored)
         self.resume_button.clicked.connect(lambda: self.start(resume=True))
@@ -265,17 +239,9 @@ class TuneTab(QWidget):
 
     # -- running ---------------------------------------------------------------------------------
 
-    @property
-    def running_here(self) -> bool:
-        return self._running
-
     def start(self, resume: bool = False) -> None:
         w = self.main
-        if w.running:
-            return
-        problems = w.config_panel.problems()
-        if problems and not resume:
-            w._error("Cannot start the tune: " + "; ".join(problems))
+        if w.running or not resume and self._blocked():
             return
         from app.tuner.run import Tuner
         from app.tuner.space import build_space, read_space_file
@@ -326,16 +292,8 @@ class TuneTab(QWidget):
             finally:
                 recorder.close()
 
-        w.show_banner(None)
-        w._clear_live("")
-        w.log_view.clear()
-        w.cancel = cancel
-        self._running = True
         self.tuner = None
-        w.run_worker = run_in_worker(work, self._done, self._failed, name="tune", parent=self)
-        w._set_running(True)
-        w.phase_bar.set_text("Tune starting\u2026", 2)
-        self._update_buttons()
+        self._launch(work, cancel, "Tune starting\u2026")
 
     def _done(self, state: TuneState) -> None:
         self._finished()
@@ -343,20 +301,8 @@ class TuneTab(QWidget):
         self.main.show_banner(f"Tune {state.status}" + (f" ({state.reason})" if state.reason else "") + ". "
                               + pick_text(state), error=state.status not in ("completed", "cancelled"))
 
-    def _failed(self, message: str) -> None:
-        self._finished()
-        self.main._error(f"Tune failed: {message}")
-
-    def _finished(self) -> None:
-        self._running = False
-        self.main._after_run()
-        self.refresh_stored()
-        self._update_buttons()
-
     def tick(self) -> None:
-        if self.main.running != self._busy:
-            self._busy = bool(self.main.running)
-            self._update_buttons()
+        self._follow_window()
         if self._running and self.tuner is not None:
             state = self.tuner.snapshot()
             if self.state is None or state.revision != self.state.revision:
@@ -372,44 +318,19 @@ class TuneTab(QWidget):
         self.state = state
         self.chart.set_state(state)
         self.pick_label.setText(pick_text(state) if state is not None else "")
-        rows = trial_table(state) if state is not None else []
-        self.table.setRowCount(len(rows))
-        for i, row in enumerate(rows):
-            for col, key in enumerate(COLUMNS):
-                item = QTableWidgetItem(row[key])
-                status = row["status"]
-                if key == "status" and status.endswith("failed"):
-                    item.setForeground(QBrush(QColor(LIGHT.bad)))
-                elif key == "status" and status.endswith("passed"):
-                    item.setForeground(QBrush(QColor(LIGHT.good)))
-                if status.startswith("PICK"):
-                    item.setBackground(QBrush(QColor("#fef7e0")))
-                if key == "note" and row["note"]:
-                    item.setToolTip(row["note"])
-                self.table.setItem(i, col, item)
+        self._fill_table(trial_table(state) if state is not None else [], lambda row: [row[k] for k in COLUMNS],
+                         _style_cell)
         self._update_buttons()
 
     # -- stored tunes ------------------------------------------------------------------------------
 
-    def refresh_stored(self) -> None:
+    def _list_stored(self, store: Any) -> list[TuneState]:
         from app.tuner.stored import list_states
 
-        run_in_worker(lambda: self.main._with_store(list_states), self._stored_loaded, self.main._error,
-                      name="tunes", parent=self)
+        return list_states(store)
 
-    def _stored_loaded(self, states: list[TuneState]) -> None:
-        self.stored = states
-        self.stored_picker.blockSignals(True)
-        self.stored_picker.clear()
-        for st in states:
-            self.stored_picker.addItem(f"{st.tune_id} \u00b7 {st.status} \u00b7 {len(st.measured)} trials \u00b7 "
-                                       f"{st.name}")
-        self.stored_picker.blockSignals(False)
-        self._update_buttons()
-
-    def _chosen(self) -> TuneState | None:
-        i = self.stored_picker.currentIndex()
-        return self.stored[i] if 0 <= i < len(self.stored) else None
+    def _stored_label(self, item: TuneState) -> str:
+        return f"{item.tune_id} \u00b7 {item.status} \u00b7 {len(item.measured)} trials \u00b7 {item.name}"
 
     def open_stored(self) -> None:
         chosen = self._chosen()
@@ -417,33 +338,22 @@ class TuneTab(QWidget):
             self.show_state(chosen)
             self.message.setText(f"Stored tune {chosen.tune_id}: {chosen.status}")
 
-    def save_report(self, path: str | None = None) -> None:
+    def _report_target(self) -> tuple[TuneState, str] | None:
         state = self.state or self._chosen()
-        if state is None:
-            return
-        if not path:
-            path, _ = QFileDialog.getSaveFileName(self, "Save the tune report", f"tune-{state.tune_id}.html",
-                                                  "HTML (*.html)")
-        if not path:
-            return
+        return None if state is None else (state, state.tune_id)
 
-        def write() -> Path:
-            from app.export import save
-            from app.export.tune_report import render_tune_report
+    def _render_report(self, state: TuneState) -> str:
+        from app.export.tune_report import render_tune_report
 
-            return save(render_tune_report(state), "html", path)
-
-        run_in_worker(write, lambda p: self.message.setText(f"Report written to {p}"), self.main._error,
-                      name="tune-report", parent=self)
+        return render_tune_report(state)
 
     def export_pick(self, path: str | None = None, fmt: str | None = None) -> None:
         state = self.state
         if state is None or state.pick is None:
             return
         fmt = fmt or self.export_format.currentText()
-        if not path:
-            suffix = ".sh" if fmt in ("bash", "docker") else ".yaml"
-            path, _ = QFileDialog.getSaveFileName(self, "Export the pick", f"pick-{state.tune_id}{suffix}")
+        suffix = ".sh" if fmt in ("bash", "docker") else ".yaml"
+        path = path or self._save_path("Export the pick", f"pick-{state.tune_id}{suffix}")
         if not path:
             return
 
@@ -453,8 +363,7 @@ class TuneTab(QWidget):
 
             return save(pick_launch_script(state, fmt), fmt, path)
 
-        run_in_worker(write, lambda p: self.message.setText(f"The pick written to {p} ({fmt})"), self.main._error,
-                      name="tune-export", parent=self)
+        self._write_in_worker(write, lambda p: f"The pick written to {p} ({fmt})", "tune-export")
 
     def import_points(self, path: str | None = None) -> None:
         state = self.state

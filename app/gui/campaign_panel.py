@@ -1,0 +1,235 @@
+"""What the Ladder tab (``app.gui.ladder_tab``) and the Tune tab (``app.gui.tune_tab``) share:
+both drive an ``app.campaign`` owner in the window's run worker (so Stop and closing the window
+treat it as the running run), show it as a chart over a table, and open stored campaigns from a
+picker to report or export. :class:`CampaignTab` holds that machinery once; each tab builds its
+own controls and keeps its own wording (``noun``, ``title``) and object names.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QBoxLayout,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gui.workers import run_in_worker
+
+Row = TypeVar("Row")
+
+
+class CampaignTab(QWidget):
+    """The shared half of a campaign tab. ``window`` is the :class:`app.gui.main_window.MainWindow`.
+    A subclass sets ``noun``/``title``/``tick_ms``, builds its layout with the ``_add_*`` helpers,
+    and supplies ``_list_stored``, ``_stored_label``, ``_report_target``, ``_render_report``,
+    ``_update_buttons``, ``_done`` and ``tick``."""
+
+    noun = "campaign"
+    """Lower case, in messages and file names ("ladder", "tune")."""
+    title = "Campaign"
+    """Capitalised, at the start of a banner ("Ladder", "Tune")."""
+    tick_ms = 250
+    runner_factory: Any = None
+    """Tests put a stand-in runner here (the campaign owner's ``runner_factory``)."""
+
+    def __init__(self, window: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.main = window
+        self.state: Any = None
+        self.stored: list[Any] = []
+        self._running = False
+        self._busy = False
+
+    def _start_ticking(self) -> None:
+        """The tick (following the run and the window) and the first read of the store."""
+        self.timer = QTimer(self)
+        self.timer.setInterval(self.tick_ms)
+        self.timer.timeout.connect(self.tick)
+        self.timer.start()
+        QTimer.singleShot(0, self.refresh_stored)
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def _add_run_row(self, box: QBoxLayout, text: str, object_name: str) -> None:
+        """Start (``object_name``, for tests) and Stop, which stops the window's run."""
+        row = QHBoxLayout()
+        self.start_button = QPushButton(text)
+        self.start_button.setObjectName(object_name)
+        self.stop_button = QPushButton("\u25a0 Stop")
+        self.stop_button.setEnabled(False)
+        row.addWidget(self.start_button)
+        row.addWidget(self.stop_button)
+        box.addLayout(row)
+        self.stop_button.clicked.connect(self.main.stop_run)
+
+    def _add_stored_box(self, box: QBoxLayout, label: str, *texts: str) -> list[QPushButton]:
+        """The stored campaigns' picker and a row of buttons acting on the chosen one."""
+        box.addWidget(QLabel(label))
+        self.stored_picker = QComboBox()
+        box.addWidget(self.stored_picker)
+        row = QHBoxLayout()
+        buttons = [QPushButton(text) for text in texts]
+        for button in buttons:
+            row.addWidget(button)
+        box.addLayout(row)
+        return buttons
+
+    def _add_message(self, box: QBoxLayout) -> None:
+        self.message = QLabel("")
+        self.message.setWordWrap(True)
+        box.addWidget(self.message)
+
+    def _add_results(self, split: QSplitter, chart: QWidget, columns: Sequence[str], sizes: list[int]) -> None:
+        """The chart over the table (read-only, one row per step or trial), on the right."""
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(chart)
+        self.table = QTableWidget(0, len(columns))
+        self.table.setHorizontalHeaderLabels(list(columns))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        right.addWidget(self.table)
+        right.setSizes(sizes)
+        split.addWidget(right)
+
+    def _fill_table(self, rows: Sequence[Row], cells: Callable[[Row], Sequence[str]],
+                    style: Callable[[QTableWidgetItem, Row, int], None]) -> None:
+        """One table row per step or trial: ``cells(row)`` its texts, ``style(item, row, col)`` its look."""
+        self.table.setRowCount(len(rows))
+        for i, row in enumerate(rows):
+            for col, text in enumerate(cells(row)):
+                item = QTableWidgetItem(text)
+                style(item, row, col)
+                self.table.setItem(i, col, item)
+
+    @staticmethod
+    def _left_panel(split: QSplitter) -> QVBoxLayout:
+        """The controls' column, on the left of ``split``."""
+        left = QWidget()
+        box = QVBoxLayout(left)
+        box.setContentsMargins(0, 0, 0, 0)
+        split.addWidget(left)
+        return box
+
+    # -- running ---------------------------------------------------------------------------------
+
+    @property
+    def running_here(self) -> bool:
+        return self._running
+
+    def _blocked(self) -> bool:
+        """The configuration's problems, said in one message; True when there are any."""
+        problems = self.main.config_panel.problems()
+        if problems:
+            self.main._error(f"Cannot start the {self.noun}: " + "; ".join(problems))
+        return bool(problems)
+
+    def _launch(self, work: Callable[[], Any], cancel: threading.Event, phase_text: str) -> None:
+        """``work()`` in the window's run worker, as the window's running run."""
+        w = self.main
+        w.show_banner(None)
+        w._clear_live("")
+        w.log_view.clear()
+        w.cancel = cancel
+        self._running = True
+        w.run_worker = run_in_worker(work, self._done, self._failed, name=self.noun, parent=self)
+        w._set_running(True)
+        w.phase_bar.set_text(phase_text, 2)
+        self._update_buttons()
+
+    def _done(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def _failed(self, message: str) -> None:
+        self._finished()
+        self.main._error(f"{self.title} failed: {message}")
+
+    def _finished(self) -> None:
+        self._running = False
+        self.main._after_run()
+        self._update_buttons()
+        self.refresh_stored()
+
+    def _follow_window(self) -> None:
+        """A run started or ended (here or from the toolbar): the buttons follow."""
+        if self.main.running != self._busy:
+            self._busy = bool(self.main.running)
+            self._update_buttons()
+
+    def tick(self) -> None:
+        self._follow_window()
+
+    def _update_buttons(self) -> None:
+        raise NotImplementedError
+
+    # -- stored campaigns --------------------------------------------------------------------------
+
+    def _list_stored(self, store: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _stored_label(self, item: Any) -> str:
+        raise NotImplementedError
+
+    def refresh_stored(self) -> None:
+        run_in_worker(lambda: self.main._with_store(self._list_stored), self._stored_loaded, self.main._error,
+                      name=self.noun + "s", parent=self)
+
+    def _stored_loaded(self, items: list[Any]) -> None:
+        self.stored = items
+        self.stored_picker.blockSignals(True)
+        self.stored_picker.clear()
+        for item in items:
+            self.stored_picker.addItem(self._stored_label(item))
+        self.stored_picker.blockSignals(False)
+        self._update_buttons()
+
+    def _chosen(self) -> Any:
+        i = self.stored_picker.currentIndex()
+        return self.stored[i] if 0 <= i < len(self.stored) else None
+
+    def _report_target(self) -> tuple[Any, str] | None:
+        """The state the report is of, and its id (for the file name)."""
+        raise NotImplementedError
+
+    def _render_report(self, state: Any) -> str:
+        raise NotImplementedError
+
+    def save_report(self, path: str | None = None) -> None:
+        target = self._report_target()
+        if target is None:
+            return
+        state, ident = target
+        path = path or self._save_path(f"Save the {self.noun} report", f"{self.noun}-{ident}.html", "HTML (*.html)")
+        if not path:
+            return
+
+        def write() -> Path:
+            from app.export import save
+
+            return save(self._render_report(state), "html", path)
+
+        self._write_in_worker(write, lambda p: f"Report written to {p}", f"{self.noun}-report")
+
+    def _save_path(self, caption: str, default: str, filters: str = "") -> str:
+        path, _ = QFileDialog.getSaveFileName(self, caption, default, filters)
+        return str(path)
+
+    def _write_in_worker(self, write: Callable[[], Path], said: Callable[[Path], str], name: str) -> None:
+        """A file written off the GUI thread; the message says where, an error says why not."""
+        run_in_worker(write, lambda p: self.message.setText(said(p)), self.main._error, name=name, parent=self)
