@@ -195,6 +195,12 @@ class ReadyInfo:
     kv_cache: dict[str, float] = field(default_factory=dict)
 
 
+QUIET_AT_EXIT = "ignore::UserWarning:multiprocessing.resource_tracker"
+"""A Python engine's multiprocessing tracker warns, at every stop, of semaphores and shared memory
+its workers did not unregister (it removes them itself): a warning filter for the engine's own
+processes, never for tunebench's, keeps that out of the log shown to the user."""
+
+
 class EngineProcess:
     """A launched engine: its process group, log, phases, readiness and stop."""
 
@@ -270,7 +276,8 @@ class EngineProcess:
         for name, value in self.env_added.items():  # the log must never show them, in any form
             if is_secret_name(name):
                 remember_secret(value)
-        env = {**os.environ, **self.env_added, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env_added, "PYTHONUNBUFFERED": "1",
+               "PYTHONWARNINGS": ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), QUIET_AT_EXIT)))}
         self.started_monotonic = time.monotonic()
         self._set_phase(Phase.LAUNCHING, " ".join(self.argv[:3]))
         try:
