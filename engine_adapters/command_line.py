@@ -155,6 +155,28 @@ def diagnose_log(rules: Iterable[DiagnosisRule], log_lines: Iterable[str], gener
     return None
 
 
+def logged_ints(log_lines: Iterable[str], patterns: Mapping[str, re.Pattern[str]]) -> dict[str, int]:
+    """The first integer each pattern's group 1 finds in the log (sizes an engine logs at start)."""
+    out: dict[str, int] = {}
+    for line in log_lines:
+        for key, rx in patterns.items():
+            if key not in out and (m := rx.search(line)):
+                out[key] = int(m.group(1))
+    return out
+
+
+def kv_capacity(total_tokens: float | None, per_request_tokens: float | None) -> dict[str, float]:
+    """The engine's KV capacity as every adapter reports it: tokens in all, and how many requests
+    of the per-request length fit (``kv_cache`` of the adapter protocol)."""
+    out: dict[str, float] = {}
+    if total_tokens:
+        out["kv_cache_tokens"] = float(total_tokens)
+        if per_request_tokens:
+            out["max_concurrency"] = total_tokens / per_request_tokens
+            out["max_concurrency_at_tokens"] = float(per_request_tokens)
+    return out
+
+
 # --- verification by effect ---------------------------------------------------------------------------
 
 def counter_change(metrics_text: str, before_text: str | None) -> Callable[[str], float | None]:

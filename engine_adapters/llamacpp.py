@@ -62,6 +62,8 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     env_with_api_key,
     extra_args_issues,
+    kv_capacity,
+    logged_ints,
     probe_prompt_len,
     rendered_flags,
     run_help,
@@ -246,24 +248,13 @@ OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 
 def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
     """The sizes llama.cpp logged while starting (context, slots, batch, layer shapes)."""
-    out: dict[str, int] = {}
-    for line in log_lines:
-        for key, rx in _LOG_INT.items():
-            if key not in out and (m := rx.search(line)):
-                out[key] = int(m.group(1))
-    return out
+    return logged_ints(log_lines, _LOG_INT)
 
 
 def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
     """Tokens the context holds in all, and how many requests of the per-request length fit."""
     ints = log_ints(log_lines)
-    out: dict[str, float] = {}
-    if "n_ctx" in ints:
-        out["kv_cache_tokens"] = float(ints["n_ctx"])
-        if ints.get("n_ctx_seq"):
-            out["max_concurrency"] = ints["n_ctx"] / ints["n_ctx_seq"]
-            out["max_concurrency_at_tokens"] = float(ints["n_ctx_seq"])
-    return out
+    return kv_capacity(ints.get("n_ctx"), ints.get("n_ctx_seq"))
 
 
 _rule = diagnosis_rule

@@ -56,6 +56,8 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     env_with_api_key,
     extra_args_issues,
+    kv_capacity,
+    logged_ints,
     model_path_issues,
     probe_prompt_len,
     rendered_flags,
@@ -284,26 +286,13 @@ _SCHEDULER_RE = {key: re.compile(rf"\b{key}=(-?\d+)") for key in (
 
 def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
     """What the scheduler logged it set up (``max_total_num_tokens=..., max_running_requests=...``)."""
-    out: dict[str, int] = {}
-    for line in log_lines:
-        if "max_total_num_tokens=" not in line:
-            continue
-        for key, rx in _SCHEDULER_RE.items():
-            if key not in out and (m := rx.search(line)):
-                out[key] = int(m.group(1))
-    return out
+    return logged_ints((line for line in log_lines if "max_total_num_tokens=" in line), _SCHEDULER_RE)
 
 
 def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
     """The token pool SGLang allocated, and how many requests of its context length fit."""
     ints = log_ints(log_lines)
-    out: dict[str, float] = {}
-    if "max_total_num_tokens" in ints:
-        out["kv_cache_tokens"] = float(ints["max_total_num_tokens"])
-        if ints.get("context_len"):
-            out["max_concurrency"] = ints["max_total_num_tokens"] / ints["context_len"]
-            out["max_concurrency_at_tokens"] = float(ints["context_len"])
-    return out
+    return kv_capacity(ints.get("max_total_num_tokens"), ints.get("context_len"))
 
 
 _rule = diagnosis_rule
