@@ -26,6 +26,9 @@ from db import metric_catalog as catalog
 from db.stats import aggregate, significant
 from db.store import RunDetail, RunStore, StoreError
 from db.summary import judge_levels, level_extras, numbers
+from engine_adapters.config import Features
+from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import RuntimeErrorMessage
 
 _REPEAT_SUFFIX = re.compile(r" \(repeat \d+/\d+\)$")  # app.campaign names repeats "<name> (repeat i/N)"
 REPEAT_TAG = "repeat:"
@@ -217,6 +220,9 @@ class Comparison:
     bin_s: float = 1.0
     members: list[list[int]] = field(default_factory=list)
     """Run ids behind each column (one, or the runs of a repeat set)."""
+    engine_terms: dict[str, list[str | None]] = field(default_factory=dict)
+    """Per differing ``features.*`` setting, what each run's engine was given for it in its own
+    words (``--kv-cache-dtype fp8``, ``-ctk q8_0 -ctv q8_0``); None: the engine's default."""
 
     def __post_init__(self) -> None:
         self.members = self.members or [[r.id] for r in self.runs]
@@ -280,7 +286,9 @@ class Comparison:
             "runs": [{"id": r.id, "uid": r.uid, "name": r.name, "status": r.status, "model": r.model,
                       "engine_version": r.engine_version, "started_at": r.started_at, "members": members}
                      for r, members in zip(self.runs, self.members, strict=True)],
-            "config_diff": [{"key": k, "values": v} for k, v in self.config_diff],
+            "config_diff": [{"key": k, "values": v, **({"engine_terms": self.engine_terms[k]}
+                                                         if k in self.engine_terms else {})}
+                            for k, v in self.config_diff],
             "metrics": [{"name": m.name, "label": m.label, "unit": m.unit, "direction": m.direction,
                          "headline": m.headline, "values": m.values, "delta": m.delta, "delta_pct": m.delta_pct,
                          "factor": m.factor, "change": [m.change(i) for i in range(len(m.values))],
@@ -369,6 +377,26 @@ def single_run_comparison(store: RunStore, ref: int | str, *, series: bool = Tru
     return _build(store, [store.get_run(ref)], 0, True, series, 600)
 
 
+def engine_terms(runs: Sequence[RunDetail], keys: Sequence[str]) -> dict[str, list[str | None]]:
+    """Each differing feature in each run's engine's own terms (its adapter renders them from the
+    run's stored features); a run whose features no longer validate, or an imported run, has none."""
+    rendered: list[dict[str, str] | None] = []
+    for run in runs:
+        try:
+            adapter = get_adapter(str((run.config.get("engine") or {}).get("kind", "vllm")))
+            rendered.append(adapter.engine_terms(Features.model_validate(run.config.get("features") or {})))
+        except (ValueError, RuntimeErrorMessage):
+            rendered.append(None)
+    out: dict[str, list[str | None]] = {}
+    for key in keys:
+        if key.startswith("features."):
+            feature = key.removeprefix("features.")
+            terms = [r.get(feature) if r is not None else None for r in rendered]
+            if any(terms):
+                out[key] = terms
+    return out
+
+
 def _build(store: RunStore, runs: list[RunDetail], base: int, expand: bool, series: bool,
            max_points: int) -> Comparison:
     columns = [_column(store, r, expand) for r in runs]
@@ -376,7 +404,8 @@ def _build(store: RunStore, runs: list[RunDetail], base: int, expand: bool, seri
     keys = sorted(set().union(*settings))
     diff = [(k, [s.get(k) for s in settings]) for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
     comparison = Comparison([c.run for c in columns], base, diff, _metric_rows(columns, base),
-                            members=[[m.id for m in c.members] for c in columns])
+                            members=[[m.id for m in c.members] for c in columns],
+                            engine_terms=engine_terms([c.run for c in columns], [k for k, _v in diff]))
     if series:
         comparison.series, comparison.bin_s = align_series(store, comparison.runs, max_points)
     return comparison

@@ -187,6 +187,12 @@ class EngineAdapter(EngineMetrics, Protocol):
         """Whether the server answers requests now (polled while it starts)."""
         ...
 
+    def engine_terms(self, features: Features) -> dict[str, str]:
+        """Per feature key, what the engine is given for it in its own words (``--kv-cache-dtype
+        fp8``, ``-ctk q8_0 -ctv q8_0``, ``kv_cache_config.dtype: fp8``); absent where the
+        engine's default applies. Compare shows a cross-engine difference in these terms."""
+        ...
+
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
         """The KV-cache capacity the engine reported at startup (``kv_cache_tokens``,
         ``max_concurrency``, ...); empty when it says nothing."""

@@ -37,6 +37,11 @@ def rendered_flags(rules: Iterable[FlagRule], features: Features) -> dict[str, l
     return {rule.key: rule.render(features) for rule in rules}
 
 
+def flag_terms(flags_by_feature: Mapping[str, list[str]]) -> dict[str, str]:
+    """``engine_terms`` of a command-line engine: each feature's flags as written."""
+    return {key: " ".join(tokens) for key, tokens in flags_by_feature.items() if tokens and key != "extra_args"}
+
+
 def argv_of(flags_by_feature: Mapping[str, list[str]]) -> list[str]:
     return [token for tokens in flags_by_feature.values() for token in tokens]
 

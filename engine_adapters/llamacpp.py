@@ -62,6 +62,7 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     env_with_api_key,
     extra_args_issues,
+    flag_terms,
     kv_capacity,
     logged_ints,
     probe_prompt_len,
@@ -342,6 +343,9 @@ class LlamaCppAdapter:
         """llama-server answers /health with 200 once the model is loaded (503 while loading);
         /health needs no API key."""
         return http_ok(base_url + self.health_path, timeout_s)
+
+    def engine_terms(self, features: Features) -> dict[str, str]:
+        return flag_terms(feature_flags(features))
 
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
         return parse_kv_cache(log_lines)

@@ -56,6 +56,7 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     env_with_api_key,
     extra_args_issues,
+    flag_terms,
     kv_capacity,
     logged_ints,
     model_path_issues,
@@ -366,6 +367,9 @@ class SglangAdapter:
     def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
         """SGLang answers /health (public, even with an API key) once its scheduler runs."""
         return http_ok(base_url + self.health_path, timeout_s)
+
+    def engine_terms(self, features: Features) -> dict[str, str]:
+        return flag_terms(feature_flags(features))
 
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
         return parse_kv_cache(log_lines)

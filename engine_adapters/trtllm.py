@@ -299,6 +299,19 @@ class TrtllmAdapter:
     def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
         return http_ok(base_url + self.health_path, timeout_s)
 
+    def engine_terms(self, features: Features) -> dict[str, str]:
+        """Each feature's place in the options file, with its value (``kv_cache_config.dtype: fp8``)."""
+        options, out = llm_api_options(features), {}
+        for key, path in FEATURE_KEYS.items():
+            node: Any = options
+            for part in path:
+                if not isinstance(node, dict) or part not in node:
+                    break
+                node = node[part]
+            else:
+                out[key] = f"{'.'.join(path)}: {json.dumps(node, sort_keys=True)}"
+        return out
+
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
         return parse_kv_cache(log_lines)
 

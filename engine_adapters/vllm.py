@@ -35,6 +35,7 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     env_with_api_key,
     extra_args_issues,
+    flag_terms,
     model_path_issues,
     probe_prompt_len,
     rendered_flags,
@@ -295,6 +296,9 @@ class VllmAdapter:
     def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
         """vLLM answers /health with 200 once the model is loaded and the API server listens."""
         return http_ok(base_url + self.health_path, timeout_s)
+
+    def engine_terms(self, features: Features) -> dict[str, str]:
+        return flag_terms(feature_flags(features))
 
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
         return parse_kv_cache(log_lines)

@@ -238,8 +238,13 @@ def _print_comparison(c: Comparison) -> None:
     print()
     if c.config_diff:
         print("configuration differences:")
-        _table([[k, *[_one_line(json.dumps(v) if not isinstance(v, str) else v, 28) for v in vals]]
-                for k, vals in c.config_diff], ["SETTING", *labels])
+        settings: list[list[str]] = []
+        for k, vals in c.config_diff:
+            settings.append([k, *[_one_line(json.dumps(v) if not isinstance(v, str) else v, 28) for v in vals]])
+            if k in c.engine_terms:  # what each engine was given, in its own words
+                settings.append(["  as given to the engine", *[_one_line(t or "(engine default)", 28)
+                                                                 for t in c.engine_terms[k]]])
+        _table(settings, ["SETTING", *labels])
     else:
         print("configuration: identical")
     footnotes: dict[str, int] = {}

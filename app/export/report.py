@@ -309,7 +309,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                .strftime("%Y-%m-%d %H:%M"), "color": PALETTE[i % len(PALETTE)],
                "baseline": i == comparison.baseline and len(runs) > 1} for i, r in enumerate(runs)],
         diff=[{"key": k, "values": ["–" if v is None else json.dumps(v) if not isinstance(v, str) else v
-                                    for v in vals]} for k, vals in comparison.config_diff],
+                                    for v in vals], "terms": comparison.engine_terms.get(k)}
+              for k, vals in comparison.config_diff],
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
         headlines=_headline_items(comparison), distributions=dist_charts, distribution_notes=dist_notes,
         rooflines=roofline_charts, roofline_notes=roofline_notes)

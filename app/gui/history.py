@@ -512,9 +512,15 @@ class CompareView(QWidget):
             name.setData(Qt.ItemDataRole.UserRole, key)
             name.setToolTip(key)
             self.diff.setItem(row, 0, name)
+            terms = comparison.engine_terms.get(key)
+            engines = {str((r.config.get("engine") or {}).get("kind")) for r in runs}
             for col, value in enumerate(values):
-                item = QTableWidgetItem(_setting_text(key, value))
-                item.setToolTip(repr(value))
+                text = _setting_text(key, value)
+                said = terms[col] if terms else None
+                if said and len(engines) > 1:  # across engines, each in its own words
+                    text += f"\n{said}"
+                item = QTableWidgetItem(text)
+                item.setToolTip(f"given to the engine as: {said}" if said else repr(value))
                 self.diff.setItem(row, col + 1, item)
         self.diff.resizeColumnsToContents()
         self._fill_metrics()
