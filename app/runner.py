@@ -7,6 +7,10 @@ the typed events of ``app.events``, in the order documented there: ``RunStarted`
 (~2 Hz), ``LevelFinished``, ``RunFinished``. It always stops the engine it started, also on error or
 cancel. Failures end as ``run_finished`` with status ``failed``/``cancelled`` and a reason; only
 programming errors escape ``run()`` (after the engine is stopped and ``run_finished`` is sent).
+
+Why one module of ~550 lines: a run's life (launch or attach, readiness, feature checks, levels,
+engine counters, telemetry, the result) is one sequence with one cancel path and one place that
+decides its status; the pieces it drives live elsewhere (``app.load``, ``app.telemetry``).
 """
 
 from __future__ import annotations

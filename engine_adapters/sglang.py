@@ -25,6 +25,10 @@ sequences -> ``--max-running-requests``; max batched tokens -> ``--chunked-prefi
 chunk, or with chunked prefill off ``--max-prefill-tokens``); chunked prefill off ->
 ``--chunked-prefill-size -1``; max model length -> ``--context-length``; CUDA graphs off ->
 ``--disable-cuda-graph``; tensor/pipeline parallel -> ``--tp-size``/``--pp-size``.
+
+Why one module of ~620 lines: everything tunebench knows about one engine (its flags, help layout,
+log, diagnosis, metric names, verification) kept together, so a new release's changes land in
+one file; what all adapters share is ``engine_adapters.command_line``.
 """
 
 from __future__ import annotations

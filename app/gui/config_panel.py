@@ -12,6 +12,10 @@ Every edit builds a new, fully validated :class:`RunConfig` (a refused value is 
 its editor, in the field's own words, and the previous value is kept); the engine adapter's own
 ``validate`` then runs in a worker and its messages appear by the field they concern too.
 Loading a profile replaces the state and every editor follows, so open/save round-trips exactly.
+
+Why one module of ~750 lines: every editor is generated here from the field types and the
+catalogue, with its inline message and availability; the rules live in pydantic, the adapters and
+``app.gui.fields``, so this file is layout and binding only.
 """
 
 from __future__ import annotations

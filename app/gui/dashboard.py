@@ -3,6 +3,10 @@
 Views never own data: they read :class:`app.gui.series.SeriesStore` and only call ``setData``
 on curves whose ring buffer changed since the last refresh. Plots downsample to the screen
 width and clip to the visible range, so panning and zooming an hour of history stays cheap.
+
+Why one module of ~600 lines: the tiles, the plot grid and the page switching share one refresh
+path driven by the window's timer (one place decides what a tile or plot shows); the data they
+read is ``app.gui.series``, the roofline plot ``app.gui.roofline``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ Threading: the GUI thread only drains the bus (a QTimer at 20 Hz), updates widge
 workers. Runs, engine stops, store queries, profile files and validation all run in
 :class:`app.gui.workers.Worker` threads; their errors come back as one-line messages shown in
 the banner, never as tracebacks.
+
+Why one module of ~950 lines: the window is the one place that wires the panels to the bus timer,
+the workers and the session (closing included); each panel is its own module, and no figure is
+computed here.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ yields the most output tok/s per GPU while meeting the SLO, driving :class:`app.
   (``db.tune_store``); ``--resume`` keeps the completed ones and reruns only what was running.
 - **Processes.** Engines come from an :class:`~app.campaign.EngineKeeper` (own process group,
   watchdog, registry), closed when the tune ends however it ends; nothing is killed by name.
+
+Why one module of ~680 lines: the search loop, its resume from the store and its stopping rules
+share one state object and one cancel path; the space, the SLO judge, the state and its stored
+form are their own modules (``space``, ``slo``, ``state``, ``stored``).
 """
 
 from __future__ import annotations
