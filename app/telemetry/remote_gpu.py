@@ -1,5 +1,6 @@
 """GPU telemetry from another machine: NVIDIA's DCGM exporter (Prometheus text, as a Kubernetes
-GPU operator or ``docker run nvcr.io/nvidia/k8s/dcgm-exporter`` serves it on port 9400).
+GPU operator or ``docker run nvcr.io/nvidia/k8s/dcgm-exporter`` serves it on port 9400), or the
+nvidia_gpu_exporter that hosts without DCGM run beside node-exporter (port 9835).
 
 When the engine runs elsewhere (an attached endpoint on a cluster), local NVML sees nothing of
 it. The exporter's fields become the same ``gpu<i>`` samples, under the same quantity names and
@@ -28,7 +29,8 @@ from engine_adapters.secrets import mask_url
 
 MIB = 1024.0 * 1024.0
 
-# DCGM field -> (GPU quantity, scale to its unit). One table: what a field means is said here only.
+# Exporter field -> (GPU quantity, scale to its unit). One table per exporter: what a field means
+# is said here only.
 DCGM_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_USED": ("memory_used_bytes", MIB),
     "DCGM_FI_DEV_GPU_UTIL": ("gpu_util_pct", 1.0),
@@ -43,7 +45,25 @@ DCGM_FIELDS: dict[str, tuple[str, float]] = {
 }
 # Framebuffer memory: total = used + free (+ reserved, where the exporter sends it).
 FB_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
-WANTED = set(DCGM_FIELDS) | set(FB_PARTS)
+
+# utkuozdemir/nvidia_gpu_exporter (nvidia-smi's query fields, often run beside node-exporter on
+# hosts without DCGM): ratios 0-1, bytes, watts, hertz. Names and labels from its docs/METRICS.md.
+NVIDIA_SMI_FIELDS: dict[str, tuple[str, float]] = {
+    "nvidia_smi_memory_used_bytes": ("memory_used_bytes", 1.0),
+    "nvidia_smi_memory_total_bytes": ("memory_total_bytes", 1.0),
+    "nvidia_smi_utilization_gpu_ratio": ("gpu_util_pct", 100.0),
+    "nvidia_smi_utilization_memory_ratio": ("memory_busy_pct", 100.0),
+    "nvidia_smi_pcie_throughput_tx_bytes_per_second": ("pcie_tx_bytes_per_s", 1.0),
+    "nvidia_smi_pcie_throughput_rx_bytes_per_second": ("pcie_rx_bytes_per_s", 1.0),
+    "nvidia_smi_power_draw_watts": ("power_w", 1.0),
+    "nvidia_smi_clocks_current_sm_clock_hz": ("sm_clock_mhz", 1e-6),
+    "nvidia_smi_clocks_current_memory_clock_hz": ("mem_clock_mhz", 1e-6),
+    "nvidia_smi_temperature_gpu": ("temperature_c", 1.0),
+}
+NVIDIA_SMI_INFO = "nvidia_smi_gpu_info"  # labels uuid, name, index: which GPU a uuid is
+
+WANTED = set(DCGM_FIELDS) | set(FB_PARTS) | set(NVIDIA_SMI_FIELDS) | {NVIDIA_SMI_INFO}
+GPU_FIELDS = {**DCGM_FIELDS, **NVIDIA_SMI_FIELDS}
 
 
 class RemoteGpuError(Exception):
@@ -60,30 +80,45 @@ class RemoteGpu:
     name: str | None
     uuid: str | None
     values: dict[str, float]
+    exporter: str = "DCGM exporter"
 
 
-def parse_dcgm(text: str) -> list[RemoteGpu]:
-    """The exporter's page as one reading per GPU (ValueError on malformed text)."""
+def parse_exporter(text: str) -> list[RemoteGpu]:
+    """A DCGM exporter's or an nvidia_gpu_exporter's page as one reading per GPU (ValueError on
+    malformed text)."""
+    samples = labelled_samples(text, WANTED)
+    info = {labels.get("uuid", ""): labels for name, labels, _v in samples if name == NVIDIA_SMI_INFO}
     by_gpu: dict[tuple[str, str], dict[str, float]] = {}
-    meta: dict[tuple[str, str], tuple[str | None, str | None]] = {}
-    for name, labels, value in labelled_samples(text, WANTED):
-        key = (labels.get("Hostname", ""), labels.get("gpu", labels.get("UUID", "")))
+    meta: dict[tuple[str, str], tuple[str | None, str | None, str]] = {}
+    for name, labels, value in samples:
+        if name == NVIDIA_SMI_INFO:
+            continue
+        if name.startswith("nvidia_smi_"):
+            gpu_uuid = labels.get("uuid", "")
+            known = info.get(gpu_uuid, {})
+            key = (labels.get("Hostname", known.get("Hostname", "")), known.get("index", gpu_uuid))
+            meta.setdefault(key, (known.get("name"), gpu_uuid or None, "nvidia_gpu_exporter"))
+        else:
+            key = (labels.get("Hostname", ""), labels.get("gpu", labels.get("UUID", "")))
+            meta.setdefault(key, (labels.get("modelName"), labels.get("UUID"), "DCGM exporter"))
         by_gpu.setdefault(key, {})[name] = value
-        meta.setdefault(key, (labels.get("modelName"), labels.get("UUID")))
     gpus = []
     for i, key in enumerate(sorted(by_gpu, key=lambda k: (k[0], _index_order(k[1])))):
         raw = by_gpu[key]
-        values = {quantity: raw[field] * scale for field, (quantity, scale) in DCGM_FIELDS.items() if field in raw}
+        values = {quantity: raw[field] * scale for field, (quantity, scale) in GPU_FIELDS.items() if field in raw}
         if "DCGM_FI_DEV_FB_USED" in raw and "DCGM_FI_DEV_FB_FREE" in raw:
             values["memory_total_bytes"] = sum(raw.get(part, 0.0) for part in FB_PARTS) * MIB
-        model, uuid = meta[key]
+        model, uuid, exporter = meta[key]
         if "dram_bw_util_pct" in values:
             values["dram_bw_util_pct"] = min(max(values["dram_bw_util_pct"], 0.0), 100.0)
             peak = spec_peak_bandwidth(model) if model else None
             if peak is not None:
                 values["dram_bw_bytes_per_s"] = values["dram_bw_util_pct"] / 100.0 * peak
-        gpus.append(RemoteGpu(f"gpu{i}", key[0], key[1], model, uuid, values))
+        gpus.append(RemoteGpu(f"gpu{i}", key[0], key[1], model, uuid, values, exporter))
     return gpus
+
+
+parse_dcgm = parse_exporter  # the name the first exporter gave it
 
 
 def _index_order(index: str) -> tuple[int, str]:
@@ -92,18 +127,18 @@ def _index_order(index: str) -> tuple[int, str]:
 
 def support_reports(gpus: list[RemoteGpu], url: str) -> list[TelemetrySupport]:
     """Per GPU, what the exporter sends and why not the rest (its field lists are configurable)."""
-    every = [q for q, _ in DCGM_FIELDS.values()] + ["memory_total_bytes", "dram_bw_bytes_per_s"]
+    every = sorted({q for q, _ in GPU_FIELDS.values()} | {"memory_total_bytes", "dram_bw_bytes_per_s"})
     reports = []
     shown = mask_url(url)
     for gpu in gpus:
-        unsupported = {q: "not sent by this exporter (add its DCGM field to the exporter's counters file)"
+        unsupported = {q: f"not sent by this {gpu.exporter} (its field list is configurable)"
                        for q in every if q not in gpu.values}
         if "dram_bw_util_pct" in gpu.values and "dram_bw_bytes_per_s" not in gpu.values:
             unsupported["dram_bw_bytes_per_s"] = f"no published peak bandwidth on file for {gpu.name or 'this GPU'}"
         where = f"{gpu.host} " if gpu.host else ""
         reports.append(TelemetrySupport(
             source=gpu.source, available=True, supported=sorted(gpu.values), unsupported=unsupported,
-            detail=f"remote: {where}GPU {gpu.index} from the DCGM exporter at {shown}", name=gpu.name, uuid=gpu.uuid))
+            detail=f"remote: {where}GPU {gpu.index} from the {gpu.exporter} at {shown}", name=gpu.name, uuid=gpu.uuid))
     return reports
 
 
@@ -119,6 +154,6 @@ def fetch_text(url: str, timeout_s: float) -> str:
 def read_gpus(url: str, timeout_s: float = 3.0) -> list[RemoteGpu]:
     text = fetch_text(url, timeout_s)
     try:
-        return parse_dcgm(text)
+        return parse_exporter(text)
     except ValueError as exc:
         raise RemoteGpuError(f"unreadable metrics text from {mask_url(url)}: {exc}") from exc

@@ -119,3 +119,21 @@ def test_an_unreachable_exporter_is_a_notice_and_a_count_never_a_crash() -> None
         collector.stop()
     assert notices and notices[0].startswith("remote GPU metrics unreachable, retrying") and "hunter2" not in notices[0]
     assert collector.stats()["gpu"]["errors"] >= 1
+
+
+SMI_PAGE = (Path(__file__).resolve().parents[1] / "data" / "nvidia_gpu_exporter" / "nvidia-gpu-exporter-l40sx2.txt").read_text()
+
+
+def test_an_nvidia_gpu_exporter_page_reads_the_same_way() -> None:
+    """The exporter hosts without DCGM run beside node-exporter: ratios, bytes and hertz become
+    the same quantities; the GPU's name and index come from its info metric."""
+    busy, idle = parse_dcgm(SMI_PAGE)
+    assert (busy.source, busy.index, busy.name, busy.exporter) == ("gpu0", "0", "NVIDIA L40S", "nvidia_gpu_exporter")
+    assert idle.index == "1" and idle.values["gpu_util_pct"] == 0
+    v = busy.values
+    assert set(v) <= set(GPU_QUANTITIES)
+    assert v["gpu_util_pct"] == pytest.approx(88.0) and v["memory_busy_pct"] == pytest.approx(47.0)
+    assert v["memory_used_bytes"] == 4.3486543872e10 and v["memory_total_bytes"] == 4.8305799168e10
+    assert v["sm_clock_mhz"] == pytest.approx(2520.0) and v["mem_clock_mhz"] == pytest.approx(9001.0)
+    assert v["power_w"] == pytest.approx(291.4) and v["temperature_c"] == 61
+    assert "dram_bw_util_pct" not in v  # nvidia-smi has no bandwidth figure: said so, never made up
