@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
     monitor.add_argument("--endpoint", type=endpoint_url, help="engine base URL or /metrics URL (default: the engine tunebench started)")
     monitor.add_argument("--api-key", type=api_key_arg, help=f"bearer token for the endpoint (default: ${API_KEY_ENV[0]} or ${API_KEY_ENV[1]})")
     monitor.add_argument("--gpu-metrics", type=endpoint_url, metavar="URL",
-                         help="GPU telemetry from a DCGM exporter's /metrics (the engine's machine) instead of local NVML")
+                         help="GPU telemetry from a DCGM exporter's (or nvidia_gpu_exporter's) /metrics on the engine's machine, instead of local NVML")
     monitor.add_argument("--engine", choices=sorted(METRICS), default="vllm", help="metric names to read (default vllm)")
     monitor.add_argument("--engine-pid", type=bounded_int(1, MAX_PID), help="engine process whose tree RSS/CPU to show")
     monitor.add_argument("--interval", type=bounded_float(0.05, 3600.0), default=1.0, help="refresh and scrape interval in seconds (default 1)")

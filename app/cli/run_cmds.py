@@ -242,7 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--endpoint", help="attach to a running OpenAI-compatible server instead of launching one")
     run.add_argument("--api-key", help="API key for --endpoint (default: $TUNEBENCH_API_KEY)")
     run.add_argument("--gpu-metrics", metavar="URL",
-                     help="GPU telemetry from a DCGM exporter's /metrics (the engine's machine, e.g. a Kubernetes "
+                     help="GPU telemetry from a DCGM exporter's (or nvidia_gpu_exporter's) /metrics (the engine's machine, e.g. a Kubernetes "
                           "node's :9400) instead of local NVML")
     run.add_argument("--json", metavar="FILE", help="write the result (levels and their figures) as JSON")
     run.add_argument("--json-requests", action="store_true",
