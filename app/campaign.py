@@ -74,6 +74,8 @@ class EngineKeeper:
         if self._engine is not None and self._key == key and self._engine.is_running():
             bus.emit(LogLine(line=f"tunebench: reusing the running engine at {self._engine.base_url}"))
             return self._engine
+        if self._engine is not None:
+            bus.emit(LogLine(line="tunebench: the kept engine's flags differ from this run's: stopping it"))
         self.close()
 
         def on_phase(phase: Phase, detail: str) -> None:
@@ -102,9 +104,14 @@ class EngineKeeper:
         return engine if engine is not None and engine.is_running() else None
 
     def close(self) -> str | None:
-        """Stop the kept engine; says how it stopped (None when there was none)."""
+        """Stop the kept engine; says how it stopped (None when there was none). Its shutdown
+        (phases, and the tracebacks its workers print as they are torn down) is no longer
+        published: it would land in the next run's log and phase bar."""
         engine, self._engine, self._key = self._engine, None, None
-        return engine.stop() if engine is not None else None
+        if engine is None:
+            return None
+        engine.on_log = engine.on_phase = None
+        return engine.stop()
 
 
 @dataclass

@@ -154,3 +154,28 @@ def test_cli_repeat_stores_a_set_with_its_confidence_interval(server: FakeOpenAI
         store.finish_run(single, "completed")
         c = compare_runs(store, [single, runs[1].id], series=False)
     assert c.members[1] == step["stored_ids"]
+
+
+def test_a_replaced_kept_engine_stops_without_speaking_into_the_next_run() -> None:
+    """Its shutdown lines (vLLM's workers print EngineDeadError tracebacks as they are torn down)
+    and its stopping phases must not land in the next run's log and phase bar."""
+    from app.campaign import EngineKeeper
+
+    heard: list[str] = []
+
+    class Stopping:
+        def __init__(self) -> None:
+            self.on_log = heard.append
+            self.on_phase = lambda phase, detail: heard.append(f"phase {phase}")
+
+        def stop(self) -> str:
+            for callback, arg in ((self.on_log, "EngineDeadError: the engine died"), (self.on_phase, "stopping")):
+                if callback is not None:
+                    callback(arg) if callback is heard.append else callback(arg, "")  # type: ignore[operator]
+            return "SIGINT"
+
+    keeper = EngineKeeper()
+    keeper._engine, keeper._key = Stopping(), "old"  # type: ignore[assignment]
+    assert keeper.close() == "SIGINT"
+    assert heard == []
+    assert keeper.engine is None
