@@ -52,7 +52,10 @@ class Worker(QThread):
             result = self.fn()
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
             self.error = exc
-            log.warning("worker %s failed:\n%s", self.objectName(), traceback.format_exc())
+            if isinstance(exc, TunebenchError):  # the user's to act on: its message says it all
+                log.info("worker %s: %s", self.objectName(), exc)
+            else:  # a bug: keep the traceback
+                log.warning("worker %s failed:\n%s", self.objectName(), traceback.format_exc())
             self.failed.emit(user_message(exc))
             return
         self.succeeded.emit(result)

@@ -73,10 +73,17 @@ def _name(pid: int) -> str:
         return "?"
 
 
+_ASK = QMessageBox.question  # the real box, before any test patches it
+
+
 def close_window(qtbot, window: MainWindow, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:  # type: ignore[no-untyped-def]
-    # A window closed mid-run asks "Stop the run?" in a modal box, which nobody answers in a test
-    # (a test's own monkeypatch is undone before this fixture's teardown): answer Yes here.
-    with mock.patch.object(QMessageBox, "question", return_value=QMessageBox.StandardButton.Yes):
+    # A window closed mid-run asks "Stop the run?" in a modal box. A test that answers it itself
+    # has patched the box; otherwise (in this fixture's teardown a test's own monkeypatch is
+    # already undone) nobody would answer: answer Yes here.
+    if QMessageBox.question is _ASK:
+        with mock.patch.object(QMessageBox, "question", return_value=QMessageBox.StandardButton.Yes):
+            window.close()
+    else:
         window.close()
     qtbot.waitUntil(lambda: window._close_ready and not window.isVisible(), timeout=timeout_ms)
     qtbot.waitUntil(lambda: not busy_workers(), timeout=10_000)
