@@ -16,6 +16,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("PySide6")
 
 from PySide6.QtWidgets import QWidget  # noqa: E402
+from shiboken6 import isValid  # noqa: E402
 
 from app.export import Target, export  # noqa: E402
 from app.gui.export_dialog import ExportDialog  # noqa: E402
@@ -53,7 +54,8 @@ def dialog(qtbot: Any, store: RunStore) -> Iterator[ExportDialog]:
     dlg.store_calls = calls  # type: ignore[attr-defined]
     yield dlg
     qtbot.waitUntil(lambda: not busy_workers(), timeout=20_000)
-    dlg.close()
+    if isValid(dlg):  # pytest-qt may already have closed (and Qt deleted) its parent, and it with it
+        dlg.close()
 
 
 def _show(qtbot: Any, dlg: ExportDialog, fmt: str) -> str:
