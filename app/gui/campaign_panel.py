@@ -154,6 +154,7 @@ class CampaignTab(QWidget):
         self._update_buttons()
 
     def _done(self, state: Any) -> None:
+        """Hook, defined by each tab (LadderTab, TuneTab): The run's final state, on the GUI thread: each tab shows it its own way."""
         raise NotImplementedError
 
     def _failed(self, message: str) -> None:
@@ -176,14 +177,17 @@ class CampaignTab(QWidget):
         self._follow_window()
 
     def _update_buttons(self) -> None:
+        """Hook, defined by each tab (LadderTab, TuneTab): Which buttons the tab's state allows."""
         raise NotImplementedError
 
     # -- stored campaigns --------------------------------------------------------------------------
 
     def _list_stored(self, store: Any) -> list[Any]:
+        """Hook, defined by each tab (LadderTab, TuneTab): The tab's stored campaigns (in a worker, from the store)."""
         raise NotImplementedError
 
     def _stored_label(self, item: Any) -> str:
+        """Hook, defined by each tab (LadderTab, TuneTab): One stored campaign as the picker lists it."""
         raise NotImplementedError
 
     def refresh_stored(self) -> None:
@@ -204,10 +208,12 @@ class CampaignTab(QWidget):
         return self.stored[i] if 0 <= i < len(self.stored) else None
 
     def _report_target(self) -> tuple[Any, str] | None:
-        """The state the report is of, and its id (for the file name)."""
+        """Hook, defined by each tab (LadderTab, TuneTab): the state the report is of, and its id
+        (for the file name)."""
         raise NotImplementedError
 
     def _render_report(self, state: Any) -> str:
+        """Hook, defined by each tab (LadderTab, TuneTab): The HTML report of one state."""
         raise NotImplementedError
 
     def save_report(self, path: str | None = None) -> None:

@@ -89,6 +89,7 @@ class FakeRunner:
         return []
 
     def measure(self, run_id: str, t0: float, cancel: threading.Event | None) -> LevelSummary:
+        """Hook, defined by each fake (FakeLadderRunner, FakeTuneRunner): what its one level measures."""
         raise NotImplementedError
 
     def run(self, cancel: threading.Event | None = None) -> RunResult:
