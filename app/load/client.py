@@ -54,12 +54,25 @@ class ClientOptions:
 OnTokens = Callable[[int], None]
 
 
+# An idle keep-alive connection is reused for this long at most. The engines' HTTP servers close
+# idle connections after 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE and uvicorn's default); aiohttp
+# keeps them for 15 s. A request sent on a connection just as the server closes it fails with
+# "Server disconnected", and a starved client loop that has not yet read the server's FIN widens
+# that window to its lag: so stop reusing well before the server stops keeping.
+IDLE_CONNECTION_REUSE_S = 2.0
+
+
 def make_session(limit: int, keep_alive: bool = True) -> aiohttp.ClientSession:
-    """One session per level: keep-alive connections reused across requests, unless the server
-    closes idle or well-used connections on its own (aiohttp does not retry a POST whose body it
-    could not write to such a connection: every one would be a failed request)."""
-    connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, force_close=not keep_alive,
-                                     enable_cleanup_closed=True)
+    """One session per level: keep-alive connections reused across requests (idle ones for at most
+    ``IDLE_CONNECTION_REUSE_S``), unless the server closes idle or well-used connections on its own
+    (aiohttp does not retry a POST whose body it could not write to such a connection: every one
+    would be a failed request)."""
+    if keep_alive:
+        connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, enable_cleanup_closed=True,
+                                         keepalive_timeout=IDLE_CONNECTION_REUSE_S)
+    else:
+        connector = aiohttp.TCPConnector(limit=max(1, limit), limit_per_host=0, enable_cleanup_closed=True,
+                                         force_close=True)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                  auto_decompress=False)
 

@@ -178,3 +178,75 @@ def test_non_object_json_and_error_objects() -> None:
     assert state.error_kind == "stream" and "boom" in (state.error or "") and state.tokens == 1
     body = json.loads(encode_stream(1, "ok", chat=True)[0][6:])
     assert body["choices"][0]["delta"]["content"] == " tok"
+
+
+class _ClosesIdleConnectionsAtReuse:
+    """An HTTP/1.1 server that keeps connections alive but, like an engine whose keep-alive timer
+    fires just as the client reuses an idle connection, drops one that was idle for
+    ``idle_limit_s`` when the next request arrives on it, without answering."""
+
+    def __init__(self, idle_limit_s: float) -> None:
+        self.idle_limit_s = idle_limit_s
+        self.connections = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import time
+
+        self.connections += 1
+        idle_since = time.monotonic()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if time.monotonic() - idle_since >= self.idle_limit_s:
+                    return  # the race lost: the server closed this connection
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                body = b"".join(encode_stream(5, "ok", chat=False))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                idle_since = time.monotonic()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_an_idle_connection_is_not_reused_after_the_servers_keep_alive() -> None:
+    """Two requests 1.2 s apart on one session against a server that drops connections idle for
+    1 s: the second goes out on a fresh connection and succeeds. With aiohttp's default (reuse for
+    15 s) it went out on the dropped one and failed as "Server disconnected"."""
+    import time
+
+    from app.load import client as client_module
+
+    async def go() -> list[RequestRecord]:
+        fake = _ClosesIdleConnectionsAtReuse(idle_limit_s=1.0)
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        records = []
+        try:
+            async with make_session(4) as session:
+                client = StreamClient(session, ClientOptions(base_url=f"http://127.0.0.1:{port}", model="m"))
+                for index in range(2):
+                    if index:
+                        await asyncio.sleep(1.2)
+                    now = time.perf_counter()
+                    rec, _ = await client.send(Conversation(0, [Turn("p", 5, 5)]), 0, [], level=0, index=index,
+                                               level_t0=now, scheduled=now)
+                    records.append(rec)
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert fake.connections == 2
+        return records
+
+    original = client_module.IDLE_CONNECTION_REUSE_S
+    client_module.IDLE_CONNECTION_REUSE_S = 0.5  # below this server's 1 s, as 2 s is below the engines' 5 s
+    try:
+        records = asyncio.run(go())
+    finally:
+        client_module.IDLE_CONNECTION_REUSE_S = original
+    assert [r.ok for r in records] == [True, True], [r.error for r in records]
+    assert client_module.IDLE_CONNECTION_REUSE_S < 5.0  # the engines' servers keep idle connections for 5 s
