@@ -23,6 +23,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Engine, create_engine, event
 
 from db.errors import StoreError, translate
+from db.models import Base
 
 DB_ENV = "TUNEBENCH_DB"
 BUSY_TIMEOUT_S = 30.0
@@ -31,9 +32,10 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 PAGE_SIZE_BYTES = 8192
 """Pages of new files: a flush's request chunk (about 10 KiB in a busy run) fills one overflow page
 and leaves a small rest in its leaf page; with 4 KiB pages the rests waste about 5% of the file."""
-TUNEBENCH_TABLES = frozenset({"alembic_version", "runs", "run_tags", "levels", "sample_chunks", "log_chunks",
-                              "run_events"})
-"""Tables every revision of the schema has: a database with other tables only is not ours."""
+HISTORIC_TABLES = frozenset({"requests", "request_chunks_new", "request_chunks_old"})
+"""Tables older revisions had, or that a migration makes on its way (beside ``db.models``'s)."""
+BATCH_TABLE_PREFIX = "_alembic_tmp_"
+"""Alembic's batch mode copies a table to ``_alembic_tmp_<name>`` before it drops the old one."""
 
 
 def default_db_path() -> Path:
@@ -58,6 +60,17 @@ def known_revisions() -> set[str]:
 
 def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def tunebench_tables() -> frozenset[str]:
+    """Every table name some revision of tunebench's schema makes, itself or on its way."""
+    return frozenset(Base.metadata.tables) | HISTORIC_TABLES | {"alembic_version"}
+
+
+def foreign_tables(tables: set[str]) -> set[str]:
+    """The tables tunebench never makes (a file that holds one is some other program's)."""
+    ours = tunebench_tables()
+    return {t for t in tables if t not in ours and t.removeprefix(BATCH_TABLE_PREFIX) not in ours}
 
 
 def open_engine(path: Path, busy_timeout_s: float) -> Engine:
@@ -111,15 +124,13 @@ def check_file(path: Path, busy_timeout_s: float) -> None:
     tables = {t for t in tables if not t.startswith("sqlite_")}
     if not tables:
         return
-    # Another tunebench may be creating this file right now: its first commit can hold the
-    # alembic_version table alone (with no revision yet, or a revision of ours); the migration
-    # lock then waits for it. Only tables of some other program make the file not ours.
-    being_created = "alembic_version" in tables and tables <= TUNEBENCH_TABLES and (
-        revision is None or revision[0] in known_revisions())
-    if not TUNEBENCH_TABLES <= tables and not being_created:
-        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise StoreError(f"{path} is an SQLite database but not a tunebench run database (its tables: {shown}); "
-                         f"pass --db with another file")
+    # Migrations commit as one transaction (:func:`migrate`), so a reader sees no schema or a whole
+    # one; a store some older tunebench is creating may still show a part of it. Only a table
+    # tunebench never makes says the file is another program's.
+    if foreign := foreign_tables(tables):
+        shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise StoreError(f"{path} is an SQLite database but not a tunebench run database (tables tunebench "
+                         f"never makes: {shown}); pass --db with another file")
     if revision is not None and revision[0] not in known_revisions():
         raise StoreError(f"the run database {path} has schema revision {revision[0]!r}, which this tunebench "
                          f"does not know: it was written by a newer tunebench; upgrade tunebench")
@@ -147,9 +158,14 @@ def migrate(engine: Engine, path: Path, revision: str = "head") -> None:
     config = alembic_config()
     if revision == "head" and current_revision(engine) == head_revision():
         return
-    with migration_lock(path), engine.begin() as conn:
+    with migration_lock(path), engine.connect() as conn:
+        # pysqlite sends no BEGIN before DDL, so each CREATE, copy and DROP would commit on its own
+        # and another process could open a schema made halfway. One explicit transaction (taken
+        # for writing at once) makes the whole upgrade appear at its commit, or not at all.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+        conn.commit()
     # A migration may have rewritten old values (0003 masks secrets): copy the WAL into the file and
     # empty it, so the old pages do not linger in the -wal file until some later checkpoint.
     with engine.connect() as conn:
