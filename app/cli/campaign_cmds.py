@@ -1,8 +1,9 @@
 """What ``tunebench ladder``/``ladders`` (``app.cli.ladder_cmds``) and ``tunebench tune``/``tunes``
 (``app.cli.tune_cmds``) share: both drive an ``app.campaign`` owner in the foreground, print its
 table, write ``--json`` atomically, read campaigns back from the run store and end with the same
-exit codes. Each face keeps its own wording; this module has none of its own beyond the store's
-and the exit lines' shape. No ``register``: it adds no command.
+exit codes. ``tunebench run`` shares the ``--json`` check and writer too. Each face keeps its own
+wording; this module has none of its own beyond the store's and the exit lines' shape. No
+``register``: it adds no command.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.errors import UserError
 from app.events import EngineReady, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
-from app.export.files import STDOUT, check_target
+from app.export.files import STDOUT, check_folder, check_target, write_problem
 from app.export.launch import SINGLE_NODE_FORMATS
 from app.profiles import ProfileError, load_profile, resolve_profile
 from engine_adapters.secrets import mask_obj
@@ -48,10 +49,17 @@ def load_profile_arg(name: str) -> tuple[Any, str]:
 
 
 def json_target(arg: str | None) -> Path | None:
-    """``--json FILE``, refused before anything runs when its folder does not exist."""
-    path = Path(arg) if arg else None
-    if path is not None and not path.parent.exists():
-        raise UserError(f"{path}: its folder does not exist")
+    """``--json FILE`` of ``run``, ``ladder`` and ``tune``, checked before anything runs: the result
+    is written only at the end, so a path that cannot take it is refused now, not after a run that
+    was measured and stored."""
+    if not arg:
+        return None
+    path = Path(arg)
+    try:
+        check_target(path)
+        check_folder(path)
+    except UserError as exc:
+        raise UserError(f"--json: {exc}") from None
     return path
 
 
@@ -62,7 +70,7 @@ def write_json(doc: dict[str, Any], path: Path, *, announce: bool = False) -> No
         tmp.write_bytes(pydantic_core.to_json(mask_obj(doc), indent=1, inf_nan_mode="null"))
         tmp.replace(path)
     except OSError as exc:
-        raise UserError(f"{path}: cannot write the result: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot write the result: {write_problem(path, exc)}") from None
     if announce:
         print(f"result written to {path}")
 

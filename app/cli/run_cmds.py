@@ -14,6 +14,8 @@ from typing import Any, TextIO
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import bounded_int
+from app.cli.campaign_cmds import json_target
+from app.cli.campaign_cmds import write_json as write_doc
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.config import RunConfig
@@ -143,8 +145,6 @@ class _Console:
 
 def write_json(result: RunResult | CampaignResult, path: Path) -> None:
     """Atomic: a crash never leaves half a result file. Secrets masked (engine_adapters.secrets)."""
-    from app.cli.campaign_cmds import write_json as write_doc
-
     write_doc(result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json"), path)
 
 
@@ -155,9 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     check_endpoint(args.endpoint)  # an empty or bad URL is refused before anything starts
     check_endpoint(args.gpu_metrics)
-    json_path = Path(args.json) if args.json else None
-    if json_path is not None and not json_path.parent.exists():
-        raise UserError(f"{json_path}: its folder does not exist")
+    json_path = json_target(args.json)  # before anything starts: the result is written only at the end
     api_key = args.api_key or (os.environ.get("TUNEBENCH_API_KEY") if args.endpoint else None)
     if api_key is not None:
         check_api_key(api_key)  # a newline would end the Authorization header and start another

@@ -35,8 +35,15 @@ class ImportProblem(ValueError):
 # --- checked values --------------------------------------------------------------------------
 
 def show(value: Any) -> str:
-    """A value as a message shows it: short, one line."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+    """A value as a message shows it: short, one line, in the file's own (JSON) words; a list or
+    an object by its kind, which is what a message about a wrong type needs."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, int) and abs(value) >= 10**24:
         return f"a {len(str(abs(value)))}-digit integer"
     text = json.dumps(value) if isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
@@ -136,6 +143,18 @@ def as_list(value: Any, field: str) -> list[Any]:
         return []
     if not isinstance(value, list):
         raise ImportProblem(f"{field}: expected a list, got {show(value)}")
+    return value
+
+
+def as_object(value: Any, field: str, *, required: bool = False) -> Mapping[str, Any]:
+    """An object of the file's structure (a benchmark, its metrics, a distribution): a missing one
+    is empty unless ``required``; any other type is refused, naming the field and what it is. A
+    list where an object belongs is another tool's or version's layout, and reading it as empty
+    would import a run without its figures."""
+    if value is None and not required:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ImportProblem(f"{field}: expected an object, got {show(value)}")
     return value
 
 

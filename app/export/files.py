@@ -10,6 +10,7 @@ are written executable (0755), everything else 0644. Every failure is one line.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -28,14 +29,33 @@ _KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"), (stat.S_I
 
 
 def _os_message(path: Path, exc: OSError) -> str:
-    """One line for a failed write, in the words of what the user can change."""
-    if exc.errno == errno.ENAMETOOLONG:
-        return f"cannot write {path}: the file name is too long"
-    if exc.errno == errno.ENOTDIR:
-        return f"cannot write {path}: a part of the path is a file, not a directory"
-    if exc.errno == errno.ENOENT:
-        return f"cannot write {path}: the directory {path.parent} does not exist"
-    return f"cannot write {path}: {exc.strerror or exc}"
+    """One line for a failed write."""
+    return f"cannot write {path}: {write_problem(path, exc)}"
+
+
+def write_problem(path: Path, exc: OSError) -> str:
+    """Why writing ``path`` failed, in the words of what the user can change. The error is read by
+    its errno; "does not exist" only when the folder really does not (a file system such as /proc
+    also answers ENOENT when it refuses to create a file in a folder that exists)."""
+    parent = path.parent
+    code = exc.errno
+    if code == errno.ENAMETOOLONG:
+        return "the file name is too long"
+    if code == errno.ENOTDIR:
+        return "a part of the path is a file, not a directory"
+    if code == errno.EISDIR:
+        return "it is a directory; give a file name"
+    if code in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if code == errno.EROFS:
+        return f"{parent} is on a read-only file system"
+    if code == errno.ENOENT:
+        if not parent.is_dir():
+            return f"its folder does not exist ({parent})"
+        return f"{parent} does not take new files (its file system refused to create one); choose another directory"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left ({exc.strerror or exc})"
+    return str(exc.strerror or exc)
 
 
 def check_target(path: Path) -> None:
@@ -54,6 +74,28 @@ def check_target(path: Path) -> None:
     for is_kind, kind in _KINDS:
         if is_kind(info.st_mode):
             raise UserError(f"{path} is {kind}, not a regular file: refusing to write to it{_stdout_hint(path)}")
+
+
+def check_folder(path: Path) -> None:
+    """Refuse, before the work, a path whose folder cannot take the file: missing, not a folder,
+    read-only, not writable, or (what access() cannot see for root) a file system that makes no
+    new files, such as /proc. A temporary file is made and removed there to be sure."""
+    parent = path.parent
+    try:
+        folder = os.stat(parent)
+    except OSError as exc:
+        raise UserError(_os_message(path, exc)) from None
+    if not stat.S_ISDIR(folder.st_mode):
+        raise UserError(f"cannot write {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: cannot create files in {parent} (permission denied)")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tunebench-", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise UserError(_os_message(path, exc)) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def _stdout_hint(path: Path) -> str:

@@ -25,6 +25,7 @@ from app.export.checks import (
     MAX_MS,
     ImportProblem,
     as_list,
+    as_object,
     as_text,
     count,
     json_object,
@@ -121,36 +122,37 @@ _GUIDELLM_RATES = {"output_tokens_per_second": "output_tok_per_s", "requests_per
                    "tokens_per_second": "total_tok_per_s"}
 
 
-def _guidellm_metrics(metrics: Any, field: str) -> dict[str, float]:
+def _guidellm_metrics(metrics: Mapping[str, Any], field: str) -> dict[str, float]:
+    """A benchmark's figures. Every part read must have its shape (an object where GuideLLM writes
+    one): a part of another type is refused, not read as missing."""
     out: dict[str, float] = {}
-    metrics = metrics if isinstance(metrics, Mapping) else {}
 
-    def successful(key: str) -> Mapping[str, Any]:
-        node = metrics.get(key) or {}
-        node = node.get("successful", node) if isinstance(node, Mapping) else {}
-        return node if isinstance(node, Mapping) else {}
+    def successful(key: str) -> tuple[Mapping[str, Any], str]:
+        """A distribution's successful requests (older files: the distribution itself) and its field."""
+        node = as_object(metrics.get(key), f"{field}.{key}")
+        if "successful" not in node:
+            return node, f"{field}.{key}"
+        return as_object(node["successful"], f"{field}.{key}.successful"), f"{field}.{key}.successful"
 
     for key, (name, scale) in _GUIDELLM_STATS.items():
-        stats = successful(key)
-        pcts = stats.get("percentiles")
-        pcts = pcts if isinstance(pcts, Mapping) else {}
+        stats, where = successful(key)
+        pcts = as_object(stats.get("percentiles"), f"{where}.percentiles")
         for src, suffix in (("mean", "mean"), ("median", "p50")):
-            if (v := metric(stats.get(src), f"{field}.{key}.{src}")) is not None:
+            if (v := metric(stats.get(src), f"{where}.{src}")) is not None:
                 out[f"{name}_{suffix}"] = v * scale
         for p in ("p90", "p99"):
-            if (v := metric(pcts.get(p), f"{field}.{key}.percentiles.{p}")) is not None:
+            if (v := metric(pcts.get(p), f"{where}.percentiles.{p}")) is not None:
                 out[f"{name}_{p}"] = v * scale
     for key, name in _GUIDELLM_RATES.items():
-        if (v := metric(successful(key).get("mean"), f"{field}.{key}.mean")) is not None:
+        stats, where = successful(key)
+        if (v := metric(stats.get("mean"), f"{where}.mean")) is not None:
             out[name] = float(v)
-    totals = metrics.get("request_totals")
-    if isinstance(totals, Mapping):
-        ok = count(totals.get("successful"), f"{field}.request_totals.successful", MAX_COUNT)
-        bad = sum(count(totals.get(k), f"{field}.request_totals.{k}", MAX_COUNT) or 0
-                  for k in ("errored", "incomplete"))
-        if ok is not None:
-            out["requests_total"], out["requests_failed"] = float(ok + bad), float(bad)
-            out["error_rate_pct"] = 100.0 * bad / (ok + bad) if ok + bad else 0.0
+    totals = as_object(metrics.get("request_totals"), f"{field}.request_totals")
+    ok = count(totals.get("successful"), f"{field}.request_totals.successful", MAX_COUNT)
+    bad = sum(count(totals.get(k), f"{field}.request_totals.{k}", MAX_COUNT) or 0 for k in ("errored", "incomplete"))
+    if ok is not None:
+        out["requests_total"], out["requests_failed"] = float(ok + bad), float(bad)
+        out["error_rate_pct"] = 100.0 * bad / (ok + bad) if ok + bad else 0.0
     return out
 
 
@@ -167,19 +169,20 @@ def _find_model(*nodes: Any) -> str:
 
 
 def _guidellm(data: Mapping[str, Any], source: str, name: str | None) -> ImportedRun:
-    benchmarks = [b for b in as_list(data.get("benchmarks"), "benchmarks") if isinstance(b, Mapping)]
+    """A GuideLLM ``benchmarks.json``: one level per benchmark. The structure is checked as it is
+    read: a benchmark, request or part of its metrics that is not an object is refused by name."""
+    benchmarks = [as_object(b, f"benchmarks[{i}]", required=True)
+                  for i, b in enumerate(as_list(data.get("benchmarks"), "benchmarks"))]
     if not benchmarks:
         raise UserError(f"{source}: a GuideLLM file without benchmarks")
     requests: list[dict[str, Any]] = []
     levels: list[LevelInfo] = []
     for idx, bench in enumerate(benchmarks):
         field = f"benchmarks[{idx}]"
-        reqs = bench.get("requests")
+        reqs = as_object(bench.get("requests"), f"{field}.requests")
         for state in ("successful", "errored", "incomplete"):
-            items = as_list(reqs.get(state), f"{field}.requests.{state}") if isinstance(reqs, Mapping) else []
-            for j, r in enumerate(items):
-                if not isinstance(r, Mapping):
-                    continue
+            for j, item in enumerate(as_list(reqs.get(state), f"{field}.requests.{state}")):
+                r = as_object(item, f"{field}.requests.{state}[{j}]", required=True)
                 where = f"{field}.requests.{state}[{j}]."
                 ok = state == "successful"
                 start_key = "start_time" if r.get("start_time") is not None else "request_start_time"
@@ -192,12 +195,11 @@ def _guidellm(data: Mapping[str, Any], source: str, name: str | None) -> Importe
                                               0.0, MAX_MS)
                     record["e2e_ms"] = real(r.get("request_latency"), f"{where}request_latency", 0.0, MAX_MS, 1e3)
                 requests.append(record)
-        args = bench.get("args")
-        profile = args.get("profile") if isinstance(args, Mapping) else None
-        label = (as_text(profile.get("type_") or profile.get("strategy_type"), f"{field}.args.profile.type_")
-                 if isinstance(profile, Mapping) else "")
+        profile = as_object(as_object(bench.get("args"), f"{field}.args").get("profile"), f"{field}.args.profile")
+        label = as_text(profile.get("type_") or profile.get("strategy_type"), f"{field}.args.profile.type_")
         levels.append(LevelInfo(idx=idx, label=label or f"benchmark {idx}",
-                                summary=_guidellm_metrics(bench.get("metrics"), f"{field}.metrics"),
+                                summary=_guidellm_metrics(as_object(bench.get("metrics"), f"{field}.metrics"),
+                                                          f"{field}.metrics"),
                                 started_at=real(bench.get("start_time"), f"{field}.start_time", 0.0, MAX_EPOCH_S),
                                 finished_at=real(bench.get("end_time"), f"{field}.end_time", 0.0, MAX_EPOCH_S)))
     model = _find_model(benchmarks[0], data.get("args"))
