@@ -39,6 +39,7 @@ from app.config import RunConfig
 from app.engines import launch_engine
 from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
+from app.load.tokens import named_tokenizer
 from app.runner import Runner, RunResult
 from db.compare import CAMPAIGN_TAG, REPEAT_TAG
 from db.stats import Aggregate, aggregate
@@ -275,6 +276,11 @@ class Campaign:
 
     def _run_step(self, index: int, step: Step, cancel: threading.Event) -> StepResult:
         out = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}")
+        try:  # a named tokenizer that does not load refuses the step before its engine starts
+            named_tokenizer(step.config.workload.tokenizer)
+        except UserError as exc:
+            out.status, out.reason = "failed", str(exc)
+            return out
         for i in range(step.repeats):
             if cancel.is_set():
                 out.status, out.reason = "cancelled", "cancelled"

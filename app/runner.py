@@ -15,7 +15,6 @@ decides its status; the pieces it drives live elsewhere (``app.load``, ``app.tel
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -47,7 +46,7 @@ from app.events import (
 from app.load.aggregate import LevelAccumulator
 from app.load.cache import CachePlan
 from app.load.client import ClientOptions
-from app.load.datasets import Dataset, build_dataset
+from app.load.datasets import BuildCancelled, Dataset, build_dataset
 from app.load.executor import LevelOutcome, LiveStats, StopRule
 from app.load.metrics import (
     EngineDeltas,
@@ -57,20 +56,26 @@ from app.load.metrics import (
 )
 from app.load.patterns import LevelPlan, plan_levels
 from app.load.procs import ClientPool, ClientProcessError
-from app.load.tokens import TokenCounter, load_token_counter
+from app.load.tokens import TokenCounter, choose_token_counter, named_tokenizer
 from app.planner.plan import kv_plan_check
 from app.verification import RunEffects
+from app.workload import WorkloadConfig
 from engine_adapters.base import Phase
+from engine_adapters.bounded_http import FetchError, fetch
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
 from engine_adapters.prometheus import MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
-from engine_adapters.secrets import mask_env, mask_obj, mask_text, remember_secret
+from engine_adapters.secrets import mask_env, mask_obj, mask_text, mask_url, remember_secret
 
 SETTLE_S = 3.0
 WARMUP_VARIANT = 9_999  # dataset variant (seed) of warm-up requests; levels use their index
+CANCELLED_CLIENT_CLOSE_S = 0.5
+"""How long a cancelled run waits for its client processes to exit before ending them: a level
+they ran is already stopped, and one still starting (importing for a second or two on a busy
+machine) has nothing to lose."""
 
 
 def check_endpoint(url: str | None) -> str | None:
@@ -131,25 +136,35 @@ class _Stop(Exception):
         self.status, self.reason = status, reason
 
 
-HTTP_GET_MAX_BYTES = 64 * 2**20
+def _stop_if(cancel: threading.Event, reason: str) -> None:
+    """Ends the run ``cancelled`` when cancel is set: asked between phases, so a cancel never
+    starts the next one (a level, the warm-up, a priming pass)."""
+    if cancel.is_set():
+        raise _Stop("cancelled", reason)
 
 
-def _http_get(url: str, headers: dict[str, str], timeout_s: float = 5.0) -> str:
-    """The body of a GET, at most ``HTTP_GET_MAX_BYTES``. A reply that is not HTTP (a bad status
-    line, a header line over 64 KiB, too many headers, a cut-off body) raises URLError like a
-    refused connection, so callers handle one family (urllib lets http.client's errors through)."""
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - URL from config/engine
-            return str(resp.read(HTTP_GET_MAX_BYTES).decode("utf-8", "replace"))
-    except http.client.HTTPException as exc:
-        raise urllib.error.URLError(f"not a valid HTTP reply: {type(exc).__name__}: {exc}"[:300]) from None
+METRICS_MAX_BYTES = 64 * 2**20
+METADATA_MAX_BYTES = 2**20
+"""/version and /v1/models answer in well under a KiB."""
+METADATA_DEADLINE_S = 5.0
+"""At most this long for one GET of an endpoint's /version, /v1/models or /metrics."""
 
 
-def _get_json(url: str, headers: dict[str, str]) -> Any:
+def _http_get(url: str, headers: dict[str, str], deadline_s: float = METADATA_DEADLINE_S,
+              max_bytes: int = METRICS_MAX_BYTES) -> str:
+    """The body of a GET, read whole within ``deadline_s`` and ``max_bytes``. Any failure
+    (refused, not HTTP, a status other than 2xx, too slow, too large) is a URLError, so callers
+    handle one family."""
+    reply = fetch(url, deadline_s=deadline_s, max_bytes=max_bytes, headers=headers)
+    if not reply.ok:
+        raise FetchError(f"HTTP {reply.status} from {mask_url(url)}")
+    return reply.text
+
+
+def _get_json(url: str, headers: dict[str, str], deadline_s: float = METADATA_DEADLINE_S) -> Any:
     """A GET's body as JSON. JSON nested deeper than the parser recurses (a broken or hostile
     server) is a ValueError like any other bad JSON, not a RecursionError."""
-    text = _http_get(url, headers)
+    text = _http_get(url, headers, deadline_s, METADATA_MAX_BYTES)
     try:
         return json.loads(text)
     except RecursionError:
@@ -181,9 +196,11 @@ class Runner:
         self._pending: list[AnyEvent] = []
         self._pending_lock = threading.Lock()
         self._engine_died = threading.Event()
+        self._probes_end_s: float | None = None  # set when attaching to an endpoint
         self._collector: Any = None
         self._pool = ClientPool(config.load.workers, on_note=self._note)
         self._effects = RunEffects(bus)  # what the run shows of features (max_num_seqs held under load)
+        self._named_counter: TokenCounter | None = None  # workload.tokenizer, loaded before anything starts
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -198,6 +215,8 @@ class Runner:
         result = self.result
         result.started_wall_s = time.time()
         try:
+            # A tokenizer the user named must load: refused here, before a process or an engine starts.
+            self._named_counter = named_tokenizer(self.config.workload.tokenizer)
             self._pool.start()  # spawning the client overlaps the engine's start
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)
@@ -319,12 +338,21 @@ class Runner:
             self._note(f"load client bound to core(s) {format_cpu_list(cpus)}, the engine's compute threads "
                        f"to the others")
 
+    def _probe_time_left_s(self) -> float:
+        """What is left of the time the probes of an attached endpoint share (/version, the model
+        list, the cache-salt probe): together they take at most the profile's request timeout."""
+        if self._probes_end_s is None:
+            return METADATA_DEADLINE_S
+        return max(0.0, self._probes_end_s - time.monotonic())
+
     def _attach(self, base_url: str) -> tuple[str, dict[str, str]]:
         r = self.result
         r.endpoint = base_url
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._probes_end_s = time.monotonic() + self.config.load.request_timeout_s
         try:
-            r.engine_version = _get_json(base_url + "/version", headers).get("version")
+            r.engine_version = _get_json(base_url + "/version", headers,
+                                         min(METADATA_DEADLINE_S, self._probe_time_left_s())).get("version")
         except (urllib.error.URLError, OSError, ValueError, AttributeError):
             pass
         self._send_run_started()
@@ -351,7 +379,7 @@ class Runner:
 
     def _finish(self, cancel: threading.Event) -> None:
         r = self.result
-        self._pool.close()
+        self._pool.close(timeout_s=CANCELLED_CLIENT_CLOSE_S if cancel.is_set() else 5.0)
         self._effects.close()
         if self._collector is not None:
             try:
@@ -376,7 +404,7 @@ class Runner:
         if w.model_name:
             return w.model_name
         try:
-            data = _get_json(base_url + "/v1/models", headers).get("data") or []
+            data = _get_json(base_url + "/v1/models", headers, self._probe_time_left_s()).get("data") or []
             if data and isinstance(data[0], dict) and data[0].get("id"):
                 return str(data[0]["id"])
         except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
@@ -389,12 +417,19 @@ class Runner:
             return e.model
 
     def _token_counter(self, model: str) -> TokenCounter:
-        w, e = self.config.workload, self.config.engine
+        """The named tokenizer (``workload.tokenizer``, loaded in ``run``), else the first of the
+        engine's that is local, else the approximate counter; the notes say which and why."""
+        if self._named_counter is not None:
+            self._note(f"prompt lengths in the model's tokens: {self._named_counter.source} (workload.tokenizer)")
+            return self._named_counter
+        e = self.config.engine
         try:
             resolved: str | None = resolve_model(e.model)
         except RuntimeErrorMessage:
             resolved = None
-        return load_token_counter(w.tokenizer, e.tokenizer, resolved, model)
+        counter, why = choose_token_counter(e.tokenizer, resolved, model)
+        self._note(why)
+        return counter
 
     def _scrape(self, base_url: str, headers: dict[str, str]) -> Scrape | None:
         """The engine's counters now; None when /metrics cannot be read (the level then has no
@@ -405,14 +440,15 @@ class Runner:
             return None
 
     def _settled(self, base_url: str, headers: dict[str, str], before: Scrape | None = None,
-                 client_tokens: int | None = None) -> Scrape | None:
+                 client_tokens: int | None = None, cancel: threading.Event | None = None) -> Scrape | None:
         """Counters once the engine has recorded everything sent so far: it counts a step just
         after streaming it, so poll briefly until the generation counter matches the client's
-        count, or stops moving for a second."""
+        count, or stops moving for a second. A cancel stops the polling (one scrape): a cancelled
+        run ends at once, its last level's engine figures as they stand."""
         deadline = time.monotonic() + SETTLE_S
         after = self._scrape(base_url, headers)
         stable_since = time.monotonic()
-        while after is not None and time.monotonic() < deadline:
+        while after is not None and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
             if (before is not None and client_tokens is not None
                     and after.counters.get("generation_tokens", 0.0) - before.counters.get("generation_tokens", 0.0)
                     == client_tokens):
@@ -435,13 +471,13 @@ class Runner:
         r.model = model
         counter = self._token_counter(model)
         r.lengths_exact, r.length_source = counter.exact, counter.source
-        if not counter.exact:
-            self._note(f"prompt lengths are approximate: {counter.source}")
         opts = ClientOptions(base_url=base_url, model=model, api=w.api, headers=headers, ignore_eos=w.ignore_eos,
                              temperature=w.temperature, continuous_usage=load.continuous_usage,
                              request_timeout_s=load.request_timeout_s, keep_text=w.kind == "multi_turn",
                              keep_alive=self.adapter.client_keep_alive)
-        cache = CachePlan.for_run(w.cache, cfg.engine.kind, r.engine_version, opts, attached=self.endpoint is not None)
+        cache = CachePlan.for_run(w.cache, cfg.engine.kind, r.engine_version, opts, attached=self.endpoint is not None,
+                                  deadline_s=self._probe_time_left_s(), cancel=cancel)
+        _stop_if(cancel, "cancelled before the first level")
         for note in cache.notes():
             self._note(note)
         rule = StopRule(load.max_requests, load.duration_s, load.max_error_fraction)
@@ -449,22 +485,24 @@ class Runner:
         plans = plan_levels(load)
         index_offset = 0
         for plan in plans:
-            if cancel.is_set():
-                raise _Stop("cancelled", "cancelled")
-            dataset = build_dataset(w, counter, variant=plan.index)
+            _stop_if(cancel, "cancelled before the level started" if plan.index else "cancelled before the first level")
+            dataset = self._build(w, counter, plan.index, cancel)
             for note in dataset.notes:
                 self._note(note)
             level_opts = cache.level_options(opts)  # cold: a salt of this level's own
             warmed = plan.index == 0 and load.warmup_requests > 0
             if warmed:
                 # Prompts of their own, so warm-up does not fill the cache with the level's prompts.
-                warm_set = build_dataset(w, counter, variant=WARMUP_VARIANT)
+                warm_set = self._build(w, counter, WARMUP_VARIANT, cancel)
                 self._warmup(plan, w.seed, cache.level_options(opts), warm_set, load.warmup_requests, cancel)
-                if cancel.is_set():
-                    raise _Stop("cancelled", "cancelled during warm-up")
+                _stop_if(cancel, "cancelled during warm-up")
             primed = cache.prime(plan, dataset, level_opts, rule, self._note, run=self._pool.run_level,
                                  cancel=cancel, seed=w.seed)  # warm mode only: the level's prompts, once
-            before = self._settled(base_url, headers) if warmed or primed else self._scrape(base_url, headers)
+            if primed:
+                _stop_if(cancel, "cancelled while the prefix cache was primed")
+            before = (self._settled(base_url, headers, cancel=cancel) if warmed or primed
+                      else self._scrape(base_url, headers))
+            _stop_if(cancel, "cancelled before the level started")
             started_wall = time.time()
             self._emit(plan.started_event(self.run_id, started_wall, rule.max_requests or len(dataset.conversations)))
             acc = LevelAccumulator(load.slo)
@@ -472,7 +510,7 @@ class Runner:
             index_offset += acc.requests
             deltas: EngineDeltas | None = None
             if before is not None:
-                after = self._settled(base_url, headers, before, outcome.output_tokens)
+                after = self._settled(base_url, headers, before, outcome.output_tokens, cancel=cancel)
                 if after is not None and restarted(before, after):
                     self._note(f"level {plan.label}: the engine's counters went back (it restarted?): "
                                "no engine figures for this level")
@@ -499,6 +537,17 @@ class Runner:
                 raise _Stop("failed", f"level '{plan.label}': no request succeeded ({summary.errors} failed){first}")
         r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note)
+
+    def _build(self, workload: WorkloadConfig, counter: TokenCounter, variant: int,
+               cancel: threading.Event) -> Dataset:
+        """A level's (or the warm-up's) prompts. Generating a large workload takes long, so the
+        build asks ``cancel`` between prompts; a cancel ends the run there, before any request."""
+        try:
+            dataset = build_dataset(workload, counter, variant=variant, cancelled=cancel.is_set)
+        except BuildCancelled:
+            raise _Stop("cancelled", "cancelled while the workload was built") from None
+        _stop_if(cancel, "cancelled while the workload was built")
+        return dataset
 
     def _engine_gone(self, grace_s: float = 0.0) -> bool:
         """Whether the engine died. Connection errors can end a level a moment before the

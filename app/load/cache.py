@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import http.client
 import json
 import re
 import secrets
-import urllib.error
-import urllib.request
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from app.errors import UserError
 from app.load.client import ClientOptions
 from app.load.datasets import Conversation, Dataset, Turn
 from app.load.executor import CancelFlag, LiveStats, StopRule, run_level
 from app.load.metrics import RequestRecord
 from app.load.patterns import LevelPlan
+from engine_adapters.bounded_http import FetchError, FetchTimeout, FetchTooLarge, Reply, fetch
 
 CacheMode = Literal["cold", "warm"]
 SALT_FIELD = "cache_salt"
@@ -44,7 +44,8 @@ SALT_SINCE: dict[str, tuple[int, ...]] = {"vllm": (0, 9, 0)}
 """Engines that take ``cache_salt`` in completions and chat requests, and since which version
 (vLLM: pull request 17045, first released in 0.9.0). An older vLLM ignores unknown fields."""
 PRIMING_CONCURRENCY = 16  # an open-loop level has no concurrency of its own to prime at
-PROBE_TIMEOUT_S = 60.0
+PROBE_MAX_BYTES = 1 << 20
+"""A one-token reply is well under a KiB; more is not an OpenAI-compatible answer."""
 
 Note = Callable[[str], None]
 
@@ -73,39 +74,48 @@ def salt_support(engine_kind: str, engine_version: str | None) -> str | None:
     return None
 
 
-def _post_json(url: str, body: dict[str, object], headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - the run's endpoint
-            return int(resp.status), str(resp.read().decode("utf-8", "replace"))
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode("utf-8", "replace")
-
-
-def probe_salt(opts: ClientOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+def probe_salt(opts: ClientOptions, deadline_s: float | None = None, cancel: CancelFlag | None = None) -> str | None:
     """Ask the endpoint once (one output token) whether it takes a cache salt: None when it does
-    (or when it cannot tell: then the levels report what goes wrong), else its refusal."""
+    (or when it cannot tell: then the levels report what goes wrong), else its refusal.
+
+    Both requests together get ``deadline_s`` (default: the profile's request timeout) and a small
+    size cap: an endpoint that cannot answer a one-token request within it would time out every
+    request of the run, so the run fails now, in words, instead of hanging (or filling memory from
+    an endless reply)."""
     chat = opts.api == "chat"
     url = opts.base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
     body: dict[str, object] = {"model": opts.model, "max_tokens": 1, "temperature": 0.0}
     body.update({"messages": [{"role": "user", "content": "cache salt probe"}]} if chat
                 else {"prompt": "cache salt probe"})
+    headers = {"Content-Type": "application/json", **opts.headers}
+    end_s = time.monotonic() + (opts.request_timeout_s if deadline_s is None else deadline_s)
+
+    def post(payload: dict[str, object]) -> Reply:
+        return fetch(url, method="POST", body=json.dumps(payload).encode(), headers=headers, cancel=cancel,
+                     deadline_s=max(0.0, end_s - time.monotonic()), max_bytes=PROBE_MAX_BYTES)
+
     try:
-        status, text = _post_json(url, {**body, SALT_FIELD: new_salt()}, opts.headers, timeout_s)
-        if status != 400 and status != 422:
+        salted = post({**body, SALT_FIELD: new_salt()})
+        if salted.status != 400 and salted.status != 422:
             return None
-        plain, _ = _post_json(url, body, opts.headers, timeout_s)
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP
+        plain = post(body)
+    except FetchTimeout:
+        raise UserError(f"the endpoint {opts.base_url} did not answer a one-token request within "
+                        f"{opts.request_timeout_s:g} s (load.request_timeout_s); nothing was measured") from None
+    except FetchTooLarge:
+        raise UserError(f"the endpoint {opts.base_url} answered a one-token request with over "
+                        f"{PROBE_MAX_BYTES >> 20} MiB: not an OpenAI-compatible server; nothing was measured") from None
+    except FetchError:  # refused, not HTTP, cancelled: the levels (or the cancel) say so
         return None
-    if plain != 200:
+    if plain.status != 200:
         return None  # refused for another reason: not the salt's fault
     try:
-        err = json.loads(text).get("error")
-        detail = str(err.get("message") if isinstance(err, dict) else err or text)
+        err = json.loads(salted.text).get("error")
+        detail = str(err.get("message") if isinstance(err, dict) else err or salted.text)
     except (ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested past the parser
-        detail = text
-    return f"the endpoint refused the {SALT_FIELD} field (HTTP {status}: {' '.join(detail.split())[:160]})"
+        detail = salted.text
+    return (f"the endpoint refused the {SALT_FIELD} field (HTTP {salted.status}: "
+            f"{' '.join(detail.split())[:160]})")
 
 
 @dataclass
@@ -118,12 +128,12 @@ class CachePlan:
 
     @classmethod
     def for_run(cls, mode: CacheMode, engine_kind: str, engine_version: str | None, opts: ClientOptions, *,
-                attached: bool) -> CachePlan:
+                attached: bool, deadline_s: float | None = None, cancel: CancelFlag | None = None) -> CachePlan:
         """Decide once per run. An attached endpoint is asked (one tiny request) whether it
         takes the salt; an engine tunebench runs is known by its kind and version."""
         reason = salt_support(engine_kind, engine_version)
         if reason is None and attached:
-            reason = probe_salt(opts)
+            reason = probe_salt(opts, deadline_s, cancel)
         return cls(mode, reason is None, reason or "")
 
     @property

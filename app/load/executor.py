@@ -16,7 +16,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from app.load.client import Cancelled, ClientOptions, StreamClient, make_session
 from app.load.datasets import Conversation, Dataset
 from app.load.metrics import RequestRecord
 from app.load.patterns import LevelPlan, arrival_offsets_s
+from engine_adapters.bounded_http import CancelFlag
 
 MIN_REQUESTS_FOR_BUDGET = 5
 TICK_S = 0.5
@@ -38,12 +39,6 @@ def _prune(window: deque[tuple[float, Any]], oldest: float) -> None:
     """Drop entries older than ``oldest`` (appended in time order)."""
     while window and window[0][0] < oldest:
         window.popleft()
-
-
-class CancelFlag(Protocol):
-    """A threading.Event, or a multiprocessing one shared with a client process."""
-
-    def is_set(self) -> bool: ...
 
 
 @dataclass

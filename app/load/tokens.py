@@ -3,7 +3,8 @@
 Prompt lengths mean something only in the served model's tokens. When its ``tokenizer.json`` is
 on this machine (a local model folder, an explicit path, or the Hugging Face cache) lengths are
 exact; otherwise they are approximated (one token per word or punctuation mark) and every result
-says so (``TokenCounter.exact`` is False, ``source`` names the method).
+says so (``TokenCounter.exact`` is False, ``source`` names the method). A tokenizer the user named
+(``workload.tokenizer``) must load: a missing or broken one is an error, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import re
 from pathlib import Path
 from typing import Protocol
+
+from app.errors import UserError, read_user_text
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -27,6 +30,16 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
+MAX_TOKENIZER_BYTES = 512 * 2**20
+"""Largest tokenizer.json read (the biggest vocabularies' files are tens of MB)."""
+
+
+class TokenizerError(UserError):
+    """A tokenizer that cannot be used: the named file is missing, unreadable or not a
+    tokenizer.json that loads. An explicit ``workload.tokenizer`` like that refuses the run,
+    never silently replaced by another counter (its lengths would mean something else)."""
+
+
 class HfTokenizer:
     """A Hugging Face ``tokenizers`` tokenizer loaded from a local tokenizer.json."""
 
@@ -35,7 +48,13 @@ class HfTokenizer:
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(path))
+        # Read as a regular file first: a named pipe called tokenizer.json would block forever.
+        text = read_user_text(path, "tokenizer.json", TokenizerError, max_bytes=MAX_TOKENIZER_BYTES)
+        try:
+            self._tok = Tokenizer.from_str(text)
+        except Exception as exc:  # the Rust side raises its own exception types
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise TokenizerError(f"{path}: not a tokenizer.json that loads: {reason}") from None
         self.source = f"tokenizer {path}"
 
     def encode(self, text: str) -> list[int]:
@@ -86,12 +105,10 @@ def _hf_cache_candidates(model_id: str) -> list[Path]:
     return sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def find_tokenizer_file(*candidates: str | None) -> Path | None:
-    """The first tokenizer.json found among paths, model folders and hub ids (local only)."""
-    for candidate in candidates:
-        if not candidate:
-            continue
-        path = Path(candidate).expanduser()
+def _tokenizer_file_of(candidate: str) -> Path | None:
+    """The tokenizer.json a path, model folder or hub id (in the local cache) stands for."""
+    path = Path(candidate).expanduser()
+    try:
         if path.is_file() and path.name.endswith(".json"):
             return path
         if path.is_dir() and (path / "tokenizer.json").is_file():
@@ -99,15 +116,66 @@ def find_tokenizer_file(*candidates: str | None) -> Path | None:
         for snapshot in _hf_cache_candidates(candidate):
             if (snapshot / "tokenizer.json").is_file():
                 return snapshot / "tokenizer.json"
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return None
     return None
+
+
+def find_tokenizer_file(*candidates: str | None) -> Path | None:
+    """The first tokenizer.json found among paths, model folders and hub ids (local only)."""
+    for candidate in candidates:
+        path = _tokenizer_file_of(candidate) if candidate else None
+        if path is not None:
+            return path
+    return None
+
+
+def named_tokenizer(name: str | None) -> HfTokenizer | None:
+    """The tokenizer the user named (``workload.tokenizer``: a tokenizer.json, a model folder
+    holding one, or a hub id in the local Hugging Face cache); None when none is named. Anything
+    else raises TokenizerError naming the file and why: checked before a run starts anything."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    try:
+        is_dir, exists = path.is_dir(), path.exists() or path.is_symlink()
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"workload.tokenizer: {name}: not a usable path: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    if is_dir:
+        path = path / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"workload.tokenizer: {path.parent}: the folder has no tokenizer.json")
+    elif not exists:
+        found = _tokenizer_file_of(name)  # a hub id, when its snapshot is in the local cache
+        if found is None:
+            raise TokenizerError(f"workload.tokenizer: {path}: no such file or folder (nor a model with a "
+                                 f"tokenizer.json in the local Hugging Face cache)")
+        path = found
+    try:
+        return HfTokenizer(path)
+    except TokenizerError as exc:  # its message names the file and the reason
+        raise TokenizerError(f"workload.tokenizer: {exc}") from None
+
+
+def choose_token_counter(*candidates: str | None) -> tuple[TokenCounter, str]:
+    """The first tokenizer that loads among paths, model folders and hub ids (local only), else
+    the approximate counter; with a line for the run's notes saying which and why."""
+    broken: list[str] = []
+    for candidate in candidates:
+        path = _tokenizer_file_of(candidate) if candidate else None
+        if path is None:
+            continue
+        try:
+            return HfTokenizer(path), f"prompt lengths in the model's tokens: tokenizer {path} (found from {candidate})"
+        except TokenizerError as exc:  # a broken or foreign tokenizer.json: try the next, then approximate
+            broken.append(str(exc))
+    looked = ", ".join(dict.fromkeys(c for c in candidates if c)) or "no model named"
+    why = "; ".join(broken) if broken else f"no tokenizer.json on this machine for {looked}"
+    return ApproxTokenizer(), (f"prompt lengths are approximate (1 token per word or punctuation mark): {why}; "
+                               f"set workload.tokenizer to a tokenizer.json for exact lengths")
 
 
 def load_token_counter(*candidates: str | None) -> TokenCounter:
     """An exact tokenizer when one is found locally, else the approximate one."""
-    path = find_tokenizer_file(*candidates)
-    if path is not None:
-        try:
-            return HfTokenizer(path)
-        except Exception:  # a broken or foreign tokenizer.json: fall back, labelled
-            pass
-    return ApproxTokenizer()
+    return choose_token_counter(*candidates)[0]

@@ -18,11 +18,10 @@ units as local NVML, so every graph, tile and stored series works unchanged.
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from app.events import TelemetrySupport
+from engine_adapters.bounded_http import FetchError, fetch
 from engine_adapters.gpu_specs import spec_peak_bandwidth
 from engine_adapters.prometheus import labelled_samples
 from engine_adapters.secrets import mask_url
@@ -142,13 +141,18 @@ def support_reports(gpus: list[RemoteGpu], url: str) -> list[TelemetrySupport]:
     return reports
 
 
+EXPORTER_PAGE_MAX_BYTES = 64 * 2**20
+
+
 def fetch_text(url: str, timeout_s: float) -> str:
-    """The exporter's page; any failure is one RemoteGpuError line."""
+    """The exporter's page, whole within ``timeout_s``; any failure is one RemoteGpuError line."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - a user-given http(s) URL
-            return str(resp.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RemoteGpuError(f"{type(exc).__name__}: {exc} ({mask_url(url)})") from exc
+        reply = fetch(url, deadline_s=timeout_s, max_bytes=EXPORTER_PAGE_MAX_BYTES)
+    except FetchError as exc:
+        raise RemoteGpuError(f"{type(exc).__name__}: {exc.reason} ({mask_url(url)})") from exc
+    if not reply.ok:
+        raise RemoteGpuError(f"HTTPError: HTTP Error {reply.status} ({mask_url(url)})")
+    return reply.text
 
 
 def read_gpus(url: str, timeout_s: float = 3.0) -> list[RemoteGpu]:

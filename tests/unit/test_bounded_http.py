@@ -1,0 +1,99 @@
+"""engine_adapters.bounded_http: a whole reply or a FetchError, within the deadline and the size
+cap, whatever the server does (answer normally, dribble, stream without end)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from engine_adapters.bounded_http import FetchError, FetchTimeout, FetchTooLarge, fetch
+
+
+@contextlib.contextmanager
+def serve(reply: list[bytes], pause_s: float = 0.0) -> Iterator[str]:
+    """A loopback server that reads a request, then sends ``reply`` piece by piece, ``pause_s``
+    apart, and closes."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.settimeout(0.1)
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                for piece in reply:
+                    if stop.is_set():
+                        return
+                    conn.sendall(piece)
+                    time.sleep(pause_s)
+            except OSError:
+                return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/path?q=1"
+    finally:
+        stop.set()
+        thread.join(5)
+        sock.close()
+
+
+def test_a_plain_reply_and_a_chunked_one_are_read_whole() -> None:
+    with serve([b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!"]) as url:
+        reply = fetch(url, deadline_s=5, max_bytes=100)
+    assert (reply.status, reply.text, reply.ok) == (404, "nope!", False)
+    chunked = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", b"3\r\nabc\r\n", b"2\r\nde\r\n", b"0\r\n\r\n"]
+    with serve(chunked, pause_s=0.05) as url:
+        reply = fetch(url, deadline_s=5, max_bytes=100, method="POST", body=b"{}")
+    assert (reply.status, reply.body, reply.ok) == (200, b"abcde", True)
+
+
+def test_a_server_that_dribbles_its_head_is_cut_at_the_deadline() -> None:
+    """A byte every 0.2 s never trips a per-read timeout; the deadline ends it all the same."""
+    head = list(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 200)
+    with serve([bytes([b]) for b in head], pause_s=0.2) as url:
+        started_s = time.monotonic()
+        with pytest.raises(FetchTimeout, match="within 1 s"):
+            fetch(url, deadline_s=1.0, max_bytes=1 << 20)
+    assert time.monotonic() - started_s < 2.0
+
+
+def test_an_endless_body_stops_at_the_cap() -> None:
+    with serve([b"HTTP/1.1 200 OK\r\n\r\n"] + [b"x" * 65536] * 1000) as url:
+        with pytest.raises(FetchTooLarge, match="larger than 1,048,576 bytes"):
+            fetch(url, deadline_s=30, max_bytes=1 << 20)
+
+
+def test_a_cut_body_and_a_bad_url_are_fetch_errors() -> None:
+    with serve([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"]) as url:
+        with pytest.raises(FetchError, match="not a valid HTTP reply"):
+            fetch(url, deadline_s=5, max_bytes=1000)
+    with pytest.raises(FetchError, match="not an http"):
+        fetch("ftp://127.0.0.1/x", deadline_s=1, max_bytes=10)
+    with pytest.raises(FetchError, match="bad URL"):
+        fetch("http://127.0.0.1:99999/x", deadline_s=1, max_bytes=10)
+
+
+def test_credentials_in_the_url_never_reach_the_message() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        url = f"http://user:hunter2@127.0.0.1:{held.getsockname()[1]}/x?api_key=hunter3"
+        with pytest.raises(FetchError) as err:
+            fetch(url, deadline_s=1, max_bytes=10)
+    assert "hunter2" not in str(err.value) and "hunter3" not in str(err.value)
