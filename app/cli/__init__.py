@@ -23,11 +23,12 @@ _REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [engine_cmds.r
 
 
 def _optional_registrars() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Groups whose modules exist (run, monitor, runs/compare/export, gui)."""
+    """Groups whose modules exist (run, monitor, runs/compare/export, plan, gui, ladder, tune, capacity)."""
     import importlib
 
     found = []
-    for name in ("run_cmds", "monitor_cmds", "store_cmds", "plan_cmds", "gui_cmds", "ladder_cmds", "tune_cmds"):
+    for name in ("run_cmds", "monitor_cmds", "store_cmds", "plan_cmds", "gui_cmds", "ladder_cmds", "tune_cmds",
+                 "capacity_cmds"):
         try:
             module = importlib.import_module(f"app.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,632 @@
+"""Capacity and cost from measured runs: what a million tokens cost at a measured throughput, and
+how many replicas, GPUs and dollars a given traffic needs at an SLO.
+
+Everything here is arithmetic on what a stored run measured; nothing is modelled. The formulas,
+where prices come from and the extrapolation rule are in ``docs/capacity.md``. Prices are a
+shipped table of typical list prices (``assets/prices.toml``, dated) that the user overrides;
+every figure carries which of the two it used, because a cost from a default price is an
+estimate, not a quote.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal, get_args
+
+from pydantic import ValidationError
+
+from app.config import RunConfig
+from app.errors import UserError
+from app.export.launch import LaunchSpec, is_cpu_run
+from app.slo import Slo, SloError, parse_slo
+from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
+from app.tuner.space import Percentile
+from db.records import LevelInfo, RunDetail
+from db.summary import level_summary_figures, numbers
+from engine_adapters.config import Features
+from engine_adapters.cpu_binding import OMP_BIND_ENV, parse_cpu_list
+from engine_adapters.gpu_specs import find_gpu_spec
+
+TOKENS_PER_MILLION = 1_000_000
+SECONDS_PER_HOUR = 3600
+SECONDS_PER_DAY = 86_400
+HOURS_PER_DAY = 24
+DAYS_PER_MONTH = 30
+"""A month, for the monthly figures: 30 days, stated wherever the figure is shown."""
+MAX_USD_PER_HOUR = 1_000_000.0
+"""A price per GPU- or core-hour above this is a typo (and would overflow the figures)."""
+CPU_PRICE_KEYS = ("cpu", "cpu_core")
+"""``--price`` names of the per-core-hour price (CPU runs)."""
+PRICES_ASSET = "prices.toml"
+PERCENTILES: tuple[str, ...] = get_args(Percentile)
+DEFAULT_HEADROOM = 0.3
+
+Unit = Literal["GPU", "core"]
+
+
+# --- prices ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Price:
+    """The price one figure was computed with, and where it came from."""
+
+    key: str
+    """The price list's or the user's name for it ("H100", "cpu")."""
+    usd_per_hour: float
+    """Per GPU-hour, or per core-hour for a CPU run."""
+    unit: Unit
+    yours: bool
+    as_of: str
+    """The default table's date (kept for yours too: it dates the table that was overridden)."""
+
+    @property
+    def source(self) -> str:
+        return "your price" if self.yours else f"default price, as of {self.as_of}"
+
+    def text(self) -> str:
+        return f"{self.usd_per_hour:,.2f} $/{self.unit}-h ({self.source})"
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def check_price(value: Any, what: str) -> float:
+    """A price per hour as a float, or one line saying why it is not one (non-numeric, NaN or
+    infinite, zero or negative, absurdly large)."""
+    if isinstance(value, bool):
+        raise UserError(f"{what}: expected a price in USD per hour, got {value!r}")
+    try:
+        usd = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise UserError(f"{what}: {_short(str(value))} is not a number (a price in USD per hour, e.g. 2.49)") from None
+    if not math.isfinite(usd):
+        raise UserError(f"{what}: the price must be a finite number, got {_short(str(value))}")
+    if usd <= 0:
+        raise UserError(f"{what}: the price must be above 0 USD per hour, got {usd:g}")
+    if usd > MAX_USD_PER_HOUR:
+        raise UserError(f"{what}: {usd:g} USD per hour is more than {MAX_USD_PER_HOUR:,.0f}: a typo?")
+    return usd
+
+
+def parse_price(text: str) -> tuple[str, float]:
+    """``'H100=2.49'`` -> ``('H100', 2.49)``; ``'cpu=0.05'`` is the per-core-hour price."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep:
+        raise UserError(f"--price {_short(text)}: expected NAME=USD_PER_HOUR, e.g. --price 'H100=2.49' "
+                        "(or 'cpu=0.05' per core-hour)")
+    if not name:
+        raise UserError(f"--price {_short(text)}: the GPU name before '=' is empty (e.g. --price 'H100=2.49')")
+    return name, check_price(value, f"--price {_short(name)}")
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", name.lower()))
+
+
+def price_key_matches(key: str, gpu_name: str) -> bool:
+    """Whether a price-list key names this GPU: every word of the key is a word of the name
+    ("A100 80GB" and "NVIDIA A100-SXM4-80GB"), or both are the same card in the spec table
+    (``engine_adapters.gpu_specs``: "H100 SXM" and "NVIDIA H100 80GB HBM3"). The words rule is
+    there because the spec table lists only the cards the planner knows (no A10G) and resolves a
+    family ("H100") to one variant, while a price is usually quoted per family."""
+    words = _words(key)
+    if words and words <= _words(gpu_name):
+        return True
+    spec = find_gpu_spec(key)
+    return spec is not None and spec == find_gpu_spec(gpu_name)
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """The default prices with the user's on top (``with_prices``)."""
+
+    gpu_hour_usd: Mapping[str, float]
+    cpu_core_hour_usd: float | None
+    as_of: str
+    source: str
+    your_gpu_hour_usd: Mapping[str, float] = field(default_factory=dict)
+    your_cpu_core_hour_usd: float | None = None
+
+    def with_prices(self, texts: Iterable[str]) -> PriceTable:
+        """This table with ``--price NAME=USD`` entries (the last of a name wins)."""
+        gpus = dict(self.your_gpu_hour_usd)
+        cpu = self.your_cpu_core_hour_usd
+        for text in texts:
+            name, usd = parse_price(text)
+            if name.lower() in CPU_PRICE_KEYS:
+                cpu = usd
+            else:
+                gpus[name] = usd
+        return replace(self, your_gpu_hour_usd=gpus, your_cpu_core_hour_usd=cpu)
+
+    def gpu(self, gpu_name: str) -> Price:
+        """The price of one hour of this GPU: yours before the default; of several keys that
+        match, the most specific (most words)."""
+        for table, yours in ((self.your_gpu_hour_usd, True), (self.gpu_hour_usd, False)):
+            keys = [k for k in table if price_key_matches(k, gpu_name)]
+            if keys:
+                key = max(keys, key=lambda k: len(_words(k)))
+                return Price(key, table[key], "GPU", yours, self.as_of)
+        example = re.sub(r"^nvidia\s+", "", gpu_name.strip(), flags=re.IGNORECASE) or "NAME"
+        raise UserError(f"no price for the GPU '{gpu_name}' (it is not in the default price list): pass "
+                        f"--price 'NAME=USD_PER_HOUR', e.g. --price '{example}=2.00'")
+
+    def cpu(self) -> Price:
+        """The price of one core-hour (a logical CPU, as clouds sell vCPUs)."""
+        if self.your_cpu_core_hour_usd is not None:
+            return Price("cpu", self.your_cpu_core_hour_usd, "core", True, self.as_of)
+        if self.cpu_core_hour_usd is None:
+            raise UserError("no per-core price: pass --price 'cpu=USD_PER_CORE_HOUR', e.g. --price 'cpu=0.05'")
+        return Price("cpu", self.cpu_core_hour_usd, "core", False, self.as_of)
+
+    def unused(self, used: Price | None) -> list[str]:
+        """Your prices that priced nothing (a typo in a name shows up here)."""
+        names = [k for k in self.your_gpu_hour_usd if used is None or not (used.yours and used.key == k)]
+        if self.your_cpu_core_hour_usd is not None and (used is None or used.unit != "core"):
+            names.append("cpu")
+        return names
+
+
+def _price_table(data: Mapping[str, Any], where: str) -> PriceTable:
+    as_of, source = data.get("as_of"), data.get("source")
+    gpus, cpu = data.get("gpu_hour_usd"), data.get("cpu")
+    if not isinstance(as_of, str) or not isinstance(source, str) or not isinstance(gpus, Mapping) \
+            or not isinstance(cpu, Mapping):
+        raise UserError(f"{where}: needs as_of, source, [gpu_hour_usd] and [cpu]")
+    return PriceTable({str(k): check_price(v, f"{where}: gpu_hour_usd.{k}") for k, v in gpus.items()},
+                      check_price(cpu.get("core_hour_usd"), f"{where}: cpu.core_hour_usd"), as_of, source)
+
+
+@lru_cache(maxsize=1)
+def default_prices() -> PriceTable:
+    """The shipped price list (``assets/prices.toml``)."""
+    where = f"the shipped price list assets/{PRICES_ASSET}"
+    try:
+        data = tomllib.loads((resources.files("assets") / PRICES_ASSET).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"{where} cannot be read: {exc}") from None
+    return _price_table(data, where)
+
+
+def price_table(prices: Iterable[str] = ()) -> PriceTable:
+    """The default prices with ``--price NAME=USD`` entries on top."""
+    return default_prices().with_prices(prices)
+
+
+# --- cost figures ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CostFigure:
+    """A cost in USD, or None and why it could not be computed."""
+
+    usd: float | None
+    reason: str | None = None
+
+
+def usd_per_million_tokens(units: float, usd_per_unit_hour: float, tok_per_s: float | None) -> CostFigure:
+    """What a million tokens cost on ``units`` GPUs (or cores) producing ``tok_per_s`` together:
+    ``units * usd_per_unit_hour / (tok_per_s * 3600) * 1e6``."""
+    if tok_per_s is None or not math.isfinite(tok_per_s):
+        return CostFigure(None, "no throughput was measured")
+    if tok_per_s <= 0:
+        return CostFigure(None, "the measured throughput is zero")
+    if not units > 0 or not (math.isfinite(usd_per_unit_hour) and usd_per_unit_hour > 0):
+        return CostFigure(None, "no GPUs or cores, or no price")
+    return CostFigure(units * usd_per_unit_hour / (tok_per_s * SECONDS_PER_HOUR) * TOKENS_PER_MILLION)
+
+
+def good_output_tok_per_s(goodput_rps: float | None, output_tok_per_s: float | None,
+                          requests_per_s: float | None) -> float | None:
+    """Output tokens per second of the requests that met the SLO: goodput (req/s) x the mean
+    output tokens of a completed request (the level records no goodput token rate, so good
+    requests are taken to be as long as the average completed one)."""
+    if goodput_rps is None or output_tok_per_s is None or not requests_per_s or requests_per_s <= 0:
+        return None
+    return goodput_rps * output_tok_per_s / requests_per_s
+
+
+def _ceil(x: float) -> int:
+    """Round up, ignoring float noise (50 users x 1.1 = 55.00000000000001 is 55 replicas, not 56)."""
+    return math.ceil(round(x, 9))
+
+
+def check_headroom(headroom: float) -> float:
+    if not (math.isfinite(headroom) and 0 <= headroom <= 10):
+        raise UserError(f"the headroom must be a fraction from 0 to 10 (0.3 = 30% spare), got {headroom:g}")
+    return headroom
+
+
+def replicas_for_users(users: int, users_per_replica: float, headroom: float) -> int:
+    """``ceil(users * (1 + headroom) / users_per_replica)``."""
+    if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+        raise UserError(f"the number of users must be a whole number of at least 1, got {users}")
+    if not users_per_replica > 0:
+        raise ValueError(f"users per replica must be positive, got {users_per_replica}")
+    return _ceil(users * (1 + check_headroom(headroom)) / users_per_replica)
+
+
+def replicas_for_tokens_per_day(tokens_per_day: float, output_tok_per_s_per_replica: float, headroom: float) -> int:
+    """``ceil(tokens_per_day / 86400 * (1 + headroom) / output_tok_per_s_per_replica)``."""
+    if not (math.isfinite(tokens_per_day) and tokens_per_day > 0):
+        raise UserError(f"the output tokens per day must be a number above 0, got {tokens_per_day:g}")
+    if not output_tok_per_s_per_replica > 0:
+        raise ValueError(f"output tok/s per replica must be positive, got {output_tok_per_s_per_replica}")
+    return _ceil(tokens_per_day / SECONDS_PER_DAY * (1 + check_headroom(headroom)) / output_tok_per_s_per_replica)
+
+
+def nodes_for(gpus: int, gpus_per_node: int | None) -> int | None:
+    """``ceil(gpus / gpus_per_node)``; None when the GPUs per node are not known."""
+    return _ceil(gpus / gpus_per_node) if gpus_per_node and gpus_per_node > 0 else None
+
+
+@dataclass(frozen=True)
+class RunningCost:
+    """What ``units`` GPUs (or cores) cost to keep running."""
+
+    unit_hours_per_day: float
+    usd_per_day: float
+    usd_per_month: float
+    """30 days (``DAYS_PER_MONTH``)."""
+
+
+def running_cost(units: float, usd_per_unit_hour: float) -> RunningCost:
+    hours = units * HOURS_PER_DAY
+    per_day = hours * usd_per_unit_hour
+    return RunningCost(hours, per_day, per_day * DAYS_PER_MONTH)
+
+
+# --- what a run used ------------------------------------------------------------------------------
+
+def run_config(run: RunDetail) -> RunConfig:
+    """The configuration a stored run was measured with; a run imported from another tool has
+    none, so nothing says how many GPUs it used."""
+    try:
+        if run.config:
+            return RunConfig.model_validate(run.config)
+    except ValidationError:
+        pass
+    where = f"was imported from {run.imported_from or 'another tool'}" if run.imported else \
+        "has no valid stored configuration"
+    raise UserError(f"run {run.id} {where}: it records no engine configuration (GPUs, parallelism), so its "
+                    "capacity and cost cannot be counted")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What one measured configuration runs on: a replica's GPUs (TP x PP) or cores, and how
+    many replicas (data parallel) the measurement drove together."""
+
+    kind: Literal["gpu", "cpu"]
+    device: str
+    """The GPU's name as the run recorded it, or the CPU model."""
+    units_per_replica: float
+    data_parallel: int
+    units_per_node: int | None
+    """GPUs per machine, where the run's hardware lists them (None for a CPU run)."""
+    counted: str
+    """How the GPUs or cores were counted, in words."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def unit(self) -> Unit:
+        return "GPU" if self.kind == "gpu" else "core"
+
+    @property
+    def units_measured(self) -> float:
+        """GPUs (or cores) the measured throughput came from: every replica's."""
+        return self.units_per_replica * self.data_parallel
+
+
+def _engine_cores(run: RunDetail, runtime_env: Mapping[str, str]) -> tuple[int, str]:
+    """The cores a CPU engine ran on. Most honest first: the cores its compute threads were bound
+    to (``VLLM_CPU_OMP_THREADS_BIND`` in the engine's recorded environment, which tunebench sets
+    for a managed CPU engine, leaving the load client's core out); else the machine's logical
+    CPUs, since unbound threads may use them all."""
+    for env in (run.env, runtime_env):
+        bind = env.get(OMP_BIND_ENV) if isinstance(env, Mapping) else None
+        cores = parse_cpu_list(bind) if isinstance(bind, str) else None
+        if cores:
+            return len(cores), f"the cores the engine's threads were bound to, {OMP_BIND_ENV}={bind}"
+    logical = run.hardware.get("cpu_count_logical")
+    if isinstance(logical, int) and not isinstance(logical, bool) and logical > 0:
+        return logical, "the machine's logical CPUs: the engine's threads were not bound, so it may use them all"
+    raise UserError(f"run {run.id} records neither the cores its engine was bound to nor the machine's CPU "
+                    "count: its cost cannot be counted")
+
+
+def run_deployment(run: RunDetail, gpu: str | None = None) -> Deployment:
+    """The GPUs (``Features.gpu_count`` = TP x PP x DP) or cores a stored run used. ``gpu`` names
+    the card for a run whose record lists none (an engine measured over the network)."""
+    config = run_config(run)
+    features: Features = config.features
+    dp = features.data_parallel_size
+    if is_cpu_run(LaunchSpec(config, f"run {run.id}", run.engine_version)):
+        if gpu:
+            raise UserError(f"run {run.id} ran on a CPU engine: --gpu does not apply")
+        cores, counted = _engine_cores(run, config.engine.runtime.env)
+        return Deployment("cpu", str(run.hardware.get("cpu_model") or "CPU"), cores / dp, dp, None,
+                          counted + (f", {dp} data-parallel replicas" if dp > 1 else ""))
+    listed = [str(g["name"]) for g in run.hardware.get("gpus") or [] if isinstance(g, Mapping) and g.get("name")]
+    if listed and gpu:
+        raise UserError(f"run {run.id} recorded its GPUs ({listed[0]}): --gpu is only for a run that names none")
+    if not listed and not gpu:
+        raise UserError(f"run {run.id} records no GPU (an engine on another machine?): pass --gpu NAME, the card "
+                        "it ran on")
+    notes: list[str] = []
+    used = listed[:features.gpu_count]
+    if len(set(used)) > 1:
+        notes.append(f"the machine has several GPU models ({', '.join(sorted(set(used)))}): priced as {used[0]}")
+    counted = (f"TP {features.tensor_parallel_size} x PP {features.pipeline_parallel_size} = "
+               f"{features.gpus_per_replica} GPU{'s' if features.gpus_per_replica > 1 else ''} per replica"
+               + (f", {dp} data-parallel replicas measured together" if dp > 1 else ""))
+    return Deployment("gpu", listed[0] if listed else str(gpu), features.gpus_per_replica, dp,
+                      len(listed) or None, counted, tuple(notes))
+
+
+# --- the measured levels --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LevelPoint:
+    """One measured load level: how many requests it kept in flight and its figures."""
+
+    idx: int
+    label: str
+    concurrency: float | None
+    """Requests in flight over every replica: the closed loop's concurrency, or for an open loop
+    request rate x mean E2E (Little's law); None when the level recorded neither."""
+    concurrency_from: str
+    figures: Mapping[str, float]
+    """Catalogue keys (``output_tok_per_s``, ``ttft_ms_p99``...): the store's figures."""
+    goodput_slo: str | None
+    """The SLO the run counted goodput under (its own, not necessarily the one asked now)."""
+
+
+def _level_figures(run: RunDetail, level: LevelInfo | None, idx: int, several: bool) -> dict[str, float]:
+    stored = numbers(run.metrics)
+    prefix = f"L{idx}."
+    figures = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)}
+    if not figures and not several:
+        figures = {k: v for k, v in stored.items() if not re.match(r"L\d+\.", k)}
+    for key, value in level_summary_figures(level.summary if level else None).items():
+        figures.setdefault(key, value)  # the store's figures first: those Compare and the reports show
+    return figures
+
+
+def _concurrency(params: Mapping[str, Any], figures: Mapping[str, float]) -> tuple[float | None, str]:
+    conc = params.get("concurrency")
+    if params.get("mode", "closed") == "closed" and isinstance(conc, int) and not isinstance(conc, bool) and conc > 0:
+        return float(conc), "closed loop"
+    rps, e2e_ms = figures.get("requests_per_s"), figures.get("e2e_ms_mean")
+    if rps and e2e_ms and rps > 0 and e2e_ms > 0:
+        return rps * e2e_ms / 1000.0, "open loop: request rate x mean E2E"
+    return None, ""
+
+
+def run_levels(run: RunDetail) -> list[LevelPoint]:
+    """The run's levels with their figures; a run that recorded no level row (a single closed
+    loop) is one level at its configured concurrency."""
+    load = run_config(run).load
+    run_slo = load.slo
+    if not run.levels:
+        params: dict[str, Any] = {"mode": "closed", "concurrency": load.concurrency} if load.pattern == "closed" else {}
+        figures = _level_figures(run, None, 0, several=False)
+        conc, how = _concurrency(params, figures)
+        return [LevelPoint(0, f"concurrency {load.concurrency}" if params else "level 0", conc, how, figures,
+                           run_slo)]
+    out = []
+    several = len(run.levels) > 1
+    for lv in run.levels:
+        figures = _level_figures(run, lv, lv.idx, several)
+        conc, how = _concurrency(lv.params, figures)
+        slo = (lv.summary or {}).get("slo")
+        out.append(LevelPoint(lv.idx, lv.label or f"level {lv.idx}", conc, how, figures,
+                              slo if isinstance(slo, str) else run_slo))
+    return out
+
+
+@dataclass(frozen=True)
+class JudgedLevel:
+    level: LevelPoint
+    verdict: Verdict
+
+
+def _worst_ratio(j: JudgedLevel) -> float:
+    return max(j.verdict.ratios.values(), default=math.inf)
+
+
+# --- capacity -------------------------------------------------------------------------------------
+
+@dataclass
+class CapacityPlan:
+    """The answer of ``tunebench capacity``: the level it is sized on and the figures, or why
+    there is none (``unreachable``)."""
+
+    run_id: int
+    run_name: str
+    slo: str
+    percentile: str
+    headroom: float
+    deployment: Deployment
+    levels: list[JudgedLevel]
+    users: int | None = None
+    tokens_per_day: float | None = None
+    unreachable: str | None = None
+    sized_on: JudgedLevel | None = None
+    price: Price | None = None
+    users_per_replica: float | None = None
+    output_tok_per_s_per_replica: float | None = None
+    replicas_for_users: int | None = None
+    replicas_for_tokens: int | None = None
+    replicas: int | None = None
+    units: float | None = None
+    """GPUs (or cores) of every replica."""
+    nodes: int | None = None
+    running: RunningCost | None = None
+    usd_per_million_output: CostFigure | None = None
+    usd_per_million_total: CostFigure | None = None
+    usd_per_million_good_output: CostFigure | None = None
+    good_output_slo: str | None = None
+    """Whose SLO the good tokens met: "your SLO" or the run's."""
+    extrapolated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The same figures as the text, for ``--json`` (no NaN or infinity)."""
+        def level(j: JudgedLevel) -> dict[str, Any]:
+            lv = j.level
+            return {"idx": lv.idx, "label": lv.label, "concurrency": lv.concurrency,
+                    "concurrency_from": lv.concurrency_from, "meets_slo": j.verdict.meets, "reason": j.verdict.reason,
+                    "output_tok_per_s": lv.figures.get("output_tok_per_s"),
+                    "total_tok_per_s": lv.figures.get("total_tok_per_s"),
+                    "slo_values": {k: v for k, v in j.verdict.values.items() if math.isfinite(v)}}
+
+        out: dict[str, Any] = {
+            "run": {"id": self.run_id, "name": self.run_name}, "slo": self.slo, "percentile": self.percentile,
+            "max_error_fraction": MAX_ERROR_FRACTION, "headroom": self.headroom, "users": self.users,
+            "tokens_per_day": self.tokens_per_day, "reachable": self.unreachable is None,
+            "unreachable": self.unreachable,
+            "deployment": {**asdict(self.deployment), "unit": self.deployment.unit, "notes": list(self.deployment.notes)},
+            "levels": [level(j) for j in self.levels],
+            "sized_on": None if self.sized_on is None else level(self.sized_on),
+            "price": None if self.price is None else {**asdict(self.price), "source": self.price.source},
+        }
+        for name in ("users_per_replica", "output_tok_per_s_per_replica", "replicas_for_users", "replicas_for_tokens",
+                     "replicas", "units", "nodes", "good_output_slo", "extrapolated", "notes"):
+            out[name] = getattr(self, name)
+        out["running"] = None if self.running is None else {**asdict(self.running), "days_per_month": DAYS_PER_MONTH}
+        source = None if self.price is None else self.price.source  # every cost says whose price it used
+        if out["running"] is not None:
+            out["running"]["price_source"] = source
+        for name in ("usd_per_million_output", "usd_per_million_total", "usd_per_million_good_output"):
+            figure = getattr(self, name)
+            out[name] = None if figure is None else {**asdict(figure), "price_source": source}
+        return out
+
+
+def slo_text(slo: str, percentile: str) -> str:
+    """``'ttft_ms<=500'`` as "TTFT p99 <= 500 ms", with the error budget the verdict applies."""
+    bounds = ", ".join(f"{METRIC_NAMES.get(m, m)} {percentile} {op} {limit:g} ms" for m, op, limit in parse_slo(slo))
+    return f"{bounds}, at most {MAX_ERROR_FRACTION:.0%} of requests failed"
+
+
+def _unreachable(judged: list[JudgedLevel], bounds: list[Slo], percentile: str) -> str:
+    """Why no level met the SLO, naming the level that came closest and its binding bound."""
+    candidates = [j for j in judged if j.verdict.ratios]
+    if not candidates:
+        reason = judged[0].verdict.reason if judged else "the run has no measured level"
+        return f"not reachable with this configuration ({reason})"
+    best = min(candidates, key=_worst_ratio)
+    v, limits = best.verdict, {metric: (op, limit) for metric, op, limit in bounds}
+    if v.worst in v.values and v.ratios[v.worst] >= 1:
+        op, limit = limits[v.worst]
+        at = f" at {bound_text(v.worst, percentile, v.values[v.worst], limit, op)}"
+    else:
+        at = f": {v.reason}"
+    return f"not reachable with this configuration (best level: {best.level.label}{at})"
+
+
+def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | None = None,
+                  tokens_per_day: float | None = None, headroom: float = DEFAULT_HEADROOM,
+                  percentile: str = "p99", gpu: str | None = None) -> CapacityPlan:
+    """Replicas, GPUs (or cores), nodes and cost for ``users`` concurrent users and/or
+    ``tokens_per_day`` output tokens, sized on the highest-concurrency level of ``run`` that met
+    ``slo`` at ``percentile`` (``app.tuner.slo.judge``: each bound on that percentile, and the
+    error budget)."""
+    try:
+        bounds = parse_slo(slo)
+    except SloError as exc:
+        raise UserError(f"--slo: {exc}") from None
+    if percentile not in PERCENTILES:
+        raise UserError(f"the SLO percentile must be one of {', '.join(PERCENTILES)}, got {percentile!r}")
+    if users is None and tokens_per_day is None:
+        raise UserError("say what to size for: --users N (concurrent users) and/or --tokens-per-day T")
+    if users is not None and (isinstance(users, bool) or users < 1):
+        raise UserError(f"the number of users must be a whole number of at least 1, got {users}")
+    if tokens_per_day is not None and not (math.isfinite(tokens_per_day) and tokens_per_day > 0):
+        raise UserError(f"the output tokens per day must be a number above 0, got {tokens_per_day:g}")
+    check_headroom(headroom)
+    deployment = run_deployment(run, gpu)
+    judged = [JudgedLevel(lv, judge(lv.figures, bounds, percentile)) for lv in run_levels(run)]
+    plan = CapacityPlan(run.id, run.name, slo, percentile, headroom, deployment, judged, users, tokens_per_day,
+                        notes=list(deployment.notes))
+    if run.status != "completed":
+        plan.notes.append(f"the run is {run.status}: its levels may be incomplete")
+    meeting = [j for j in judged if j.verdict.meets]
+    if not meeting:
+        plan.unreachable = _unreachable(judged, bounds, percentile)
+        return plan
+    sized = max(meeting, key=lambda j: (j.level.concurrency or -1.0, j.level.figures.get("output_tok_per_s", 0.0)))
+    if users is not None and sized.level.concurrency is None:
+        raise UserError(f"run {run.id}: the levels that met the SLO recorded no concurrency, so users per replica "
+                        "are unknown (size with --tokens-per-day)")
+    plan.sized_on = sized
+    level, dp = sized.level, deployment.data_parallel
+    price = prices.gpu(deployment.device) if deployment.kind == "gpu" else prices.cpu()
+    plan.price = price
+    if unused := prices.unused(price):
+        plan.notes.append(f"--price for {', '.join(unused)} priced nothing: the run's "
+                          f"{'GPU is ' + deployment.device if deployment.kind == 'gpu' else 'engine ran on CPU cores'}")
+    output_tok_per_s = level.figures.get("output_tok_per_s")
+    measured = f"level {level.idx}, {level.label}"
+    replicas: list[int] = []
+    if users is not None:
+        assert level.concurrency is not None
+        plan.users_per_replica = level.concurrency / dp
+        plan.replicas_for_users = replicas_for_users(users, plan.users_per_replica, headroom)
+        replicas.append(plan.replicas_for_users)
+        if users > level.concurrency:
+            plan.notes.append(f"extrapolation from concurrency {level.concurrency:g} ({measured}): {users:,} users "
+                              "exceed what was measured at the SLO; the answer scales that level linearly in replicas")
+            plan.extrapolated = True
+    if tokens_per_day is not None:
+        if not output_tok_per_s or output_tok_per_s <= 0:
+            raise UserError(f"run {run.id}: {measured} met the SLO but measured no output throughput: cannot size "
+                            "for tokens per day")
+        plan.output_tok_per_s_per_replica = output_tok_per_s / dp
+        plan.replicas_for_tokens = replicas_for_tokens_per_day(tokens_per_day, plan.output_tok_per_s_per_replica,
+                                                               headroom)
+        replicas.append(plan.replicas_for_tokens)
+        if tokens_per_day / SECONDS_PER_DAY > output_tok_per_s:
+            plan.notes.append(f"extrapolation from {output_tok_per_s:,.1f} output tok/s ({measured}): "
+                              f"{tokens_per_day / SECONDS_PER_DAY:,.1f} tok/s exceed what was measured at the SLO; "
+                              "the answer scales that level linearly in replicas")
+            plan.extrapolated = True
+    plan.replicas = max(replicas)
+    if plan.replicas > dp and not plan.extrapolated:
+        plan.notes.append(f"{plan.replicas} replicas from the {dp} measured together ({measured}): the headroom "
+                          "takes the answer past the measurement, linear in replicas")
+    plan.units = plan.replicas * deployment.units_per_replica
+    plan.nodes = nodes_for(math.ceil(plan.units), deployment.units_per_node) if deployment.kind == "gpu" else None
+    plan.running = running_cost(plan.units, price.usd_per_hour)
+    units, usd = deployment.units_measured, price.usd_per_hour
+    plan.usd_per_million_output = usd_per_million_tokens(units, usd, output_tok_per_s)
+    plan.usd_per_million_total = usd_per_million_tokens(units, usd, level.figures.get("total_tok_per_s"))
+    plan.usd_per_million_good_output, plan.good_output_slo = _good_cost(level, bounds, units, usd)
+    return plan
+
+
+def _good_cost(level: LevelPoint, bounds: list[Slo], units: float,
+               usd_per_unit_hour: float) -> tuple[CostFigure, str | None]:
+    """$ per 1M output tokens of the requests that met an SLO, as the run counted them (per
+    request, under the SLO the run was given)."""
+    good = good_output_tok_per_s(level.figures.get("goodput_rps"), level.figures.get("output_tok_per_s"),
+                                 level.figures.get("requests_per_s"))
+    if good is None or level.goodput_slo is None:
+        return CostFigure(None, "the run counted no goodput: it ran without an SLO (load.slo)"), None
+    try:
+        same = sorted(parse_slo(level.goodput_slo)) == sorted(bounds)
+    except SloError:
+        same = False
+    whose = "your SLO" if same else f"the run's SLO '{level.goodput_slo}'"
+    figure = usd_per_million_tokens(units, usd_per_unit_hour, good)
+    if figure.usd is None:
+        return CostFigure(None, f"no request met {whose}"), whose
+    return figure, whose
