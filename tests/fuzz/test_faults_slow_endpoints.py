@@ -22,22 +22,11 @@ from app.errors import UserError
 from app.load.cache import probe_salt
 from app.load.client import ClientOptions
 from db.store import RunStore
+from tests.fuzz.test_faults_endpoint import PROFILE as FAULT_PROFILE
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILE = """name = "slow endpoint"
-[workload]
-kind = "random"
-num_requests = 4
-model_name = "fake"
-[workload.input_len]
-mean = 16
-[workload.output_len]
-mean = 4
-[load]
-pattern = "closed"
-concurrency = 2
-request_timeout_s = {timeout_s}
-"""
+PROFILE = FAULT_PROFILE.replace("request_timeout_s = 10", "request_timeout_s = {timeout_s}")
+assert "{timeout_s}" in PROFILE
 ENDLESS_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
 PROBE_PEAK_MAX_BYTES = 8 << 20
 """The old probe read an endless reply into memory at about 6.5 MB/s, for as long as it came."""
