@@ -23,15 +23,16 @@ from pydantic import ValidationError
 
 from app.config import RunConfig
 from app.errors import UserError
-from app.export.launch import LaunchSpec, is_cpu_run
 from app.slo import Slo, SloError, parse_slo
 from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
 from app.tuner.space import Percentile
+from db.compare import Comparison
 from db.records import LevelInfo, RunDetail
 from db.summary import level_summary_figures, numbers
 from engine_adapters.config import Features
 from engine_adapters.cpu_binding import OMP_BIND_ENV, parse_cpu_list
 from engine_adapters.gpu_specs import find_gpu_spec
+from engine_adapters.runtimes import is_cpu_build
 
 TOKENS_PER_MILLION = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -348,7 +349,7 @@ def run_deployment(run: RunDetail, gpu: str | None = None) -> Deployment:
     config = run_config(run)
     features: Features = config.features
     dp = features.data_parallel_size
-    if is_cpu_run(LaunchSpec(config, f"run {run.id}", run.engine_version)):
+    if is_cpu_build(config.engine.runtime, run.engine_version):
         if gpu:
             raise UserError(f"run {run.id} ran on a CPU engine: --gpu does not apply")
         cores, counted = _engine_cores(run, config.engine.runtime.env)
@@ -630,3 +631,153 @@ def _good_cost(level: LevelPoint, bounds: list[Slo], units: float,
     if figure.usd is None:
         return CostFigure(None, f"no request met {whose}"), whose
     return figure, whose
+
+
+# --- cost of compared runs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunCost:
+    """What a million tokens cost at one compared run's measured throughput (the figure Compare
+    shows for it), or why that cannot be said: a compare shows every run, priced or not."""
+
+    run_id: int
+    output: CostFigure
+    total: CostFigure
+    price: Price | None = None
+    units: float | None = None
+    """GPUs (or cores) the measured throughput came from."""
+    unit: Unit | None = None
+    device: str | None = None
+    note: str | None = None
+    """Why the figure deserves caution (its throughput is flagged unreliable)."""
+
+    @property
+    def reason(self) -> str | None:
+        """Why there is no $ per 1M output tokens (None: there is one)."""
+        return self.output.reason if self.output.usd is None else None
+
+    def price_text(self) -> str:
+        """``4 GPUs x 2.49 $/GPU-h (default price, as of 2026-12)``."""
+        if self.price is None or self.units is None:
+            return "-"
+        count = f"{self.units:g} {self.unit}{'s' if self.units != 1 else ''}"
+        return f"{count} x {self.price.text()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``cost`` object of a run in ``compare --json`` (None where not known)."""
+        return {"usd_per_1m_output_tokens": self.output.usd, "usd_per_1m_total_tokens": self.total.usd,
+                "price_usd_per_hour": None if self.price is None else self.price.usd_per_hour,
+                "price_source": None if self.price is None else self.price.source,
+                "units": self.units, "unit": self.unit, "reason": self.reason, "note": self.note}
+
+
+def usd_text(usd: float | None) -> str:
+    """``$1.84``; ``$0.0042`` (small costs keep two significant figures); ``-`` when unknown."""
+    if usd is None:
+        return "-"
+    return f"${usd:,.2f}" if usd >= 0.01 else f"${usd:.2g}"
+
+
+def _no_cost_reason(exc: UserError) -> str:
+    """The one line ``run_deployment`` or the price list refused with, in a compare's words
+    (compare has no ``--gpu``: a GPU-less run stays unpriced there)."""
+    text = str(exc)
+    if "records no GPU" in text:
+        return "the run records no GPU (an engine on another machine?)"
+    return re.sub(r"^run \d+ ", "the run ", text)
+
+
+def run_cost(run: RunDetail, prices: PriceTable, output_tok_per_s: float | None,
+             total_tok_per_s: float | None, *, unreliable: str | None = None) -> RunCost:
+    """$ per 1M output and total tokens of ``run`` at the given throughput (GPUs measured x price
+    / tokens per hour, ``usd_per_million_tokens``); never raises for a run that cannot be priced
+    (imported, no GPU recorded, a GPU without a price): the figures say why instead."""
+    try:
+        deployment = run_deployment(run)
+        price = prices.gpu(deployment.device) if deployment.kind == "gpu" else prices.cpu()
+    except UserError as exc:
+        why = CostFigure(None, _no_cost_reason(exc))
+        return RunCost(run.id, why, why)
+    units = deployment.units_measured
+    note = f"from a throughput flagged unreliable: {unreliable}" if unreliable else None
+    return RunCost(run.id, usd_per_million_tokens(units, price.usd_per_hour, output_tok_per_s),
+                   usd_per_million_tokens(units, price.usd_per_hour, total_tok_per_s), price, units,
+                   deployment.unit, deployment.device, note)
+
+
+def comparison_costs(runs: Iterable[RunDetail], output_tok_per_s: Iterable[float | None],
+                     total_tok_per_s: Iterable[float | None], prices: PriceTable,
+                     unreliable: Iterable[str | None] | None = None) -> list[RunCost]:
+    """``run_cost`` of each compared run at the throughput the comparison shows for its column
+    (a repeat set's mean), so the cost cannot disagree with the table above it."""
+    runs, outs, totals = list(runs), list(output_tok_per_s), list(total_tok_per_s)
+    flags = list(unreliable) if unreliable is not None else [None] * len(runs)
+    return [run_cost(r, prices, o, t, unreliable=u) for r, o, t, u in zip(runs, outs, totals, flags, strict=True)]
+
+
+def compared_costs(comparison: Comparison, prices: PriceTable) -> list[RunCost]:
+    """``comparison_costs`` of every column of a compare: each at the output and total tok/s the
+    comparison shows for it, flagged where the comparison flags that throughput."""
+    k = len(comparison.runs)
+
+    def row(key: str) -> tuple[list[float | None], list[str | None]]:
+        m = comparison.metric(key)
+        return (list(m.values), list(m.unreliable)) if m is not None else ([None] * k, [None] * k)
+
+    (output, flags), (total, _flags) = row("output_tok_per_s"), row("total_tok_per_s")
+    return comparison_costs(comparison.runs, output, total, prices, flags)
+
+
+def cost_factor(base: RunCost, other: RunCost) -> float | None:
+    """Baseline cost / this cost per 1M output tokens: above 1, this run is cheaper."""
+    if base.output.usd is None or other.output.usd is None or other.output.usd <= 0:
+        return None
+    return base.output.usd / other.output.usd
+
+
+def cost_factor_text(base: RunCost, other: RunCost) -> str:
+    """The change in cost as a person says it, lower being better: ``x3.1 cheaper``, ``x1.4 more
+    expensive``, ``about the same cost`` (within 5%); empty when either cost is unknown."""
+    factor = cost_factor(base, other)
+    if factor is None:
+        return ""
+    if f"{factor:.1f}" == "1.0" and f"{1 / factor:.1f}" == "1.0":
+        return "about the same cost"
+    return f"x{factor:.1f} cheaper" if factor > 1 else f"x{1 / factor:.1f} more expensive"
+
+
+def sources_text(costs: Iterable[RunCost]) -> str:
+    """Whose prices the figures used: ``default price, as of 2026-12`` or both, in order."""
+    return " / ".join(dict.fromkeys(c.price.source for c in costs if c.price is not None))
+
+
+def unused_prices(prices: PriceTable, costs: Iterable[RunCost]) -> list[str]:
+    """Your ``--price`` names that priced none of the runs (a typo shows up here)."""
+    used = [c.price for c in costs if c.price is not None and c.price.yours]
+    names = [k for k in prices.your_gpu_hour_usd if not any(p.unit == "GPU" and p.key == k for p in used)]
+    if prices.your_cpu_core_hour_usd is not None and not any(p.unit == "core" for p in used):
+        names.append("cpu")
+    return names
+
+
+def throughput_per_unit_factor(base: RunCost, other: RunCost, base_tok_per_s: float | None,
+                               other_tok_per_s: float | None) -> float | None:
+    """Output tok/s per GPU (or core) of ``other`` over the baseline's: the throughput factor a
+    price applies to, fair across runs on different numbers of GPUs."""
+    if not (base.units and other.units and base_tok_per_s and other_tok_per_s) or base_tok_per_s <= 0:
+        return None
+    return (other_tok_per_s / other.units) / (base_tok_per_s / base.units)
+
+
+def before_after_cost_text(change: str, base: RunCost, other: RunCost, base_tok_per_s: float | None,
+                           other_tok_per_s: float | None) -> str:
+    """The before/after line in money: ``prefix caching off -> on: 2.4x the throughput per GPU,
+    $1.84 -> $0.77 per 1M output tokens (default price, as of 2026-12)``; or why there is no cost."""
+    missing = [c for c in (base, other) if c.output.usd is None]
+    if missing:
+        return f"{change}: cost n/a (" + "; ".join(f"#{c.run_id}: {c.output.reason}" for c in missing) + ")"
+    per_unit = throughput_per_unit_factor(base, other, base_tok_per_s, other_tok_per_s)
+    units = base.unit if base.unit == other.unit else "GPU or core"
+    throughput = f"{per_unit:.1f}x the throughput per {units}, " if per_unit is not None else ""
+    return (f"{change}: {throughput}{usd_text(base.output.usd)} \u2192 {usd_text(other.output.usd)} per 1M output "
+            f"tokens ({sources_text((base, other))})")

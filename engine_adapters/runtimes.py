@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_adapters.config import DEMO_MODEL, EngineConfig
+from engine_adapters.config import DEMO_MODEL, EngineConfig, RuntimeConfig
 from engine_adapters.errors import TunebenchError
 from engine_adapters.paths import cache_dir
 
@@ -91,6 +91,15 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
         binds_cpu_threads=True,
     ),
 }
+
+
+def is_cpu_build(runtime: RuntimeConfig, engine_version: str | None = None) -> bool:
+    """Whether a configuration runs a CPU build of its engine: a managed ``*-cpu`` runtime, or an
+    engine that reported a version such as ``0.32.0+cpu``. The one rule the planner, the exports
+    and the cost figures use."""
+    if runtime.kind == "managed" and runtime.managed in MANAGED_RUNTIMES:
+        return MANAGED_RUNTIMES[runtime.managed].name.endswith("-cpu")
+    return "cpu" in (engine_version or "").lower()
 
 
 def managed_runtime(name: str) -> ManagedRuntime:

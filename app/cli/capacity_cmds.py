@@ -113,22 +113,30 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("capacity", parents=[db_parent()],
-                       help="replicas, GPUs and cost for a traffic at an SLO, from a stored run's levels")
-    p.add_argument("run", metavar="RUN", help="run id, uid (prefix) or name")
-    p.add_argument("--slo", required=True, help=f"e.g. 'ttft_ms<=500,tpot_ms<=50' (metrics: {', '.join(SLO_METRICS)})")
-    p.add_argument("--percentile", choices=PERCENTILES, default="p99",
+def add_sizing_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """The traffic, headroom and price options, shared with ``tunebench export --format k8s`` so
+    both commands parse and bound them alike (``--slo`` is each command's own: required here,
+    optional there). ``defaults=False`` leaves every option None unless given, so a caller can tell
+    an option given from its default (the defaults then apply downstream, the same values)."""
+    p.add_argument("--percentile", choices=PERCENTILES, default="p99" if defaults else None,
                    help="each SLO bound holds at this percentile of the level (default p99)")
     p.add_argument("--users", type=bounded_int(1, MAX_COUNT), metavar="N", help="concurrent users to serve")
     p.add_argument("--tokens-per-day", type=bounded_float(0.0, MAX_TOKENS_PER_DAY, exclusive_minimum=True),
                    metavar="T", help="output tokens to generate per day")
-    p.add_argument("--headroom", type=bounded_float(0.0, 10.0), default=DEFAULT_HEADROOM,
+    p.add_argument("--headroom", type=bounded_float(0.0, 10.0), default=DEFAULT_HEADROOM if defaults else None,
                    help=f"spare capacity on top, as a fraction (default {DEFAULT_HEADROOM:g}: "
                         f"{DEFAULT_HEADROOM * 100:g} percent)")
     p.add_argument("--price", action="append", metavar="NAME=USD_PER_HOUR",
                    help="your price per GPU-hour, e.g. 'H100=2.49', or per core-hour, 'cpu=0.05' (repeatable; "
                         "default: the shipped list of typical list prices)")
     p.add_argument("--gpu", metavar="NAME", help="the GPU the run used, for a run whose record names none")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("capacity", parents=[db_parent()],
+                       help="replicas, GPUs and cost for a traffic at an SLO, from a stored run's levels")
+    p.add_argument("run", metavar="RUN", help="run id, uid (prefix) or name")
+    p.add_argument("--slo", required=True, help=f"e.g. 'ttft_ms<=500,tpot_ms<=50' (metrics: {', '.join(SLO_METRICS)})")
+    add_sizing_arguments(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(handler=cmd_capacity)

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
 from app.cli.argtypes import bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
+from app.cost import PriceTable, RunCost, run_cost
 from app.errors import UserError
 from app.events import LadderUpdated
 from app.export.files import STDOUT
 from app.ladder.spec import ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
+
+if TYPE_CHECKING:
+    from db.store import RunStore
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -50,10 +55,40 @@ def step_line(row: StepRow, total: int) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
-def format_ladder_table(state: LadderState) -> str:
-    """The final table: one row per step, then the notes (losses, skips, flags, the reference)."""
+def step_costs(store: RunStore, state: LadderState, prices: PriceTable) -> dict[int, RunCost]:
+    """Each step that ran: $ per 1M tokens at the step's throughput (the staircase's figure, a
+    repeated step's mean), priced on the GPUs (or cores) of its stored run (``app.cost``)."""
+    out: dict[int, RunCost] = {}
+    for r in state.rows:
+        if r.run_ids and r.output_tok_per_s is not None:
+            out[r.index] = run_cost(store.get_run(r.run_ids[0]), prices, r.output_tok_per_s, r.total_tok_per_s)
+    return out
+
+
+def _stored_step_costs(args: argparse.Namespace, state: LadderState) -> dict[int, RunCost] | None:
+    """``step_costs`` from the store of ``--db``; None (no cost column) when nothing was stored or
+    the store cannot be read: a cost never fails the ladder."""
+    from app.cost import price_table
+
+    if not state.run_ids or getattr(args, "no_store", False):
+        return None
+    try:
+        return shared.with_store(args, lambda store: step_costs(store, state, price_table()))
+    except UserError:  # the store's errors arrive as UserError (open_store)
+        return None
+
+
+def _cost_cell(cost: RunCost | None) -> str:
+    from app.cost import usd_text
+
+    return "-" if cost is None else usd_text(cost.output.usd) if cost.output.usd is not None else "n/a"
+
+
+def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None) -> str:
+    """The final table: one row per step, then the notes (losses, skips, flags, the reference);
+    with ``costs`` (``step_costs``), a $ per 1M output tokens column and its price."""
     header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
-              "ITL ms", "limit", "engine", "verified")
+              "ITL ms", "limit", "engine", "verified") + (("$/1M out",) if costs is not None else ())
     rows: list[tuple[str, ...]] = [header]
     for r in state.rows:
         engine = "-" if r.engine_reused is None else "reused" if r.engine_reused else "launched"
@@ -61,10 +96,11 @@ def format_ladder_table(state: LadderState) -> str:
         rows.append((f"{r.index + 1}. {r.name}", r.status, _num(r.output_tok_per_s),
                      factor_text(r.factor_baseline) or "-", previous or "-", _num(r.total_tok_per_s), factor_text(r.total_factor_baseline) or "-",
                      factor_text(r.total_factor_previous) or "-", _num(r.ttft_ms, 1), _num(r.itl_ms, 2),
-                     limit_text(r).replace(" of limit", ""), engine, r.verification if r.ran else "-"))
+                     limit_text(r).replace(" of limit", ""), engine, r.verification if r.ran else "-")
+                    + ((_cost_cell(costs.get(r.index)),) if costs is not None else ()))
     cells = [[safe(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if 1 < i < 10 else c.ljust(w)
+    lines = ["  ".join(c.rjust(w) if 1 < i < 10 or i == 13 else c.ljust(w)
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"workload: {state.workload}"] if state.workload else []
@@ -85,6 +121,14 @@ def format_ladder_table(state: LadderState) -> str:
     if any(r.ceiling_tok_per_s for r in state.rows):
         notes.append(f"limit: output tok/s against the decode ceiling at the batch the engine ran"
                      f"{' (' + state.planned_for + ')' if state.planned_for else ''}")
+    if costs:
+        priced = list(costs.values())
+        shown = [c.price_text() for c in priced if c.price is not None]
+        if shown:
+            notes.append("$/1M out: per 1M output tokens at the step's throughput, "
+                         + "; ".join(dict.fromkeys(shown)))
+        notes += [f"{r.index + 1}. {r.name}: cost n/a ({c.reason})" for r in state.rows
+                  if (c := costs.get(r.index)) is not None and c.reason]
     lines += [safe(n) for n in notes]
     return "\n".join(lines)
 
@@ -177,7 +221,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
                                            telemetry=not args.no_telemetry),
         console.handle, name="tunebench-ladder", extra_events=(LadderUpdated,))
     print()
-    print(format_ladder_table(state))
+    print(format_ladder_table(state, _stored_step_costs(args, state)))
     if json_path is not None:
         campaign = ladder.campaign_result.to_dict() if ladder.campaign_result is not None else None
         shared.write_json({"ladder": state.model_dump(mode="json"), "campaign": campaign}, json_path, announce=True)
@@ -224,7 +268,7 @@ def cmd_ladders_show(args: argparse.Namespace) -> int:
         return shared.print_json(state.model_dump(mode="json"))
     print(safe(f"ladder {state.ladder_id}: {state.name} ({state.status}"
                + (f": {state.reason}" if state.reason else "") + ")"))
-    print(format_ladder_table(state))
+    print(format_ladder_table(state, _stored_step_costs(args, state)))
     return 0
 
 

@@ -16,6 +16,16 @@ from typing import Any
 
 from app.cli.argtypes import MAX_COUNT, bounded_int
 from app.cli.terminal import safe
+from app.cost import (
+    PriceTable,
+    RunCost,
+    compared_costs,
+    cost_factor,
+    cost_factor_text,
+    price_table,
+    unused_prices,
+    usd_text,
+)
 from app.errors import UserError
 from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, import_results
 from app.export.files import check_target
@@ -264,13 +274,49 @@ def _print_comparison(c: Comparison) -> None:
         print(f"\n{len(c.series)} telemetry series aligned at {c.bin_s:g} s (see --json or an html export)")
 
 
+def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable) -> None:
+    """$ per 1M tokens per run and the factor against the baseline in words (lower is better)."""
+    labels = [f"#{r.id}" + (" (base)" if i == c.baseline else "") for i, r in enumerate(c.runs)]
+    base = costs[c.baseline]
+    print("\ncost at each run's measured throughput (lower is better; $ per 1M tokens = GPUs x price per "
+          "GPU-hour / (tok/s x 3600) x 1e6):")
+    rows = []
+    for i, cost in enumerate(costs):
+        if cost.output.usd is None:
+            rows.append([labels[i], "n/a", "n/a", "-"])
+            continue
+        factor = "" if i == c.baseline else cost_factor_text(base, cost)
+        rows.append([labels[i], usd_text(cost.output.usd) + (f" ({factor})" if factor else ""),
+                     usd_text(cost.total.usd), cost.price_text()])
+    _table(rows, ["RUN", "$/1M OUTPUT TOKENS", "$/1M TOTAL TOKENS", "PRICE"])
+    for label, cost in zip(labels, costs, strict=True):
+        if cost.reason:  # below the table, so a long reason does not widen it
+            print(safe(f"{label}: cost: n/a ({cost.reason})"))
+        if cost.note:
+            print(safe(f"{label}: cost {cost.note}"))
+    devices = {cost.device for cost in costs if cost.device is not None}
+    if len(devices) > 1:
+        print(safe(f"the runs ran on different hardware ({', '.join(sorted(devices))}): each is priced on its "
+                   "own; the cost is what differs"))
+    if unused := unused_prices(prices, costs):
+        print(safe(f"--price for {', '.join(unused)} priced none of the runs"))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
+    prices = price_table(getattr(args, "price", None) or ())  # `ladders compare` passes none
     with open_store(args) as store:
         comparison = compare_runs(store, args.runs, args.baseline, series=args.json and not args.no_series)
+    costs = compared_costs(comparison, prices)
     if args.json:
-        _print_json(comparison.to_dict())
+        doc = comparison.to_dict()
+        base = costs[comparison.baseline]
+        for run, cost in zip(doc["runs"], costs, strict=True):
+            run["cost"] = {**cost.to_dict(), "factor_vs_baseline": cost_factor(base, cost),
+                           "vs_baseline": cost_factor_text(base, cost) or None}
+        _print_json(doc)
     else:
         _print_comparison(comparison)
+        _print_costs(comparison, costs, prices)
     return 0
 
 
@@ -309,19 +355,26 @@ def _script_target(args: argparse.Namespace, store: RunStore) -> Target:
 def cmd_export(args: argparse.Namespace) -> int:
     """Render with ``app.export.export`` (the GUI's dialog calls the same), to ``-o FILE`` or
     standard output (no ``-o``, or ``-o -``)."""
+    from app.export.capacity import Sizing, check_prices
+
     fmt, targets = args.format, args.targets
     output = None if args.output in (None, STDOUT) else Path(args.output)
     if output is not None:
         check_target(output)  # before the work: a bad path is refused at once
+    given = (args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, args.price, args.gpu)
+    sizing = None if all(v is None for v in given) else Sizing(
+        args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, tuple(args.price or ()), args.gpu)
+    if sizing is not None and fmt == "k8s":
+        check_prices(sizing)  # a bad --price is refused before the store is opened, as by `capacity`
     if fmt in SCRIPT_FORMATS:
         if len(targets) != 1:
             raise UserError(f"--format {fmt} exports one run or profile")
         profile = _profile_target(targets[0])
         if profile is not None:
-            text = export(Target(profile=profile), fmt, output)
+            text = export(Target(profile=profile), fmt, output, sizing=sizing)
         else:
             with open_store(args) as store:
-                text = export(_script_target(args, store), fmt, output, store=store)
+                text = export(_script_target(args, store), fmt, output, store=store, sizing=sizing)
     else:
         with open_store(args) as store:
             for target in targets:
@@ -332,7 +385,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                         raise UserError(f"--format {fmt} needs runs; '{target}' is a profile, which has no "
                                         "results") from None
                     raise
-            text = export(Target(runs=targets, baseline=args.baseline, title=args.title), fmt, output, store=store)
+            text = export(Target(runs=targets, baseline=args.baseline, title=args.title), fmt, output, store=store,
+                          sizing=sizing)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -406,6 +460,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("runs", nargs="+", metavar="RUN")
     cmp.add_argument("--baseline", metavar="RUN", help="the run deltas are measured against (default: the first)")
     cmp.add_argument("--no-series", action="store_true", help="leave the aligned telemetry out of --json")
+    cmp.add_argument("--price", action="append", metavar="NAME=USD", default=[],
+                     help="your price per GPU-hour (repeatable), e.g. --price 'H100=2.10'; 'cpu=0.05' per core-hour "
+                          "(default: the shipped list prices, dated)")
     cmp.set_defaults(handler=cmd_compare)
 
     export = sub.add_parser("export", parents=[db], help="a launch script from a run or profile, or a run's data")
@@ -417,6 +474,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "output. Links, pipes and devices are refused")
     export.add_argument("--baseline", metavar="RUN", help="html: the baseline run (default: the first)")
     export.add_argument("--title", help="html: report title")
+    from app.cli.capacity_cmds import add_sizing_arguments  # capacity_cmds imports this module
+
+    export.add_argument("--slo", help="k8s: size the Deployment's replicas at this SLO from the run's measured levels, "
+                                      "as `tunebench capacity` does (with --users and/or --tokens-per-day)")
+    add_sizing_arguments(export, defaults=False)
     export.set_defaults(handler=cmd_export)
 
     imp = sub.add_parser("import", parents=[db, as_json],

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import UserError
+from app.export.capacity import Sizing, size
 from app.export.data import (
     CSV_COLUMNS,
     DATA_FORMATS,
@@ -49,7 +50,7 @@ SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", 
 
 __all__ = [
     "CSV_COLUMNS", "DATA_FORMATS", "EXECUTABLE_FORMATS", "EXPORT_VERSION", "FORMATS", "SCRIPT_FORMATS", "STDOUT",
-    "SUFFIXES", "LaunchSpec", "ScriptFormat", "Target", "export", "import_results", "parse_results", "render",
+    "SUFFIXES", "LaunchSpec", "ScriptFormat", "Sizing", "Target", "export", "import_results", "parse_results", "render",
     "render_ladder_report", "render_launch", "render_report", "report_comparison", "run_to_csv", "run_to_json",
     "run_to_json_text", "save", "spec_from_profile", "spec_from_run", "write_atomic",
 ]
@@ -68,16 +69,28 @@ class Target:
     """HTML: the report's title."""
 
 
-def render(target: Target, fmt: str, store: RunStore | None = None) -> str:
-    """The text of one export (what a preview shows and a file receives)."""
+def render(target: Target, fmt: str, store: RunStore | None = None, sizing: Sizing | None = None) -> str:
+    """The text of one export (what a preview shows and a file receives); ``sizing``: the k8s
+    Deployment's replicas from a capacity plan of the stored run, with the reasoning as comments."""
     if fmt not in FORMATS:
         raise UserError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
+    if sizing is not None and fmt != "k8s":
+        raise UserError(f"--users/--tokens-per-day/--slo size a Kubernetes Deployment: they need --format k8s, "
+                        f"not --format {fmt}")
     if fmt in SCRIPT_FORMATS:
         if target.profile is not None:
+            if sizing is not None:
+                raise UserError(f"--users/--tokens-per-day/--slo size from a stored run's measured levels; "
+                                f"{target.profile.name} is a profile, which has no results")
             return render_launch(spec_from_profile(target.profile), fmt)
         if len(target.runs) != 1:
             raise UserError(f"--format {fmt} exports one run or profile")
-        return render_launch(spec_from_run(_store(store).get_run(target.runs[0])), fmt)
+        run = _store(store).get_run(target.runs[0])
+        spec = spec_from_run(run)
+        if sizing is None:
+            return render_launch(spec, fmt)
+        replicas, comment = size(run, sizing)
+        return render_launch(spec, fmt, replicas=replicas, replicas_comment=comment)
     if target.profile is not None:
         raise UserError(f"--format {fmt} needs runs; {target.profile.name} is a profile, which has no results")
     if not target.runs:
@@ -96,10 +109,12 @@ def _store(store: RunStore | None) -> RunStore:
     return store
 
 
-def export(target: Target, fmt: str, out_path: str | Path | None = None, *, store: RunStore | None = None) -> str:
+def export(target: Target, fmt: str, out_path: str | Path | None = None, *, store: RunStore | None = None,
+           sizing: Sizing | None = None) -> str:
     """Render ``fmt`` from ``target``; with ``out_path``, also write it there atomically
-    (scripts executable). Returns the text, so a caller without a path can print or show it."""
-    text = render(target, fmt, store)
+    (scripts executable). Returns the text, so a caller without a path can print or show it.
+    ``sizing`` (k8s only) sets the Deployment's replicas from a capacity plan."""
+    text = render(target, fmt, store, sizing)
     if out_path is not None:
         save(text, fmt, out_path)
     return text

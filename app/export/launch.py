@@ -31,7 +31,12 @@ from engine_adapters.base import BESIDE_SCRIPT
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.features import FEATURES
 from engine_adapters.registry import get_adapter
-from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, managed_runtime, runtime_env
+from engine_adapters.runtimes import (
+    MANAGED_RUNTIMES,
+    RuntimeErrorMessage,
+    is_cpu_build,
+    runtime_env,
+)
 from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj
 from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
 
@@ -89,10 +94,7 @@ def spec_from_profile(path: str | Path) -> LaunchSpec:
 def is_cpu_run(spec: LaunchSpec) -> bool:
     """Whether the configuration ran on a CPU build (a managed ``*-cpu`` runtime, or a version
     such as ``0.32.0+cpu``): its container needs the CPU image and no GPUs."""
-    runtime = spec.config.engine.runtime
-    if runtime.kind == "managed" and runtime.managed in MANAGED_RUNTIMES:
-        return managed_runtime(runtime.managed).name.endswith("-cpu")
-    return "cpu" in (spec.engine_version or "").lower()
+    return is_cpu_build(spec.config.engine.runtime, spec.engine_version)
 
 
 def served_name(model: str) -> str:
@@ -415,8 +417,14 @@ def _ray_worker_script() -> str:
             '  echo "waiting for the Ray head at $LWS_LEADER_ADDRESS" >&2\n  sleep 5\ndone')
 
 
-def render_launch(spec: LaunchSpec, fmt: str) -> str:
-    """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s, ray, k8s-multinode)."""
+def render_launch(spec: LaunchSpec, fmt: str, *, replicas: int = 1, replicas_comment: Sequence[str] = ()) -> str:
+    """The launch script/manifest for ``fmt`` (bash, docker, compose, k8s, ray, k8s-multinode);
+    ``replicas`` and the comment lines above them (plain text, escaped here) are the k8s
+    Deployment's, where a capacity plan sized it (``app.export.capacity``)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number of at least 1, got {replicas!r}")
+    if (replicas != 1 or replicas_comment) and fmt != "k8s":
+        raise UserError(f"a replica count is for --format k8s, not --format {fmt}")
     if fmt not in SCRIPT_FORMATS:
         raise UserError(f"unknown launch format '{fmt}' (choose from {', '.join(SCRIPT_FORMATS)})")
     nodes = spec.config.features.nodes
@@ -466,4 +474,6 @@ def render_launch(spec: LaunchSpec, fmt: str) -> str:
         context.update(topology.context(launch), leader_script=_ray_leader_script(topology, args, not opts["gpus"]),
                        worker_script=_ray_worker_script())
         return env.get_template("k8s-multinode.yaml.j2").render(**context)
-    return env.get_template("compose.yaml.j2" if fmt == "compose" else "k8s.yaml.j2").render(**context)
+    if fmt == "compose":
+        return env.get_template("compose.yaml.j2").render(**context)
+    return env.get_template("k8s.yaml.j2").render(**context, replicas=replicas, replicas_comment=list(replicas_comment))

@@ -15,9 +15,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from app.config import RunConfig
+from app.cost import PriceTable, before_after_cost_text, compared_costs, price_table
 from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
 from app.export.quoting import templates
-from app.headline import headlines
+from app.headline import headline, headlines
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
 from db import metric_catalog as catalog
@@ -249,6 +250,20 @@ def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
                          for f in h.figures]} for h in headlines(comparison)]
 
 
+def _cost_line(comparison: Comparison, prices: PriceTable | None) -> str | None:
+    """A baseline and one other run: the before/after in money, labelled with what differs in
+    their configuration (``app.headline``; the runs' names when nothing does), from the same
+    throughput the tables show (``app.cost``)."""
+    if len(comparison.runs) != 2:
+        return None
+    base, other = comparison.baseline, 1 - comparison.baseline
+    label = headline(comparison, other).change or " \u2192 ".join(comparison.labels()[i] for i in (base, other))
+    costs = compared_costs(comparison, prices if prices is not None else price_table())
+    row = comparison.metric("output_tok_per_s")
+    tok_per_s = list(row.values) if row is not None else [None, None]
+    return before_after_cost_text(label, costs[base], costs[other], tok_per_s[base], tok_per_s[other])
+
+
 def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tuple[list[dict[str, str]], list[str]]:
     """TTFT/ITL CDFs (from the stored requests) and, for sweeps, throughput against latency."""
     charts: list[dict[str, str]] = []
@@ -278,9 +293,10 @@ def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tupl
 
 
 def render_report(comparison: Comparison, title: str | None = None, max_series: int = 12,
-                  store: RunStore | None = None) -> str:
-    """A self-contained HTML page: the A/B headline, runs, configuration differences, metric
-    deltas, charts; with ``store``, also the TTFT/ITL distributions."""
+                  store: RunStore | None = None, prices: PriceTable | None = None) -> str:
+    """A self-contained HTML page: the A/B headline (and, for two runs, its cost at ``prices``,
+    default: the shipped list), runs, configuration differences, metric deltas, charts; with
+    ``store``, also the TTFT/ITL distributions."""
     runs = comparison.runs
     labels = comparison.labels()
     offsets = load_start_offsets(comparison)
@@ -312,7 +328,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                     for v in vals], "terms": comparison.engine_terms.get(k)}
               for k, vals in comparison.config_diff],
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
-        headlines=_headline_items(comparison), distributions=dist_charts, distribution_notes=dist_notes,
+        headlines=_headline_items(comparison), cost_line=_cost_line(comparison, prices), distributions=dist_charts, distribution_notes=dist_notes,
         rooflines=roofline_charts, roofline_notes=roofline_notes)
 
 

@@ -17,7 +17,7 @@ from app.config import RunConfig
 from app.planner.arch import ModelArch, PlannerError, load_arch
 from engine_adapters.gpu_specs import GIB, GpuSpec, find_gpu_spec
 from engine_adapters.hardware import probe_hardware
-from engine_adapters.runtimes import MANAGED_RUNTIMES
+from engine_adapters.runtimes import MANAGED_RUNTIMES, is_cpu_build
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 GPU_RESERVE_BYTES = 2 * GIB
@@ -121,15 +121,10 @@ def resolve_hardware(config: RunConfig, gpu: str | None, gpus: int | None) -> Ha
         if spec is None:
             raise PlannerError(f"GPU '{local.gpus[0].name}' is not in the spec table: pass --gpu with a known card")
         return gpu_hardware(spec, count)
-    if _is_cpu_runtime(config):
+    if is_cpu_build(config.engine.runtime):
         return cpu_hardware(config)
     raise PlannerError("this machine has no NVIDIA GPU and the profile is not for a CPU engine: pass --gpu NAME "
                        "(for example --gpu H100) to plan for a GPU")
-
-
-def _is_cpu_runtime(config: RunConfig) -> bool:
-    runtime = config.engine.runtime
-    return runtime.kind == "managed" and "cpu" in runtime.managed
 
 
 def _cpu_kv_space_bytes(config: RunConfig) -> float:

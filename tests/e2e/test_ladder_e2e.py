@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from app.cli.ladder_cmds import step_costs
+from app.cost import default_prices, price_table
 from app.ladder.stored import list_ladders
 from db.store import RunStore
 from engine_adapters.hardware import probe_hardware
@@ -78,6 +80,18 @@ def test_cpu_ladder_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert checks["load.concurrency"].status == "verified" and "tokens per step" in checks["load.concurrency"].evidence
         if fp8_here:
             assert checks["kv_cache_dtype"].status == "verified"  # twice the tokens in the same KV memory
+        # $ per 1M output tokens per step = price x cores / (tok/s x 3600) x 1e6: on one machine's
+        # cores, the cost ratio between steps is exactly the inverse throughput ratio.
+        costs, price = step_costs(store, stored[0].state, price_table()), default_prices().cpu().usd_per_hour
+        steps = [(r.name, r.output_tok_per_s, costs[r.index]) for r in stored[0].state.rows if r.status == "completed"]
+        figures = [(tok_per_s, cost.units, cost.output.usd) for _name, tok_per_s, cost in steps]
+        assert all(t and u and usd for t, u, usd in figures), steps
+        for tok_per_s, units, usd in figures:
+            assert usd == pytest.approx(price * units / (tok_per_s * 3600) * 1e6), steps  # type: ignore[operator]
+        assert len({units for _t, units, _usd in figures}) == 1, steps  # one machine's cores
+        for (tok_a, _ua, usd_a), (tok_b, _ub, usd_b) in zip(figures, figures[1:], strict=False):
+            assert usd_b / usd_a == pytest.approx(tok_a / tok_b)  # type: ignore[operator]
+    assert "$/1M out" in text  # the staircase printed its cost column
     assert not [e for e in registered_engines() if e.owner_pid == os.getpid() and e.pid not in ours_before], \
         "an engine outlived the ladder"
     report = tmp_path / "ladder.html"
