@@ -116,6 +116,7 @@ def test_a_run_against_an_endpoint_that_never_finishes_ends_within_its_timeout(m
             while proc.poll() is None and time.monotonic() - server.first_request_at_s < timeout_s + 5.0:
                 time.sleep(0.1)
             elapsed_s = time.monotonic() - server.first_request_at_s
+            print(f"{mode}: the run ended {elapsed_s:.2f} s after its first request")
             assert proc.poll() is not None, f"still running {elapsed_s:.1f} s after its first request"
         finally:
             if proc.poll() is None:
@@ -147,6 +148,7 @@ def test_sigterm_and_ctrl_c_end_a_run_waiting_on_a_silent_endpoint(sig: signal.S
             if proc.poll() is None:
                 proc.kill()
     assert "Traceback" not in out + err, err
+    print(f"{sig.name}: the run ended {elapsed_s:.2f} s after the signal")
     assert elapsed_s < 2.0, f"{sig.name} took {elapsed_s:.1f} s to end the run"
     assert _stored(db)[0] == "cancelled"
 
