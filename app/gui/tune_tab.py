@@ -62,6 +62,11 @@ class ParetoChart(QWidget):
         item.setLabel("left", "output tok/s per GPU")
         self.legend = item.addLegend(offset=(-10, 10))
         layout.addWidget(self.plot)
+        # One TPOT line for the chart's life, moved and put back at each redraw: a labelled line made
+        # anew each time left a line <-> label reference cycle whose label stayed connected to the
+        # scene's paint signal, and the cyclic GC freed it at any moment, even inside a paint (a crash).
+        self.tpot_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.bad, style=Qt.PenStyle.DashLine),
+                                         label="TPOT SLO", labelOpts={"position": 0.9, "color": theme.bad})
         self.points: dict[str, list[tuple[float, float]]] = {}
         """What is drawn, by series name (tests read it back)."""
 
@@ -100,8 +105,8 @@ class ParetoChart(QWidget):
         floor = tpot_floor(state.slo) if state.slo else None
         if floor:
             self.points["TPOT SLO"] = [(floor, 0.0)]
-            item.addItem(pg.InfiniteLine(pos=floor, angle=90, pen=pg.mkPen(t.bad, style=Qt.PenStyle.DashLine),
-                                         label="TPOT SLO", labelOpts={"position": 0.9, "color": t.bad}))
+            self.tpot_line.setValue(floor)
+            item.addItem(self.tpot_line)
         pick = state.pick
         if pick is not None and pick.tok_s_per_user is not None and pick.tok_s_per_gpu is not None:
             self.points["pick"] = [(pick.tok_s_per_user, pick.tok_s_per_gpu)]

@@ -51,11 +51,13 @@ class Worker(QThread):
         try:
             result = self.fn()
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
-            self.error = exc
             if isinstance(exc, TunebenchError):  # the user's to act on: its message says it all
                 log.info("worker %s: %s", self.objectName(), exc)
             else:  # a bug: keep the traceback
                 log.warning("worker %s failed:\n%s", self.objectName(), traceback.format_exc())
+            # Kept without its traceback (logged above): its frames would hold this worker in a
+            # cycle, left to the cyclic GC, which may free a QThread on any thread at any moment.
+            self.error = exc.with_traceback(None)
             self.failed.emit(user_message(exc))
             return
         self.succeeded.emit(result)

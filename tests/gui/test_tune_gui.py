@@ -86,3 +86,33 @@ def test_a_stopped_tune_resumes_from_the_tab(  # type: ignore[no-untyped-def]
     assert tab.state.status == "completed"
     first_engine = [c for c in FakeTuneRunner.calls[ran_before:] if c[0] == 2]
     assert not first_engine  # the configurations finished before the stop were not run again
+
+
+def test_pareto_redraws_leave_no_chart_items_to_the_garbage_collector(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Each redraw (four a second while a tune runs) must free what it replaces at once: an item
+    left in a reference cycle is freed by the cyclic GC at an arbitrary moment, even inside a paint
+    that is signalling it, which crashed the process once."""
+    import gc
+
+    import pyqtgraph as pg
+
+    from app.gui.tune_tab import ParetoChart
+    from app.tuner.state import TuneState
+
+    chart = ParetoChart()
+    qtbot.addWidget(chart)
+    chart.show()
+    state = TuneState(tune_id="t", slo="ttft_ms<=150,tpot_ms<=60")
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, pg.InfiniteLine)}  # other windows' too
+    gc.disable()
+    try:
+        for _ in range(5):
+            chart.set_state(state)
+            chart.plot.repaint()
+            qtbot.wait(10)
+        assert chart.points["TPOT SLO"] == [(1000 / 60, 0.0)]
+        left = [o for o in gc.get_objects() if isinstance(o, pg.InfiniteLine) and id(o) not in before]
+    finally:
+        gc.enable()
+    assert left == [], f"{len(left)} TPOT lines left to the garbage collector by 5 redraws"
