@@ -6,9 +6,13 @@ workload and load are the client side, defined in ``app.workload``.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
 
+from pydantic import Field, field_validator
+
+from app.errors import UserError
 from app.ladder.spec import LadderSpec
+from app.money import check_price
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, StrictModel
 
@@ -25,3 +29,22 @@ class RunConfig(StrictModel):
     load: LoadConfig = Field(default_factory=LoadConfig)
     ladder: LadderSpec | None = Field(None, description="An acceleration ladder over this configuration "
                                                         "(``tunebench ladder``; app.ladder.spec).")
+    prices: dict[str, float] = Field(default_factory=dict, description=(
+        "Your price per GPU-hour by GPU name (H100 = 2.49), or per core-hour (cpu = 0.05), over the "
+        "shipped list: the costs of this profile's runs use them; --price on a command wins (app.cost)."))
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _check_prices(cls, value: Any) -> Any:
+        """Every price checked as ``--price`` checks it, in the same words."""
+        if not isinstance(value, dict):
+            return value  # pydantic says what it expected
+        out = {}
+        for name, usd in value.items():
+            if not str(name).strip():
+                raise ValueError("a price needs a GPU name (e.g. H100 = 2.49)")
+            try:
+                out[name] = check_price(usd, f"price of {name}")
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
+        return out

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from app.config import RunConfig
 from app.errors import UserError
+from app.money import check_price, short_text
 from app.slo import Slo, SloError, parse_slo
 from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
 from app.tuner.space import Percentile
@@ -40,8 +41,6 @@ SECONDS_PER_DAY = 86_400
 HOURS_PER_DAY = 24
 DAYS_PER_MONTH = 30
 """A month, for the monthly figures: 30 days, stated wherever the figure is shown."""
-MAX_USD_PER_HOUR = 1_000_000.0
-"""A price per GPU- or core-hour above this is a typo (and would overflow the figures)."""
 CPU_PRICE_KEYS = ("cpu", "cpu_core")
 """``--price`` names of the per-core-hour price (CPU runs)."""
 PRICES_ASSET = "prices.toml"
@@ -65,35 +64,17 @@ class Price:
     yours: bool
     as_of: str
     """The default table's date (kept for yours too: it dates the table that was overridden)."""
+    from_profile: bool = False
+    """From the run's profile (``[prices]``), not from the command or the window."""
 
     @property
     def source(self) -> str:
+        if self.from_profile:
+            return "the run's profile price"
         return "your price" if self.yours else f"default price, as of {self.as_of}"
 
     def text(self) -> str:
         return f"{self.usd_per_hour:,.2f} $/{self.unit}-h ({self.source})"
-
-
-def _short(text: str, limit: int = 40) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def check_price(value: Any, what: str) -> float:
-    """A price per hour as a float, or one line saying why it is not one (non-numeric, NaN or
-    infinite, zero or negative, absurdly large)."""
-    if isinstance(value, bool):
-        raise UserError(f"{what}: expected a price in USD per hour, got {value!r}")
-    try:
-        usd = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise UserError(f"{what}: {_short(str(value))} is not a number (a price in USD per hour, e.g. 2.49)") from None
-    if not math.isfinite(usd):
-        raise UserError(f"{what}: the price must be a finite number, got {_short(str(value))}")
-    if usd <= 0:
-        raise UserError(f"{what}: the price must be above 0 USD per hour, got {usd:g}")
-    if usd > MAX_USD_PER_HOUR:
-        raise UserError(f"{what}: {usd:g} USD per hour is more than {MAX_USD_PER_HOUR:,.0f}: a typo?")
-    return usd
 
 
 def parse_price(text: str) -> tuple[str, float]:
@@ -101,11 +82,11 @@ def parse_price(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
     name = name.strip()
     if not sep:
-        raise UserError(f"--price {_short(text)}: expected NAME=USD_PER_HOUR, e.g. --price 'H100=2.49' "
+        raise UserError(f"--price {short_text(text)}: expected NAME=USD_PER_HOUR, e.g. --price 'H100=2.49' "
                         "(or 'cpu=0.05' per core-hour)")
     if not name:
-        raise UserError(f"--price {_short(text)}: the GPU name before '=' is empty (e.g. --price 'H100=2.49')")
-    return name, check_price(value, f"--price {_short(name)}")
+        raise UserError(f"--price {short_text(text)}: the GPU name before '=' is empty (e.g. --price 'H100=2.49')")
+    return name, check_price(value, f"--price {short_text(name)}")
 
 
 def _words(name: str) -> frozenset[str]:
@@ -135,6 +116,25 @@ class PriceTable:
     source: str
     your_gpu_hour_usd: Mapping[str, float] = field(default_factory=dict)
     your_cpu_core_hour_usd: float | None = None
+    profile_gpu_hour_usd: Mapping[str, float] = field(default_factory=dict)
+    """The run's profile prices (``[prices]``): under yours, over the defaults (``for_run``)."""
+    profile_cpu_core_hour_usd: float | None = None
+
+    def for_run(self, run: RunDetail) -> PriceTable:
+        """This table with the prices the run's profile recorded (``RunConfig.prices``) between
+        yours and the defaults; a stored price that is not one is refused in one line."""
+        stored = (run.config or {}).get("prices") or {}
+        if not isinstance(stored, Mapping):
+            raise UserError(f"run {run.id} records its prices as {short_text(str(stored))}, not a table")
+        gpus: dict[str, float] = {}
+        cpu = None
+        for name, value in stored.items():
+            usd = check_price(value, f"run {run.id}: the price of {short_text(str(name))} in its profile")
+            if str(name).lower() in CPU_PRICE_KEYS:
+                cpu = usd
+            else:
+                gpus[str(name)] = usd
+        return replace(self, profile_gpu_hour_usd=gpus, profile_cpu_core_hour_usd=cpu)
 
     def with_prices(self, texts: Iterable[str]) -> PriceTable:
         """This table with ``--price NAME=USD`` entries (the last of a name wins)."""
@@ -151,11 +151,13 @@ class PriceTable:
     def gpu(self, gpu_name: str) -> Price:
         """The price of one hour of this GPU: yours before the default; of several keys that
         match, the most specific (most words)."""
-        for table, yours in ((self.your_gpu_hour_usd, True), (self.gpu_hour_usd, False)):
+        layers = ((self.your_gpu_hour_usd, True, False), (self.profile_gpu_hour_usd, True, True),
+                  (self.gpu_hour_usd, False, False))
+        for table, yours, from_profile in layers:
             keys = [k for k in table if price_key_matches(k, gpu_name)]
             if keys:
                 key = max(keys, key=lambda k: len(_words(k)))
-                return Price(key, table[key], "GPU", yours, self.as_of)
+                return Price(key, table[key], "GPU", yours, self.as_of, from_profile)
         example = re.sub(r"^nvidia\s+", "", gpu_name.strip(), flags=re.IGNORECASE) or "NAME"
         raise UserError(f"no price for the GPU '{gpu_name}' (it is not in the default price list): pass "
                         f"--price 'NAME=USD_PER_HOUR', e.g. --price '{example}=2.00'")
@@ -164,14 +166,17 @@ class PriceTable:
         """The price of one core-hour (a logical CPU, as clouds sell vCPUs)."""
         if self.your_cpu_core_hour_usd is not None:
             return Price("cpu", self.your_cpu_core_hour_usd, "core", True, self.as_of)
+        if self.profile_cpu_core_hour_usd is not None:
+            return Price("cpu", self.profile_cpu_core_hour_usd, "core", True, self.as_of, True)
         if self.cpu_core_hour_usd is None:
             raise UserError("no per-core price: pass --price 'cpu=USD_PER_CORE_HOUR', e.g. --price 'cpu=0.05'")
         return Price("cpu", self.cpu_core_hour_usd, "core", False, self.as_of)
 
     def unused(self, used: Price | None) -> list[str]:
         """Your prices that priced nothing (a typo in a name shows up here)."""
-        names = [k for k in self.your_gpu_hour_usd if used is None or not (used.yours and used.key == k)]
-        if self.your_cpu_core_hour_usd is not None and (used is None or used.unit != "core"):
+        names = [k for k in self.your_gpu_hour_usd
+                 if used is None or not (used.yours and not used.from_profile and used.key == k)]
+        if self.your_cpu_core_hour_usd is not None and (used is None or used.unit != "core" or used.from_profile):
             names.append("cpu")
         return names
 
@@ -288,16 +293,19 @@ def running_cost(units: float, usd_per_unit_hour: float) -> RunningCost:
 
 def run_config(run: RunDetail) -> RunConfig:
     """The configuration a stored run was measured with; a run imported from another tool has
-    none, so nothing says how many GPUs it used."""
+    none, so nothing says how many GPUs it used; a stored one that no longer validates (a price
+    edited by hand) names its first bad value."""
+    problem = "it records no engine configuration (GPUs, parallelism)"
     try:
         if run.config:
             return RunConfig.model_validate(run.config)
-    except ValidationError:
-        pass
+    except ValidationError as exc:
+        if not run.imported:
+            first = exc.errors()[0]
+            problem = f"{'.'.join(str(p) for p in first['loc']) or 'its top level'}: {first['msg']}"
     where = f"was imported from {run.imported_from or 'another tool'}" if run.imported else \
         "has no valid stored configuration"
-    raise UserError(f"run {run.id} {where}: it records no engine configuration (GPUs, parallelism), so its "
-                    "capacity and cost cannot be counted")
+    raise UserError(f"run {run.id} {where}: {problem}, so its capacity and cost cannot be counted")
 
 
 @dataclass(frozen=True)
@@ -555,6 +563,7 @@ def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | 
         raise UserError(f"the output tokens per day must be a number above 0, got {tokens_per_day:g}")
     check_headroom(headroom)
     deployment = run_deployment(run, gpu)
+    prices = prices.for_run(run)
     judged = [JudgedLevel(lv, judge(lv.figures, bounds, percentile)) for lv in run_levels(run)]
     plan = CapacityPlan(run.id, run.name, slo, percentile, headroom, deployment, judged, users, tokens_per_day,
                         notes=list(deployment.notes))
@@ -633,6 +642,64 @@ def _good_cost(level: LevelPoint, bounds: list[Slo], units: float,
     return figure, whose
 
 
+def _cost_text(figure: CostFigure | None) -> str:
+    if figure is None:
+        return "-"
+    return usd_text(figure.usd) if figure.usd is not None else f"- ({figure.reason})"
+
+
+def _level_line(j: JudgedLevel) -> str:
+    lv = j.level
+    tok = lv.figures.get("output_tok_per_s")
+    measured = (f"{number_text(lv.concurrency)} in flight" if lv.concurrency is not None else "concurrency not recorded") + (
+        f", {tok:,.1f} output tok/s" if tok is not None else "")
+    return f"level {lv.idx} ({lv.label}): {measured}: " + ("meets the SLO" if j.verdict.meets else
+                                                           f"misses it ({j.verdict.reason})")
+
+
+def capacity_text(plan: CapacityPlan) -> str:
+    """The capacity answer as ``tunebench capacity`` prints it and the Capacity boxes show it."""
+    d = plan.deployment
+    lines = [f"capacity of run {plan.run_id} ({plan.run_name}) at the SLO: {slo_text(plan.slo, plan.percentile)}"]
+    lines += [f"  {_level_line(j)}" for j in plan.levels]
+    if plan.unreachable is not None:
+        lines.append(f"  {plan.unreachable}")
+        lines += [f"  note: {n}" for n in plan.notes]
+        return "\n".join(lines)
+    assert plan.sized_on is not None and plan.price is not None and plan.replicas is not None
+    assert plan.units is not None and plan.running is not None
+    lv = plan.sized_on.level
+    unit = d.unit
+    lines.append(f"  sized on level {lv.idx} ({lv.label}), the highest concurrency that met the SLO")
+    lines.append(f"  replica: {count_text(d.units_per_replica, unit)} of {d.device} ({d.counted})")
+    lines.append(f"  price: {plan.price.text()}")
+    per_replica = []
+    if plan.users_per_replica is not None:
+        per_replica.append(f"{number_text(plan.users_per_replica)} concurrent users")
+    if plan.output_tok_per_s_per_replica is not None:
+        per_replica.append(f"{plan.output_tok_per_s_per_replica:,.1f} output tok/s")
+    if per_replica:
+        lines.append(f"  one replica at the SLO: {', '.join(per_replica)}")
+    headroom = f"with {plan.headroom:.0%} headroom"
+    if plan.replicas_for_users is not None:
+        lines.append(f"  for {plan.users:,} concurrent users {headroom}: {count_text(plan.replicas_for_users, 'replica')}")
+    if plan.replicas_for_tokens is not None and plan.tokens_per_day is not None:
+        lines.append(f"  for {plan.tokens_per_day:,.0f} output tokens a day {headroom}: "
+                     f"{count_text(plan.replicas_for_tokens, 'replica')}")
+    nodes = (f" on {count_text(plan.nodes, 'node')} of {d.units_per_node} GPUs" if plan.nodes is not None
+             and d.units_per_node is not None else "")
+    lines.append(f"  answer: {count_text(plan.replicas, 'replica')} = {count_text(plan.units, unit)}{nodes}")
+    source = plan.price.source
+    lines.append(f"  running ({source}): {number_text(plan.running.unit_hours_per_day)} {unit}-hours a day = "
+                 f"{usd_text(plan.running.usd_per_day)} a day, {usd_text(plan.running.usd_per_month)} a month "
+                 f"({DAYS_PER_MONTH} days)")
+    good = f"; good output ({plan.good_output_slo}): " if plan.good_output_slo else "; good output: "
+    lines.append(f"  per 1M tokens at level {lv.idx} ({source}): output {_cost_text(plan.usd_per_million_output)}; "
+                 f"total {_cost_text(plan.usd_per_million_total)}{good}{_cost_text(plan.usd_per_million_good_output)}")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
 # --- cost of compared runs ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -656,12 +723,14 @@ class RunCost:
         """Why there is no $ per 1M output tokens (None: there is one)."""
         return self.output.reason if self.output.usd is None else None
 
-    def price_text(self) -> str:
-        """``4 GPUs x 2.49 $/GPU-h (default price, as of 2026-12)``."""
+    def price_text(self, with_source: bool = True) -> str:
+        """``4 GPUs x 2.49 $/GPU-h (default price, as of 2026-12)``; without the source where the
+        table says it once."""
         if self.price is None or self.units is None:
             return "-"
         count = f"{self.units:g} {self.unit}{'s' if self.units != 1 else ''}"
-        return f"{count} x {self.price.text()}"
+        price = self.price.text() if with_source else f"{self.price.usd_per_hour:,.2f} $/{self.unit}-h"
+        return f"{count} x {price}"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``cost`` object of a run in ``compare --json`` (None where not known)."""
@@ -672,10 +741,28 @@ class RunCost:
 
 
 def usd_text(usd: float | None) -> str:
-    """``$1.84``; ``$0.0042`` (small costs keep two significant figures); ``-`` when unknown."""
+    """``$1,234.56``, ``$0.77``; under ten cents, three significant figures so that a CPU run's
+    cost keeps its ratio (``$0.0114``, ``$0.0120``, ``$0.00420``), never $0.00; ``-`` when unknown."""
     if usd is None:
         return "-"
-    return f"${usd:,.2f}" if usd >= 0.01 else f"${usd:.2g}"
+    if usd >= 0.1:
+        return f"${usd:,.2f}"
+    if usd <= 0:
+        return f"${usd:.2f}"
+    decimals = 2 - math.floor(math.log10(usd))
+    if f"{usd:.{decimals}f}".startswith("0.1"):  # 0.09996 rounds up to 0.100: say $0.10
+        return "$0.10"
+    return f"${usd:.{decimals}f}"
+
+
+def number_text(value: float) -> str:
+    """A count as a whole number when it is one (``12``), else to two decimals (``2.50``)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+def count_text(value: float, noun: str) -> str:
+    """``1 GPU``, ``3 replicas``, ``2.50 cores``."""
+    return f"{number_text(value)} {noun}{'' if value == 1 else 's'}"
 
 
 def _no_cost_reason(exc: UserError) -> str:
@@ -694,7 +781,8 @@ def run_cost(run: RunDetail, prices: PriceTable, output_tok_per_s: float | None,
     (imported, no GPU recorded, a GPU without a price): the figures say why instead."""
     try:
         deployment = run_deployment(run)
-        price = prices.gpu(deployment.device) if deployment.kind == "gpu" else prices.cpu()
+        own = prices.for_run(run)
+        price = own.gpu(deployment.device) if deployment.kind == "gpu" else own.cpu()
     except UserError as exc:
         why = CostFigure(None, _no_cost_reason(exc))
         return RunCost(run.id, why, why)
@@ -753,7 +841,7 @@ def sources_text(costs: Iterable[RunCost]) -> str:
 
 def unused_prices(prices: PriceTable, costs: Iterable[RunCost]) -> list[str]:
     """Your ``--price`` names that priced none of the runs (a typo shows up here)."""
-    used = [c.price for c in costs if c.price is not None and c.price.yours]
+    used = [c.price for c in costs if c.price is not None and c.price.yours and not c.price.from_profile]
     names = [k for k in prices.your_gpu_hour_usd if not any(p.unit == "GPU" and p.key == k for p in used)]
     if prices.your_cpu_core_hour_usd is not None and not any(p.unit == "core" for p in used):
         names.append("cpu")

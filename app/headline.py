@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.cost import PriceTable, RunCost, before_after_cost_text, compared_costs
 from app.labels import describe_change
 from app.labels import engine_defaults as declared_defaults
 from db import metric_catalog as catalog
@@ -129,3 +130,23 @@ def headlines(comparison: Comparison, *, engine_defaults: Mapping[str, Any] | No
     """One headline per compared column against the baseline (none for a single run)."""
     return [headline(comparison, i, engine_defaults=engine_defaults)
             for i in range(len(comparison.runs)) if i != comparison.baseline]
+
+
+def money_line(comparison: Comparison, column: int, costs: Sequence[RunCost]) -> str:
+    """Column ``column`` against the baseline in money (``app.cost.before_after_cost_text``),
+    labelled with what differs in their configuration, or the runs' names when nothing does;
+    ``costs`` are ``compared_costs`` of the comparison, so the line uses the throughput the table
+    shows."""
+    base = comparison.baseline
+    labels = comparison.labels()
+    change = headline(comparison, column).change or f"{labels[base]} \u2192 {labels[column]}"
+    row = comparison.metric("output_tok_per_s")
+    tok_per_s = list(row.values) if row is not None else [None] * len(comparison.runs)
+    return before_after_cost_text(change, costs[base], costs[column], tok_per_s[base], tok_per_s[column])
+
+
+def money_lines(comparison: Comparison, prices: PriceTable) -> tuple[list[RunCost], list[str]]:
+    """Every compared run's cost, and one ``money_line`` per column other than the baseline (in
+    the order of ``headlines``)."""
+    costs = compared_costs(comparison, prices)
+    return costs, [money_line(comparison, i, costs) for i in range(len(comparison.runs)) if i != comparison.baseline]

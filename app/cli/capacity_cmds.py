@@ -13,90 +13,15 @@ from app.cli.campaign_cmds import db_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.cost import (
-    DAYS_PER_MONTH,
     DEFAULT_HEADROOM,
     PERCENTILES,
-    CapacityPlan,
-    CostFigure,
-    JudgedLevel,
+    capacity_text,
     plan_capacity,
     price_table,
-    slo_text,
 )
 from app.slo import SLO_METRICS
 
 MAX_TOKENS_PER_DAY = 1e18
-
-
-def _usd(value: float) -> str:
-    """Dollars to the cent; a figure under a dollar (a CPU run's cost per million tokens) to
-    three significant digits, so it does not read as $0.00."""
-    return f"${value:,.2f}" if value >= 1 else f"${value:.3g}"
-
-
-def _n(value: float) -> str:
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
-
-
-def _count(value: float, noun: str) -> str:
-    return f"{_n(value)} {noun}{'' if value == 1 else 's'}"
-
-
-def _cost(figure: CostFigure | None) -> str:
-    if figure is None:
-        return "-"
-    return _usd(figure.usd) if figure.usd is not None else f"- ({figure.reason})"
-
-
-def _level_line(j: JudgedLevel) -> str:
-    lv = j.level
-    tok = lv.figures.get("output_tok_per_s")
-    measured = (f"{_n(lv.concurrency)} in flight" if lv.concurrency is not None else "concurrency not recorded") + (
-        f", {tok:,.1f} output tok/s" if tok is not None else "")
-    return f"level {lv.idx} ({lv.label}): {measured}: " + ("meets the SLO" if j.verdict.meets else
-                                                           f"misses it ({j.verdict.reason})")
-
-
-def format_plan(plan: CapacityPlan) -> str:
-    d = plan.deployment
-    lines = [f"capacity of run {plan.run_id} ({plan.run_name}) at the SLO: {slo_text(plan.slo, plan.percentile)}"]
-    lines += [f"  {_level_line(j)}" for j in plan.levels]
-    if plan.unreachable is not None:
-        lines.append(f"  {plan.unreachable}")
-        lines += [f"  note: {n}" for n in plan.notes]
-        return "\n".join(lines)
-    assert plan.sized_on is not None and plan.price is not None and plan.replicas is not None
-    assert plan.units is not None and plan.running is not None
-    lv = plan.sized_on.level
-    unit = d.unit
-    lines.append(f"  sized on level {lv.idx} ({lv.label}), the highest concurrency that met the SLO")
-    lines.append(f"  replica: {_count(d.units_per_replica, unit)} of {d.device} ({d.counted})")
-    lines.append(f"  price: {plan.price.text()}")
-    per_replica = []
-    if plan.users_per_replica is not None:
-        per_replica.append(f"{_n(plan.users_per_replica)} concurrent users")
-    if plan.output_tok_per_s_per_replica is not None:
-        per_replica.append(f"{plan.output_tok_per_s_per_replica:,.1f} output tok/s")
-    if per_replica:
-        lines.append(f"  one replica at the SLO: {', '.join(per_replica)}")
-    headroom = f"with {plan.headroom:.0%} headroom"
-    if plan.replicas_for_users is not None:
-        lines.append(f"  for {plan.users:,} concurrent users {headroom}: {_count(plan.replicas_for_users, 'replica')}")
-    if plan.replicas_for_tokens is not None and plan.tokens_per_day is not None:
-        lines.append(f"  for {plan.tokens_per_day:,.0f} output tokens a day {headroom}: "
-                     f"{_count(plan.replicas_for_tokens, 'replica')}")
-    nodes = (f" on {_count(plan.nodes, 'node')} of {d.units_per_node} GPUs" if plan.nodes is not None
-             and d.units_per_node is not None else "")
-    lines.append(f"  answer: {_count(plan.replicas, 'replica')} = {_count(plan.units, unit)}{nodes}")
-    source = plan.price.source
-    lines.append(f"  running ({source}): {_n(plan.running.unit_hours_per_day)} {unit}-hours a day = "
-                 f"{_usd(plan.running.usd_per_day)} a day, {_usd(plan.running.usd_per_month)} a month "
-                 f"({DAYS_PER_MONTH} days)")
-    good = f"; good output ({plan.good_output_slo}): " if plan.good_output_slo else "; good output: "
-    lines.append(f"  per 1M tokens at level {lv.idx} ({source}): output {_cost(plan.usd_per_million_output)}; "
-                 f"total {_cost(plan.usd_per_million_total)}{good}{_cost(plan.usd_per_million_good_output)}")
-    lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -109,7 +34,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         json.dump(plan.to_dict(), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print("\n".join(safe(line) for line in format_plan(plan).splitlines()))
+        print("\n".join(safe(line) for line in capacity_text(plan).splitlines()))
     return 0
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from app.cost import DAYS_PER_MONTH, DEFAULT_HEADROOM, CapacityPlan, plan_capacity, price_table, slo_text
+from app.cost import (
+    DAYS_PER_MONTH,
+    DEFAULT_HEADROOM,
+    CapacityPlan,
+    count_text,
+    number_text,
+    plan_capacity,
+    price_table,
+    slo_text,
+    usd_text,
+)
 from app.errors import UserError
 from db.records import RunDetail
 
@@ -55,18 +65,6 @@ def pods(plan: CapacityPlan) -> int:
     return math.ceil(plan.replicas / plan.deployment.data_parallel)
 
 
-def _usd(value: float) -> str:
-    return f"${value:,.2f}" if value >= 1 else f"${value:.3g}"
-
-
-def _n(value: float) -> str:
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
-
-
-def _count(value: float, noun: str) -> str:
-    return f"{_n(value)} {noun}{'' if value == 1 else 's'}"
-
-
 def reasoning(plan: CapacityPlan) -> list[str]:
     """The comment lines above ``replicas:`` (plain text: the template escapes each as a comment)."""
 
@@ -76,20 +74,20 @@ def reasoning(plan: CapacityPlan) -> list[str]:
     lines = [f"replicas sized by tunebench capacity on run {plan.run_id} ({plan.run_name})",
              f"SLO: {slo_text(plan.slo, plan.percentile)}; sized on level {lv.idx} ({lv.label}), the highest "
              "concurrency that met it"]
-    per = [f"{_n(plan.users_per_replica)} concurrent users"] if plan.users_per_replica is not None else []
+    per = [f"{number_text(plan.users_per_replica)} concurrent users"] if plan.users_per_replica is not None else []
     if plan.output_tok_per_s_per_replica is not None:
         per.append(f"{plan.output_tok_per_s_per_replica:,.1f} output tok/s")
-    lines.append(f"one replica ({_count(d.units_per_replica, d.unit)} of {d.device}) at the SLO: {', '.join(per)}")
+    lines.append(f"one replica ({count_text(d.units_per_replica, d.unit)} of {d.device}) at the SLO: {', '.join(per)}")
     traffic = [f"{plan.users:,} concurrent users"] if plan.users is not None else []
     if plan.tokens_per_day is not None:
         traffic.append(f"{plan.tokens_per_day:,.0f} output tokens a day")
-    nodes = f" on {_count(plan.nodes, 'node')} of {d.units_per_node} GPUs" if plan.nodes is not None else ""
+    nodes = f" on {count_text(plan.nodes, 'node')} of {d.units_per_node} GPUs" if plan.nodes is not None else ""
     packed = (f"; {pods(plan)} pods of {d.data_parallel} data-parallel replicas "
-              f"({_count(pods(plan) * d.data_parallel * d.units_per_replica, d.unit)} in all)"
+              f"({count_text(pods(plan) * d.data_parallel * d.units_per_replica, d.unit)} in all)"
               if d.data_parallel > 1 else "")
     lines.append(f"for {' and '.join(traffic)} with {plan.headroom:.0%} headroom: {plan.replicas} replicas = "
-                 f"{_count(plan.units, d.unit)}{nodes}{packed}")
-    lines.append(f"running: {_usd(plan.running.usd_per_day)} a day, {_usd(plan.running.usd_per_month)} a month "
+                 f"{count_text(plan.units, d.unit)}{nodes}{packed}")
+    lines.append(f"running: {usd_text(plan.running.usd_per_day)} a day, {usd_text(plan.running.usd_per_month)} a month "
                  f"({DAYS_PER_MONTH} days) at {plan.price.text()}")
     lines += [f"note: {n}" for n in plan.notes]
     return lines

@@ -15,10 +15,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from app.config import RunConfig
-from app.cost import PriceTable, before_after_cost_text, compared_costs, price_table
+from app.cost import PriceTable, price_table
 from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
 from app.export.quoting import templates
-from app.headline import headline, headlines
+from app.headline import headlines, money_lines
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
 from db import metric_catalog as catalog
@@ -251,17 +251,10 @@ def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
 
 
 def _cost_line(comparison: Comparison, prices: PriceTable | None) -> str | None:
-    """A baseline and one other run: the before/after in money, labelled with what differs in
-    their configuration (``app.headline``; the runs' names when nothing does), from the same
-    throughput the tables show (``app.cost``)."""
+    """A baseline and one other run: the before/after in money (``app.headline.money_line``)."""
     if len(comparison.runs) != 2:
         return None
-    base, other = comparison.baseline, 1 - comparison.baseline
-    label = headline(comparison, other).change or " \u2192 ".join(comparison.labels()[i] for i in (base, other))
-    costs = compared_costs(comparison, prices if prices is not None else price_table())
-    row = comparison.metric("output_tok_per_s")
-    tok_per_s = list(row.values) if row is not None else [None, None]
-    return before_after_cost_text(label, costs[base], costs[other], tok_per_s[base], tok_per_s[other])
+    return money_lines(comparison, prices if prices is not None else price_table())[1][0]
 
 
 def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tuple[list[dict[str, str]], list[str]]:

@@ -56,6 +56,11 @@ CPU_COUNT = os.cpu_count() or 1
 CEILING_IN_VIEW = 4.0
 """The dashed ceiling line is kept in view while it is at most this many times the measured peak."""
 LIMIT_TILE = TileSpec("limit", "% of limit", "", "", "{:.0f}%")
+COST_TILE = TileSpec("cost", "$ / 1M output tokens", "", "", "{}")
+"""What a million output tokens cost at the run's measured throughput (``app.cost.run_cost``),
+shown once the run is stored: its price and GPUs come with the stored run."""
+COST_TILE_TIP = ("What a million output tokens cost at this run's measured throughput: GPUs (or cores) x price "
+                 "per hour / output tokens per hour")
 """Output tok/s against the decode ceiling at the batch the engine runs (``app.planner.live``)."""
 
 class Tile(QFrame):
@@ -164,6 +169,9 @@ class TileRow(QWidget):
         # "% of limit": not a catalogue figure, so beside the tiles rather than among them (app.planner.live).
         self.limit_tile = Tile(LIMIT_TILE)
         row.addWidget(self.limit_tile)
+        self.cost_tile = Tile(COST_TILE)
+        row.addWidget(self.cost_tile)
+        self.cost_tile.show("–", COST_TILE.label, "after the run", COST_TILE_TIP)
         outer.addLayout(row)
         self.plan: Plan | None = None
         self.plan_note = "no plan yet"
@@ -239,6 +247,10 @@ class TileRow(QWidget):
                        if alt and figures.get(alt) is not None else "")
                 tile.show(m.format(value), m.label, sub, m.description)
 
+    def show_cost(self, value: str, sub: str, why: str = "") -> None:
+        """The run's cost per 1M output tokens (``value``: ``$0.77``, or ``n/a`` with ``why``)."""
+        self.cost_tile.show(value, COST_TILE.label, sub, f"{why}\n{COST_TILE_TIP}" if why else COST_TILE_TIP)
+
     def live(self, header: str = "") -> None:
         """Back to live figures (a new run)."""
         self.mode = "live"
@@ -247,6 +259,7 @@ class TileRow(QWidget):
         for tile in self.tiles.values():
             tile.show("–", tile.spec.label)
         self.show_limit(None)
+        self.cost_tile.show("–", COST_TILE.label, "after the run", COST_TILE_TIP)
 
 
 class _Curve(pg.PlotCurveItem):

@@ -43,10 +43,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.cost import PriceTable, RunCost, cost_factor_text, price_table, sources_text, usd_text
 from app.distributions import RunDistributions, Sweep, aligned, load_start_offsets, run_distributions, sweeps
+from app.gui.capacity_box import CapacityBox
 from app.gui.series import series_label
 from app.gui.theme import LIGHT
-from app.headline import Headline, headlines
+from app.headline import Headline, headlines, money_lines
 from app.labels import engine_defaults, label_for, value_text
 from db import metric_catalog as catalog
 from db.compare import Comparison, compare_runs
@@ -303,14 +305,35 @@ class CompareExtras:
     sweeps: list[Sweep] = field(default_factory=list)
     load_start_s: list[float] = field(default_factory=list)
     """Per run, seconds from the run's start to the start of its load (the engine's start before)."""
+    costs: list[RunCost] = field(default_factory=list)
+    """Per run, $ per 1M tokens at the throughput the table shows (``app.cost.compared_costs``)."""
+    money_lines: list[str] = field(default_factory=list)
+    """Per headline, the before/after in money (``app.headline.money_line``)."""
 
 
-def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None) -> tuple[Comparison, CompareExtras]:
-    """Everything the Compare view draws (run it in a worker: it reads the store)."""
+def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None,
+                        prices: PriceTable | None = None) -> tuple[Comparison, CompareExtras]:
+    """Everything the Compare view draws (run it in a worker: it reads the store); costs at
+    ``prices`` (default: the shipped list)."""
     comparison = compare_runs(store, ids, baseline)
+    costs, lines = money_lines(comparison, prices if prices is not None else price_table())
     extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),
-                           load_start_offsets(comparison))
+                           load_start_offsets(comparison), costs, lines)
     return comparison, extras
+
+
+COST_COLUMNS = ("run", "$ / 1M output tok", "vs baseline", "$ / 1M total tok", "priced at")
+
+
+def cost_rows(comparison: Comparison, costs: Sequence[RunCost]) -> list[list[str]]:
+    """The cost table's cells, as ``tunebench compare`` prints them (lower is better)."""
+    base = costs[comparison.baseline]
+    rows = []
+    for i, (label, cost) in enumerate(zip(comparison.labels(), costs, strict=True)):
+        factor = "baseline" if i == comparison.baseline else cost_factor_text(base, cost)
+        output = usd_text(cost.output.usd) if cost.output.usd is not None else f"n/a: {cost.reason}"
+        rows.append([label, output, factor, usd_text(cost.total.usd), cost.price_text(with_source=False)])
+    return rows
 
 
 def _setting_text(key: str, value: Any) -> str:
@@ -331,11 +354,11 @@ class HeadlineCard(QFrame):
         self.layout_.setSpacing(2)
         self.lines: list[QLabel] = []
 
-    def show_headlines(self, items: Sequence[Headline]) -> None:
+    def show_headlines(self, items: Sequence[Headline], money: Sequence[str] = ()) -> None:
         for label in self.lines:
             label.deleteLater()
         self.lines = []
-        for headline in items:
+        for i, headline in enumerate(items):
             sentence = QLabel(html.escape(headline.sentence()))
             sentence.setObjectName("headlineSentence")
             sentence.setWordWrap(True)
@@ -351,7 +374,14 @@ class HeadlineCard(QFrame):
             figures = QLabel(" &nbsp;·&nbsp; ".join(parts))
             figures.setWordWrap(True)
             figures.setToolTip("\n".join(f"{f.name}: {f.note}" for f in headline.figures if f.note))
-            for label in (sentence, figures):
+            labels = [sentence, figures]
+            if i < len(money):
+                cost = QLabel(html.escape(money[i]))
+                cost.setObjectName("headlineMoney")
+                cost.setWordWrap(True)
+                cost.setStyleSheet(f"color: {LIGHT.accent}; font-weight: 600;")
+                labels.append(cost)
+            for label in labels:
                 self.layout_.addWidget(label)
                 self.lines.append(label)
         self.setVisible(bool(items))
@@ -369,7 +399,8 @@ class CompareView(QWidget):
     export_requested = Signal()
     present_requested = Signal()
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, with_store: Callable[[Callable[[RunStore], Any]], Any] | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.comparison: Comparison | None = None
         self.extras = CompareExtras()
@@ -453,6 +484,28 @@ class CompareView(QWidget):
         self.charts.addTab(over_time, "Over time")
         self.charts.addTab(dist_page, "TTFT and ITL distributions")
         self.charts.addTab(sweep_page, "Throughput vs latency")
+        cost_page = QWidget()
+        cost_box = QVBoxLayout(cost_page)
+        cost_box.setContentsMargins(0, 0, 0, 0)
+        cost_left = QVBoxLayout()
+        self.cost_table = QTableWidget(0, len(COST_COLUMNS))
+        self.cost_table.setObjectName("costTable")
+        self.cost_table.setHorizontalHeaderLabels(list(COST_COLUMNS))
+        self.cost_table.verticalHeader().setVisible(False)
+        self.cost_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.cost_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.cost_note = QLabel("")
+        self.cost_note.setWordWrap(True)
+        self.cost_note.setStyleSheet(f"color: {LIGHT.muted};")
+        cost_left.addWidget(QLabel("<b>Cost at each run's measured throughput</b> (lower is better)"))
+        cost_left.addWidget(self.cost_table)
+        cost_left.addWidget(self.cost_note)
+        cost_box.addLayout(cost_left)
+        self.capacity: CapacityBox | None = None
+        if with_store is not None:
+            self.capacity = CapacityBox(with_store)
+            cost_box.addWidget(self.capacity, 1)
+        self.charts.addTab(cost_page, "Cost and capacity")
         split.addWidget(self.charts)
         split.setSizes([300, 300])
         layout.addWidget(split, 1)
@@ -504,7 +557,8 @@ class CompareView(QWidget):
             self.baseline.addItem(f"#{run.id} {run.name}", run.id)
         self.baseline.setCurrentIndex(comparison.baseline)
         self.baseline.blockSignals(False)
-        self.card.show_headlines(self.extras.headlines)
+        self.card.show_headlines(self.extras.headlines, self.extras.money_lines)
+        self._fill_costs()
         headers = [label.replace(" ", "\n", 1) for label in labels]  # "#12" over the name: narrow columns
 
         self.diff.clear()
@@ -548,6 +602,30 @@ class CompareView(QWidget):
         self._draw_bars()
         self._draw_distributions()
         self._draw_sweep()
+
+    def _fill_costs(self) -> None:
+        comparison, costs = self.comparison, self.extras.costs
+        rows = cost_rows(comparison, costs) if comparison is not None and costs else []
+        self.cost_table.setRowCount(len(rows))
+        for i, cells in enumerate(rows):
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if col == 2 and ("cheaper" in text or "more expensive" in text):
+                    item.setForeground(QBrush(QColor(LIGHT.good if "cheaper" in text else LIGHT.bad)))
+                self.cost_table.setItem(i, col, item)
+        self.cost_table.resizeRowsToContents()
+        rows_px = sum(self.cost_table.rowHeight(i) for i in range(len(rows)))
+        self.cost_table.setFixedHeight(self.cost_table.horizontalHeader().height() + rows_px + 6)  # no empty room
+        notes = [f"#{c.run_id}: {c.note}" for c in costs if c.note]
+        source = sources_text(costs)
+        self.cost_note.setText(" ".join(
+            ([f"Prices: {source} (a default price is a typical list price, not a quote; yours go in Prices).",
+              "Per 1M tokens = GPUs (or cores) \u00d7 price per hour / tokens per hour."] if source else [])
+            + notes))
+        if self.capacity is not None and comparison is not None:
+            order = [i for i in range(len(comparison.runs)) if i != comparison.baseline] + [comparison.baseline]
+            labels = comparison.labels()
+            self.capacity.set_runs([(comparison.runs[i].id, labels[i]) for i in order])
 
     def _fill_metrics(self) -> None:
         comparison = self.comparison
@@ -722,6 +800,10 @@ class CompareView(QWidget):
         self.bars.clear()
         self.dists.clear()
         self.sweep.clear()
+        self.cost_table.setRowCount(0)
+        self.cost_note.setText("")
+        if self.capacity is not None:
+            self.capacity.set_runs([])
         self.card.setVisible(False)
         self.export_button.setEnabled(False)
         self.present_button.setEnabled(False)

@@ -41,7 +41,9 @@ from PySide6.QtWidgets import (
 
 from app.bus import Bus, Event, Sample
 from app.config import RunConfig
+from app.cost import PriceTable, RunCost, price_table, run_cost, usd_text
 from app.engines import CheckReport, check_config
+from app.errors import UserError
 from app.events import (
     CLIENT_SOURCE,
     EngineReady,
@@ -56,6 +58,7 @@ from app.events import (
     TelemetrySupport,
 )
 from app.gui.availability import Availability, compute_availability, judge_here
+from app.gui.capacity_box import CapacityBox
 from app.gui.config_panel import ConfigPanel, ConfigState
 from app.gui.dashboard import Dashboard
 from app.gui.export_dialog import ExportDialog
@@ -67,7 +70,7 @@ from app.gui.repeats import run_work
 from app.gui.run_bar import RunBar
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.session import EngineSession
-from app.gui.settings import GuiSettings, load_settings, save_settings
+from app.gui.settings import GuiSettings, load_settings, save_settings, settings_path
 from app.gui.tune_tab import TuneTab
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.labels import engine_defaults, features_on, suggest_run_name
@@ -222,7 +225,7 @@ class MainWindow(QMainWindow):
         live_layout.addWidget(live_split, 1)
 
         self.history = HistoryView()
-        self.compare = CompareView()
+        self.compare = CompareView(with_store=self._with_store)
         self.tabs = QTabWidget()
         self.tabs.addTab(live, "Live")
         self.tabs.addTab(self.history, "History")
@@ -284,6 +287,8 @@ class MainWindow(QMainWindow):
         self.compare.baseline_changed.connect(lambda rid: self.compare_runs(self._compare_ids, baseline=rid))
         self.compare.export_requested.connect(lambda: self.open_export(run_ids=self._compare_ids, comparison=True))
         self.compare.present_requested.connect(self.present_before_after)
+        for box in self._capacity_boxes():
+            box.prices_changed.connect(self._prices_changed)
         self.tabs.currentChanged.connect(self._tab_changed)
         self._fill_profile_picker()
         self._suggest_name()
@@ -327,6 +332,8 @@ class MainWindow(QMainWindow):
 
     def _settings_loaded(self, settings: GuiSettings) -> None:
         self.settings = settings
+        for box in self._capacity_boxes():
+            box.set_prices(settings.prices)
         self.config_panel.set_recent_models(settings.recent_models)
         self._fill_profile_picker()
 
@@ -474,6 +481,32 @@ class MainWindow(QMainWindow):
         self._save_settings()
         if kind == "recent_models":
             self.config_panel.set_recent_models(self.settings.recent_models)
+
+    def _price_table(self) -> PriceTable:
+        """The shipped prices with yours from the settings on top (a hand-edited settings file with
+        a bad price falls back to the shipped list, and says so)."""
+        try:
+            return price_table(self.settings.prices)
+        except UserError as exc:
+            self._error(f"Your prices in {settings_path()} are not used: {exc}")
+            return price_table()
+
+    def _capacity_boxes(self) -> list[CapacityBox]:
+        return [box for box in (self.compare.capacity, self.tune.capacity) if box is not None]
+
+    def _prices_changed(self, prices: list[str]) -> None:
+        """A sizing succeeded with these prices: keep them, show them in every Capacity box, and
+        cost the comparison on screen at them."""
+        if prices == self.settings.prices:
+            return
+        self.settings = self.settings.model_copy(update={"prices": list(prices)})
+        self._save_settings()
+        for box in self._capacity_boxes():
+            box.set_prices(prices)
+        self.tune.show_state(self.tune.state)  # its cost axis, at these prices
+        comparison = self.compare.comparison
+        if comparison is not None:
+            self.compare_runs(self._compare_ids, baseline=comparison.runs[comparison.baseline].id)
 
     def _save_settings(self) -> None:
         settings = self.settings
@@ -625,6 +658,27 @@ class MainWindow(QMainWindow):
         limit = limit_figures(self._run_plan, level.summary) if self._run_plan is not None else None
         self.dashboard.show_limit(limit)
         self.presentation.tiles.show_limit(limit)
+        if result.run_id:
+            self._show_run_cost(result.run_id, figures.get("output_tok_per_s"), figures.get("total_tok_per_s"),
+                                unreliable.get("output_tok_per_s"))
+
+    def _show_run_cost(self, run_id: str, output_tok_per_s: float | None, total_tok_per_s: float | None,
+                       unreliable: str | None) -> None:
+        """The cost tile, from the stored run (its GPUs and profile prices) at the summary's throughput."""
+        prices = self._price_table()
+
+        def cost(store: RunStore) -> RunCost:
+            run = store.get_run(store.resolve(run_id))
+            return run_cost(run, prices, output_tok_per_s, total_tok_per_s, unreliable=unreliable)
+
+        def show(c: RunCost) -> None:
+            for row in (self.dashboard.tiles, self.presentation.tiles):
+                if c.output.usd is None:
+                    row.show_cost("n/a", "no cost", c.reason or "")
+                else:
+                    row.show_cost(usd_text(c.output.usd), c.price_text(), c.note or "")
+
+        run_in_worker(lambda: self._with_store(cost), show, None, name="run-cost", parent=self)
 
     @staticmethod
     def _result_line(result: RunResult, plan: Plan | None = None) -> str:
@@ -838,7 +892,8 @@ class MainWindow(QMainWindow):
         if not headlines:
             self._error("Compare two runs first: the before/after view shows their headline.")
             return
-        self.presentation.show_before_after(headlines[0])
+        money = self.compare.extras.money_lines
+        self.presentation.show_before_after(headlines[0], money[0] if money else "")
         if not self.presenting:
             self.toggle_presentation()
 
@@ -883,7 +938,9 @@ class MainWindow(QMainWindow):
             self._error("Select at least two runs to compare.")
             return
         self._compare_ids = list(ids)
-        run_in_worker(lambda: self._with_store(lambda s: compare_with_extras(s, ids, baseline)), self._compared,
+        prices = self._price_table()
+        run_in_worker(lambda: self._with_store(lambda s: compare_with_extras(s, ids, baseline, prices)),
+                      self._compared,
                       self._error, name="compare", parent=self)
 
     def _compared(self, result: tuple[Comparison, CompareExtras]) -> None:

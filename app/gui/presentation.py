@@ -58,13 +58,20 @@ class BeforeAfterView(QWidget):
         self.grid.setHorizontalSpacing(24)
         self.grid.setVerticalSpacing(10)
         layout.addLayout(self.grid)
+        self.money = _label("", 22, DARK.accent, bold=True)
+        self.money.setObjectName("beforeAfterMoney")
+        layout.addWidget(self.money)
         self.note = _label("", 13, DARK.muted)
         layout.addWidget(self.note)
         layout.addStretch(1)
         self.headline: Headline | None = None
 
-    def show_headline(self, headline: Headline) -> None:
+    def show_headline(self, headline: Headline, money: str = "") -> None:
+        """``money``: the same change in money (``app.headline.money_line``), the line a customer
+        remembers; hidden when there is none."""
         self.headline = headline
+        self.money.setText(money)
+        self.money.setVisible(bool(money))
         lead = headline.lead
         self.sentence.setText(lead.text() if lead is not None else "No clear difference in the headline figures")
         while self.grid.count():
@@ -152,9 +159,9 @@ class PresentationView(QWidget):
         self.pages.setCurrentIndex(0)
         self._apply_heading(*self._live_heading)
 
-    def show_before_after(self, headline: Headline | None = None) -> None:
+    def show_before_after(self, headline: Headline | None = None, money: str = "") -> None:
         if headline is not None:
-            self.before_after.show_headline(headline)
+            self.before_after.show_headline(headline, money)
         current = self.before_after.headline
         if current is None:
             self.pages.setCurrentIndex(2)

@@ -17,6 +17,9 @@ MAX_STARTUPS = 50
 class GuiSettings(BaseModel):
     recent_profiles: list[str] = Field(default_factory=list)
     recent_models: list[str] = Field(default_factory=list)
+    prices: list[str] = Field(default_factory=list)
+    """Your ``NAME=USD_PER_HOUR`` prices (``--price``'s form), over the shipped list: Compare's
+    costs and the Capacity boxes use them."""
     startup_s: dict[str, float] = Field(default_factory=dict)
     """Seconds the last start of each engine configuration took (key: a hash of engine and
     features): how long a restart will take, shown while it starts."""

@@ -28,13 +28,16 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
+from app.cost import SECONDS_PER_HOUR, TOKENS_PER_MILLION, run_cost, usd_text
 from app.export.launch import SINGLE_NODE_FORMATS
 from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
 from app.gui.campaign_panel import CampaignTab
+from app.gui.capacity_box import CapacityBox
 from app.gui.theme import LIGHT, Theme
 from app.gui.workers import run_in_worker
 from app.tuner.state import TuneState, chart_points, pareto_front, slo_frontier, tpot_floor
@@ -42,6 +45,23 @@ from app.tuner.state import TuneState, chart_points, pareto_front, slo_frontier,
 TICK_MS = 250
 DEFAULT_SLO = "ttft_ms<=500,tpot_ms<=50"
 SCRIPT_FORMATS = SINGLE_NODE_FORMATS  # a single winner runs on one machine
+
+
+class CostAxis(pg.AxisItem):
+    """The right axis of the Pareto chart: the left axis's output tok/s per GPU read as $ per 1M
+    output tokens (one GPU-hour's price over its tokens per hour), so the best trial on either axis
+    is the same dot. Labels only: the ticks sit where the left axis puts them."""
+
+    def __init__(self) -> None:
+        super().__init__("right")
+        self.usd_per_device_hour: float | None = None
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802 - pyqtgraph API
+        price = self.usd_per_device_hour
+        if price is None:
+            return ["" for _ in values]
+        return [usd_text(price / (v * scale * SECONDS_PER_HOUR) * TOKENS_PER_MILLION) if v > 0 else ""
+                for v in values]
 
 
 class ParetoChart(QWidget):
@@ -54,13 +74,15 @@ class ParetoChart(QWidget):
         self.theme = theme
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.plot = pg.PlotWidget(background=theme.background)
+        self.cost_axis = CostAxis()
+        self.plot = pg.PlotWidget(background=theme.background, axisItems={"right": self.cost_axis})
         item = self.plot.getPlotItem()
         item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         item.setLabel("bottom", "tok/s per user (1000 / mean TPOT)")
         item.setLabel("left", "output tok/s per GPU")
         self.legend = item.addLegend(offset=(-10, 10))
+        item.hideAxis("right")
         layout.addWidget(self.plot)
         # One TPOT line for the chart's life, moved and put back at each redraw: a labelled line made
         # anew each time left a line <-> label reference cycle whose label stayed connected to the
@@ -113,6 +135,18 @@ class ParetoChart(QWidget):
             item.addItem(pg.ScatterPlotItem([pick.tok_s_per_user], [pick.tok_s_per_gpu], size=22, symbol="o",
                                             pen=pg.mkPen("#f9ab00", width=3), brush=None, name="pick"))
 
+    def set_cost(self, usd_per_device_hour: float | None, source: str = "") -> None:
+        """Read tok/s per GPU as $ per 1M output tokens on the right (None: no price, no axis)."""
+        self.cost_axis.usd_per_device_hour = usd_per_device_hour
+        item = self.plot.getPlotItem()
+        if usd_per_device_hour is None:
+            item.hideAxis("right")
+            return
+        item.showAxis("right")
+        item.setLabel("right", f"$ per 1M output tokens ({source}; lower is better)")
+        self.cost_axis.picture = None  # the labels changed with the price: redraw them
+        self.cost_axis.update()
+
     def _scatter(self, name: str, pts: list[tuple[float, float]], colour: str, symbol: str,
                  hollow: bool = False) -> None:
         self.points[name] = pts
@@ -144,6 +178,8 @@ class TuneTab(CampaignTab):
     def __init__(self, window: Any, parent: QWidget | None = None) -> None:
         super().__init__(window, parent)
         self.state: TuneState | None = None
+        self._cost_key: tuple[Any, ...] | None = None
+        """The run and prices the chart's cost axis was priced with (priced again when either changes)."""
         self.stored: list[TuneState] = []
         self.tuner: Any = None
         self._build()
@@ -213,6 +249,16 @@ class TuneTab(CampaignTab):
         box.addStretch(1)
         self.chart = ParetoChart(LIGHT)
         self._add_results(split, self.chart, COLUMNS, [480, 300])
+        # The trials table and the Capacity box share the place under the chart, as two tabs.
+        right = split.widget(split.count() - 1)
+        assert isinstance(right, QSplitter)
+        self.capacity = CapacityBox(self.main._with_store, side_by_side=False)
+        self.results_tabs = QTabWidget()
+        self.results_tabs.setDocumentMode(True)
+        self.results_tabs.addTab(self.table, "Trials")
+        self.results_tabs.addTab(self.capacity, "Capacity and cost")
+        right.addWidget(self.results_tabs)
+        right.setSizes([480, 300])
         split.setSizes([330, 960])
         layout.addWidget(split)
         self.start_button.clicked.connect(lambda: self.start())
@@ -325,7 +371,51 @@ class TuneTab(CampaignTab):
         self.pick_label.setText(pick_text(state) if state is not None else "")
         self._fill_table(trial_table(state) if state is not None else [], lambda row: [row[k] for k in COLUMNS],
                          _style_cell)
+        self._fill_capacity(state)
+        self._fill_cost_axis(state)
         self._update_buttons()
+
+    def _fill_cost_axis(self, state: TuneState | None) -> None:
+        """The chart's cost axis, priced from a measured trial's stored run (its GPUs or cores and
+        price, ``app.cost.run_cost``): what one chart "GPU" (a device: a host on a CPU engine)
+        costs an hour is that run's cost per token times its tok/s per device."""
+        trial = next((t for t in (state.measured if state is not None else [])
+                      if t.run_id is not None and t.tok_s_per_gpu and t.figures.get("output_tok_per_s")), None)
+        if trial is None:
+            self._cost_key = None
+            self.chart.set_cost(None)
+            return
+        key = (trial.run_id, tuple(self.main.settings.prices))
+        if key == self._cost_key:
+            return
+        self._cost_key = key
+        prices, run_id, figures = self.main._price_table(), trial.run_id, dict(trial.figures)
+        per_device = float(trial.tok_s_per_gpu or 0.0)
+
+        def price(store: Any) -> tuple[float | None, str]:
+            cost = run_cost(store.get_run(run_id), prices, figures.get("output_tok_per_s"), None)
+            if cost.output.usd is None or cost.price is None:
+                return None, ""
+            return cost.output.usd * per_device * SECONDS_PER_HOUR / TOKENS_PER_MILLION, cost.price.source
+
+        run_in_worker(lambda: self.main._with_store(price), lambda r: self.chart.set_cost(*r), None,
+                      name="tune-cost", parent=self)
+
+    def _fill_capacity(self, state: TuneState | None) -> None:
+        """The Capacity box sizes on the pick's run (first) or any measured trial's, at the tune's SLO."""
+        if state is None:
+            self.capacity.set_runs([])
+            return
+        runs: list[tuple[int, str]] = []
+        pick = state.pick
+        if pick is not None and pick.run_id is not None:
+            runs.append((pick.run_id, f"#{pick.run_id} the pick: {pick.label} @ {pick.load_label}"))
+        runs += [(t.run_id, f"#{t.run_id} {t.label} @ {t.load_label}") for t in state.measured
+                 if t.run_id is not None and t.status != "running" and (pick is None or t.run_id != pick.run_id)]
+        ids = [run_id for run_id, _label in runs]
+        if ids != [self.capacity.run_choice.itemData(i) for i in range(self.capacity.run_choice.count())]:
+            self.capacity.set_runs(runs)
+            self.capacity.set_slo(state.slo, state.percentile)
 
     # -- stored tunes ------------------------------------------------------------------------------
 

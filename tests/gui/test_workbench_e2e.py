@@ -15,6 +15,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QCheckBox, QMessageBox, QSpinBox
 
+from app.cost import default_prices, run_deployment, usd_text
 from app.gui.main_window import MainWindow
 from tests.conftest import engine_available
 from tests.gui.conftest import close_window
@@ -100,6 +101,16 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     assert statuses == ["cancelled", "completed"]
     completed = next(r for r in window.history.runs if r.status == "completed")
     assert completed.metrics.get("output_tok_per_s", 0) > 0
+    # the cost tile: the stored run's cores x the default per-core-hour price over its output tokens per hour
+    cost_tile = window.dashboard.tiles.cost_tile
+    qtbot.waitUntil(lambda: cost_tile.text().startswith("$"), timeout=20_000)
+    deployment = run_deployment(window._with_store(lambda store: store.get_run(completed.id)))
+    core_hour_usd = default_prices().cpu_core_hour_usd
+    assert core_hour_usd is not None and deployment.kind == "cpu"
+    expected = deployment.units_measured * core_hour_usd / (completed.metrics["output_tok_per_s"] * 3600) * 1e6
+    assert cost_tile.text() == usd_text(expected), (cost_tile.text(), expected)
+    assert "$/core-h (default price, as of" in cost_tile.sub.text()
+    assert window.presentation.tiles.cost_tile.text() == cost_tile.text()
     window.history.filter.setText("")  # the second run is named after what changed, not "CPU demo"
     window.history.table.selectAll()
     assert sorted(window.history.selected_ids()) == sorted(r.id for r in window.history.runs)

@@ -334,3 +334,62 @@ def test_plan_refuses_zero_users_directly(db: Path) -> None:
         plan_capacity(run, "ttft_ms<=500", default_prices(), users=0)
     plan = plan_capacity(run, "ttft_ms<=500", default_prices(), users=1)
     assert plan.replicas == 1 and plan.usd_per_million_output == CostFigure(pytest.approx(1.9212963))
+
+
+# --- prices from a profile ------------------------------------------------------------------------
+
+def test_a_profiles_prices_cost_its_runs_and_yours_win(tmp_path: Path) -> None:
+    from app.profiles import profile_from_toml
+
+    config = profile_from_toml('name = "negotiated"\n[prices]\nH100 = 1.80\ncpu = 0.02\n')
+    assert config.prices == {"H100": 1.8, "cpu": 0.02}
+    path = tmp_path / "profile-prices.db"
+    with RunStore(path) as store:
+        _store_run(store, "negotiated", {"engine": GPU_ENGINE, "prices": config.prices}, [(16, 1440.0, 400.0)],
+                   hardware={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]})
+        _store_run(store, "list price", {"engine": GPU_ENGINE}, [(16, 1440.0, 400.0)],
+                   hardware={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]})
+        _store_run(store, "cpu", {"prices": config.prices}, [(2, 20.0, 300.0)],
+                   hardware={"cpu_model": "Xeon", "cpu_count_logical": 4})
+    argv = ("--slo", "ttft_ms<=500", "--users", "16", "--json")
+    profile = json.loads(capacity(path, "1", *argv).out)
+    assert profile["price"]["usd_per_hour"] == 1.8 and profile["price"]["source"] == "the run's profile price"
+    assert profile["usd_per_million_output"]["usd"] == pytest.approx(1.8 / (1440 * 3600) * 1e6)
+    assert json.loads(capacity(path, "2", *argv).out)["price"]["source"] == DEFAULT  # its profile had none
+    yours = json.loads(capacity(path, "1", *argv, "--price", "H100=3.00").out)
+    assert yours["price"]["usd_per_hour"] == 3.0 and yours["price"]["source"] == "your price"
+    assert not any("priced nothing" in n for n in yours["notes"])
+    cpu = json.loads(capacity(path, "3", "--slo", "ttft_ms<=500", "--users", "2", "--json").out)
+    assert cpu["price"]["usd_per_hour"] == 0.02 and cpu["price"]["source"] == "the run's profile price"
+    out = cli("compare", "--db", str(path), "1", "2").check()
+    assert out.code == 0 and "the run's profile price" in out.out and DEFAULT in out.out
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[prices]\nH100 = "abc"\n', "price of H100: 'abc' is not a number"),
+    ("[prices]\nH100 = -2\n", "price of H100: the price must be above 0"),
+    ("[prices]\nH100 = inf\n", "price of H100: the price must be a finite number"),
+    ("prices = 3\n", "prices: Input should be a valid dictionary"),
+])
+def test_a_bad_price_in_a_profile_is_refused_in_one_line(toml: str, message: str) -> None:
+    from app.profiles import ProfileError, profile_from_toml
+
+    with pytest.raises(ProfileError) as caught:
+        profile_from_toml(toml, "shop.toml")
+    text = str(caught.value)
+    assert text.startswith("shop.toml: invalid profile: prices") and message in text and "\n" not in text
+
+
+def test_a_corrupt_stored_price_leaves_the_run_unpriced_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt-price.db"
+    with RunStore(path) as store:
+        _store_run(store, "bad", {"engine": GPU_ENGINE, "prices": {"H100": "lots"}}, [(16, 1440.0, 400.0)],
+                   hardware={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]})
+        _store_run(store, "good", {"engine": GPU_ENGINE}, [(16, 1440.0, 400.0)],
+                   hardware={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]})
+    out = cli("capacity", "--db", str(path), "1", "--slo", "ttft_ms<=500", "--users", "4").check()
+    assert out.code == 2 and "run 1 has no valid stored configuration: prices: " in out.err
+    assert "price of H100: 'lots' is not a number" in out.err
+    assert len(out.err.strip().splitlines()) == 1
+    compared = cli("compare", "--db", str(path), "1", "2").check()
+    assert compared.code == 0 and "'lots' is not a number" in compared.out  # the other run is still priced

@@ -100,7 +100,9 @@ def test_factor_words_say_lower_is_better() -> None:
     assert cost_factor_text(cost(1.0), cost(1.4)) == "x1.4 more expensive"
     assert cost_factor_text(cost(1.0), cost(1.04)) == "about the same cost"  # within 5%: x1.0 either way
     assert cost_factor_text(cost(1.0), cost(None)) == ""
-    assert usd_text(1.8449) == "$1.84" and usd_text(0.0042) == "$0.0042" and usd_text(None) == "-"
+    assert usd_text(1.8449) == "$1.84" and usd_text(0.0042) == "$0.00420" and usd_text(None) == "-"
+    assert [usd_text(x) for x in (0.0114, 0.012, 0.09996, 0.1, 1234.5, 3.2e-7)] == [
+        "$0.0114", "$0.0120", "$0.10", "$0.10", "$1,234.50", "$0.000000320"]
 
 
 # --- tunebench compare ----------------------------------------------------------------------------
