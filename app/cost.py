@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import numpy as np
 from pydantic import ValidationError
 
 from app.config import RunConfig
@@ -29,11 +30,15 @@ from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text,
 from app.tuner.space import Percentile
 from db.compare import Comparison
 from db.records import LevelInfo, RunDetail
-from db.summary import level_summary_figures, numbers
+from db.summary import RequestArrays, level_summary_figures, numbers
 from engine_adapters.config import Features
 from engine_adapters.cpu_binding import OMP_BIND_ENV, parse_cpu_list
 from engine_adapters.gpu_specs import find_gpu_spec
 from engine_adapters.runtimes import is_cpu_build
+
+if TYPE_CHECKING:
+    from app.ladder.state import LadderState
+    from db.store import RunStore
 
 TOKENS_PER_MILLION = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -544,11 +549,13 @@ def _unreachable(judged: list[JudgedLevel], bounds: list[Slo], percentile: str) 
 
 def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | None = None,
                   tokens_per_day: float | None = None, headroom: float = DEFAULT_HEADROOM,
-                  percentile: str = "p99", gpu: str | None = None) -> CapacityPlan:
+                  percentile: str = "p99", gpu: str | None = None,
+                  requests: RequestArrays | None = None) -> CapacityPlan:
     """Replicas, GPUs (or cores), nodes and cost for ``users`` concurrent users and/or
     ``tokens_per_day`` output tokens, sized on the highest-concurrency level of ``run`` that met
     ``slo`` at ``percentile`` (``app.tuner.slo.judge``: each bound on that percentile, and the
-    error budget)."""
+    error budget); with the run's stored ``requests``, the good-output cost is re-counted under
+    ``slo`` request by request."""
     try:
         bounds = parse_slo(slo)
     except SloError as exc:
@@ -619,14 +626,60 @@ def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | 
     units, usd = deployment.units_measured, price.usd_per_hour
     plan.usd_per_million_output = usd_per_million_tokens(units, usd, output_tok_per_s)
     plan.usd_per_million_total = usd_per_million_tokens(units, usd, level.figures.get("total_tok_per_s"))
-    plan.usd_per_million_good_output, plan.good_output_slo = _good_cost(level, bounds, units, usd)
+    plan.usd_per_million_good_output, plan.good_output_slo = _good_cost(level, bounds, units, usd, requests)
     return plan
 
 
-def _good_cost(level: LevelPoint, bounds: list[Slo], units: float,
-               usd_per_unit_hour: float) -> tuple[CostFigure, str | None]:
-    """$ per 1M output tokens of the requests that met an SLO, as the run counted them (per
-    request, under the SLO the run was given)."""
+RECOUNTABLE = ("ttft_ms", "tpot_ms", "e2e_ms")
+"""SLO metrics a stored request carries (queueing is kept only in the level's summary)."""
+
+
+@dataclass(frozen=True)
+class GoodCount:
+    """A level's requests that met an SLO, counted one by one from the stored requests."""
+
+    requests: int
+    output_tokens: int
+    output_tok_per_s: float
+
+
+def recount_good(requests: RequestArrays, idx: int, bounds: list[Slo], duration_s: float | None) -> GoodCount | None:
+    """The requests of level ``idx`` that completed and met every bound, as the run counts
+    goodput (``app.load.metrics.meets_slo``: TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a
+    one-token output), and their output tokens per second of the level; None when a bound is on
+    a figure the stored requests lack, or the level has no duration or no stored request."""
+    if any(metric not in RECOUNTABLE for metric, _op, _limit in bounds) or not duration_s or duration_s <= 0:
+        return None
+    in_level = requests.level == idx
+    if not in_level.any():
+        return None
+    out = requests.output_tokens.astype(float)
+    ttft, e2e = requests.ttft_ms.astype(float), requests.e2e_ms.astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
+    values = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e}
+    good = in_level & requests.ok.astype(bool)
+    for metric, op, limit in bounds:
+        v = values[metric]
+        with np.errstate(invalid="ignore"):
+            good &= (v <= limit) if op == "<=" else (v < limit)  # NaN (no value) meets nothing
+    tokens = int(np.nansum(out[good]))
+    return GoodCount(int(good.sum()), tokens, tokens / duration_s)
+
+
+def _good_cost(level: LevelPoint, bounds: list[Slo], units: float, usd_per_unit_hour: float,
+               requests: RequestArrays | None = None) -> tuple[CostFigure, str | None]:
+    """$ per 1M output tokens of the requests that met the SLO: re-counted request by request
+    under the SLO asked now when the stored requests allow it, else as the run counted them
+    under the SLO it was given."""
+    recount = recount_good(requests, level.idx, bounds, level.figures.get("duration_s")) \
+        if requests is not None else None
+    if recount is not None:
+        whose = "your SLO, re-counted per request"
+        figure = usd_per_million_tokens(units, usd_per_unit_hour, recount.output_tok_per_s)
+        if figure.usd is None:
+            return CostFigure(None, "no request met your SLO"), whose
+        return figure, whose
     good = good_output_tok_per_s(level.figures.get("goodput_rps"), level.figures.get("output_tok_per_s"),
                                  level.figures.get("requests_per_s"))
     if good is None or level.goodput_slo is None:
@@ -791,6 +844,16 @@ def run_cost(run: RunDetail, prices: PriceTable, output_tok_per_s: float | None,
     return RunCost(run.id, usd_per_million_tokens(units, price.usd_per_hour, output_tok_per_s),
                    usd_per_million_tokens(units, price.usd_per_hour, total_tok_per_s), price, units,
                    deployment.unit, deployment.device, note)
+
+
+def step_costs(store: RunStore, state: LadderState, prices: PriceTable) -> dict[int, RunCost]:
+    """Each ladder step that ran: $ per 1M tokens at the step's throughput (the staircase's
+    figure, a repeated step's mean), priced on the GPUs (or cores) of its stored run."""
+    out: dict[int, RunCost] = {}
+    for r in state.rows:
+        if r.run_ids and r.output_tok_per_s is not None:
+            out[r.index] = run_cost(store.get_run(r.run_ids[0]), prices, r.output_tok_per_s, r.total_tok_per_s)
+    return out
 
 
 def comparison_costs(runs: Iterable[RunDetail], output_tok_per_s: Iterable[float | None],

@@ -14,6 +14,14 @@ MAX_PID = 2**31 - 1  # pid_t
 MAX_COUNT = 1_000_000_000
 
 
+def add_price_argument(parser: argparse.ArgumentParser) -> None:
+    """``--price NAME=USD_PER_HOUR`` (repeatable), the same for every command that shows a cost;
+    ``app.cost.price_table`` checks each entry."""
+    parser.add_argument("--price", action="append", metavar="NAME=USD_PER_HOUR",
+                        help="your price per GPU-hour, e.g. 'H100=2.49', or per core-hour, 'cpu=0.05' (repeatable; "
+                             "over the run's profile [prices] and the shipped, dated list of typical list prices)")
+
+
 def bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
     """A whole number in ``[minimum, maximum]``."""
 

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from app.cli.argtypes import MAX_COUNT, bounded_float, bounded_int
+from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_float, bounded_int
 from app.cli.campaign_cmds import db_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
@@ -28,8 +28,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     prices = price_table(args.price or ())  # a bad --price is refused before the store is opened
     with open_store(args) as store:
         run = store.get_run(store.resolve(args.run))
+        requests = store.requests(run.id) if run.n_requests else None  # the good output, re-counted at --slo
     plan = plan_capacity(run, args.slo, prices, users=args.users, tokens_per_day=args.tokens_per_day,
-                         headroom=args.headroom, percentile=args.percentile, gpu=args.gpu)
+                         headroom=args.headroom, percentile=args.percentile, gpu=args.gpu, requests=requests)
     if args.json:
         json.dump(plan.to_dict(), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -51,9 +52,7 @@ def add_sizing_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
     p.add_argument("--headroom", type=bounded_float(0.0, 10.0), default=DEFAULT_HEADROOM if defaults else None,
                    help=f"spare capacity on top, as a fraction (default {DEFAULT_HEADROOM:g}: "
                         f"{DEFAULT_HEADROOM * 100:g} percent)")
-    p.add_argument("--price", action="append", metavar="NAME=USD_PER_HOUR",
-                   help="your price per GPU-hour, e.g. 'H100=2.49', or per core-hour, 'cpu=0.05' (repeatable; "
-                        "default: the shipped list of typical list prices)")
+    add_price_argument(p)
     p.add_argument("--gpu", metavar="NAME", help="the GPU the run used, for a run whose record names none")
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import bounded_int
+from app.cli.argtypes import add_price_argument, bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
-from app.cost import PriceTable, RunCost, run_cost
+from app.cost import RunCost, price_table, step_costs
 from app.errors import UserError
 from app.events import LadderUpdated
 from app.export.files import STDOUT
@@ -24,7 +24,7 @@ from app.ladder.spec import ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
 
 if TYPE_CHECKING:
-    from db.store import RunStore
+    pass
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -55,27 +55,26 @@ def step_line(row: StepRow, total: int) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
-def step_costs(store: RunStore, state: LadderState, prices: PriceTable) -> dict[int, RunCost]:
-    """Each step that ran: $ per 1M tokens at the step's throughput (the staircase's figure, a
-    repeated step's mean), priced on the GPUs (or cores) of its stored run (``app.cost``)."""
-    out: dict[int, RunCost] = {}
-    for r in state.rows:
-        if r.run_ids and r.output_tok_per_s is not None:
-            out[r.index] = run_cost(store.get_run(r.run_ids[0]), prices, r.output_tok_per_s, r.total_tok_per_s)
-    return out
-
-
 def _stored_step_costs(args: argparse.Namespace, state: LadderState) -> dict[int, RunCost] | None:
     """``step_costs`` from the store of ``--db``; None (no cost column) when nothing was stored or
     the store cannot be read: a cost never fails the ladder."""
-    from app.cost import price_table
-
+    prices = price_table(getattr(args, "price", None) or ())
     if not state.run_ids or getattr(args, "no_store", False):
         return None
     try:
-        return shared.with_store(args, lambda store: step_costs(store, state, price_table()))
+        return shared.with_store(args, lambda store: step_costs(store, state, prices))
     except UserError:  # the store's errors arrive as UserError (open_store)
         return None
+
+
+def ladder_json(state: LadderState, costs: Mapping[int, RunCost] | None) -> dict[str, Any]:
+    """The ladder as JSON, each step with its ``cost`` (``RunCost.to_dict``: $ per 1M output and
+    total tokens, the price and its source; null when the step did not run or was not stored)."""
+    data = state.model_dump(mode="json")
+    for row in data.get("rows", []):
+        cost = (costs or {}).get(row.get("index"))
+        row["cost"] = cost.to_dict() if cost is not None else None
+    return data
 
 
 def _cost_cell(cost: RunCost | None) -> str:
@@ -197,6 +196,7 @@ def _export_step(row: StepRow, fmt: str, output: str, engine_version: str | None
 def cmd_ladder(args: argparse.Namespace) -> int:
     from app.ladder.run import Ladder
 
+    price_table(args.price or ())  # a bad --price is refused before anything is launched
     config, stem = shared.load_profile_arg(args.profile)
     spec, default = ladder_of(config)
     if args.output is not None:
@@ -221,10 +221,11 @@ def cmd_ladder(args: argparse.Namespace) -> int:
                                            telemetry=not args.no_telemetry),
         console.handle, name="tunebench-ladder", extra_events=(LadderUpdated,))
     print()
-    print(format_ladder_table(state, _stored_step_costs(args, state)))
+    costs = _stored_step_costs(args, state)
+    print(format_ladder_table(state, costs))
     if json_path is not None:
         campaign = ladder.campaign_result.to_dict() if ladder.campaign_result is not None else None
-        shared.write_json({"ladder": state.model_dump(mode="json"), "campaign": campaign}, json_path, announce=True)
+        shared.write_json({"ladder": ladder_json(state, costs), "campaign": campaign}, json_path, announce=True)
     final = state.final_row
     shared.report_stored(recorder, (f"stored as ladder {state.ladder_id}: runs {', '.join(map(str, state.run_ids))} "
                              f"(tunebench ladders show {state.ladder_id}; tunebench ladders report {state.ladder_id} "
@@ -262,13 +263,15 @@ def cmd_ladders_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ladders_show(args: argparse.Namespace) -> int:
+    price_table(args.price or ())  # a bad --price is refused before the store is opened
     stored = _load(args)
     state = stored.state
+    costs = _stored_step_costs(args, state)
     if args.json:
-        return shared.print_json(state.model_dump(mode="json"))
+        return shared.print_json(ladder_json(state, costs))
     print(safe(f"ladder {state.ladder_id}: {state.name} ({state.status}"
                + (f": {state.reason}" if state.reason else "") + ")"))
-    print(format_ladder_table(state, _stored_step_costs(args, state)))
+    print(format_ladder_table(state, costs))
     return 0
 
 
@@ -317,6 +320,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
     ladder.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    add_price_argument(ladder)
     ladder.set_defaults(handler=cmd_ladder)
 
     ladders = sub.add_parser("ladders", parents=[db], help="stored ladders: list (the default), show, compare, "
@@ -327,6 +331,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
                   show_help="one ladder's steps, figures and factors",
                   show_target_help="ladder id (or a unique start), or one of its runs")
+    add_price_argument(lsub.choices["show"])
     cmp = lsub.add_parser("compare", parents=[db],
                           help="compare the ladder's runs as a whole, the first step as baseline")
     cmp.add_argument("ladder")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.cli.argtypes import MAX_COUNT, bounded_int
+from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_int
 from app.cli.terminal import safe
 from app.cost import (
     PriceTable,
@@ -361,9 +361,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     output = None if args.output in (None, STDOUT) else Path(args.output)
     if output is not None:
         check_target(output)  # before the work: a bad path is refused at once
-    given = (args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, args.price, args.gpu)
+    prices = tuple(args.price or ())
+    if fmt == "html":
+        price_table(prices)  # a bad --price is refused before the store is opened
+    priced = None if fmt == "html" else args.price  # the report's cost line, not a sizing
+    given = (args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, priced, args.gpu)
     sizing = None if all(v is None for v in given) else Sizing(
-        args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, tuple(args.price or ()), args.gpu)
+        args.slo, args.users, args.tokens_per_day, args.headroom, args.percentile, prices, args.gpu)
     if sizing is not None and fmt == "k8s":
         check_prices(sizing)  # a bad --price is refused before the store is opened, as by `capacity`
     if fmt in SCRIPT_FORMATS:
@@ -386,7 +390,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                         "results") from None
                     raise
             text = export(Target(runs=targets, baseline=args.baseline, title=args.title), fmt, output, store=store,
-                          sizing=sizing)
+                          sizing=sizing, prices=prices)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -460,9 +464,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("runs", nargs="+", metavar="RUN")
     cmp.add_argument("--baseline", metavar="RUN", help="the run deltas are measured against (default: the first)")
     cmp.add_argument("--no-series", action="store_true", help="leave the aligned telemetry out of --json")
-    cmp.add_argument("--price", action="append", metavar="NAME=USD", default=[],
-                     help="your price per GPU-hour (repeatable), e.g. --price 'H100=2.10'; 'cpu=0.05' per core-hour "
-                          "(default: the shipped list prices, dated)")
+    add_price_argument(cmp)
     cmp.set_defaults(handler=cmd_compare)
 
     export = sub.add_parser("export", parents=[db], help="a launch script from a run or profile, or a run's data")

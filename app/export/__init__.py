@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.cost import price_table
 from app.errors import UserError
 from app.export.capacity import Sizing, size
 from app.export.data import (
@@ -69,9 +70,11 @@ class Target:
     """HTML: the report's title."""
 
 
-def render(target: Target, fmt: str, store: RunStore | None = None, sizing: Sizing | None = None) -> str:
+def render(target: Target, fmt: str, store: RunStore | None = None, sizing: Sizing | None = None,
+           prices: Sequence[str] = ()) -> str:
     """The text of one export (what a preview shows and a file receives); ``sizing``: the k8s
-    Deployment's replicas from a capacity plan of the stored run, with the reasoning as comments."""
+    Deployment's replicas from a capacity plan of the stored run, with the reasoning as comments;
+    ``prices``: ``NAME=USD`` entries over the shipped list, for the HTML report's cost line."""
     if fmt not in FORMATS:
         raise UserError(f"unknown export format '{fmt}' (choose from {', '.join(FORMATS)})")
     if sizing is not None and fmt != "k8s":
@@ -97,7 +100,8 @@ def render(target: Target, fmt: str, store: RunStore | None = None, sizing: Sizi
         raise UserError(f"--format {fmt} needs at least one run")
     store = _store(store)
     if fmt == "html":
-        return render_report(report_comparison(store, list(target.runs), target.baseline), target.title, store=store)
+        return render_report(report_comparison(store, list(target.runs), target.baseline), target.title, store=store,
+                             prices=price_table(prices))
     if len(target.runs) != 1:
         raise UserError(f"--format {fmt} exports one run")
     return run_to_json_text(store, target.runs[0]) if fmt == "json" else run_to_csv(store, target.runs[0])
@@ -110,11 +114,11 @@ def _store(store: RunStore | None) -> RunStore:
 
 
 def export(target: Target, fmt: str, out_path: str | Path | None = None, *, store: RunStore | None = None,
-           sizing: Sizing | None = None) -> str:
+           sizing: Sizing | None = None, prices: Sequence[str] = ()) -> str:
     """Render ``fmt`` from ``target``; with ``out_path``, also write it there atomically
     (scripts executable). Returns the text, so a caller without a path can print or show it.
     ``sizing`` (k8s only) sets the Deployment's replicas from a capacity plan."""
-    text = render(target, fmt, store, sizing)
+    text = render(target, fmt, store, sizing, prices)
     if out_path is not None:
         save(text, fmt, out_path)
     return text

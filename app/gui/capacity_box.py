@@ -56,8 +56,9 @@ def size_request(store: Any, request: CapacityRequest) -> str:
     store); a bad price, SLO or run is a ``UserError`` with one line."""
     prices = price_table(request.prices)  # a bad price is refused before the store is read
     run = store.get_run(request.run_id)
+    requests = store.requests(run.id) if run.n_requests else None  # the good output, re-counted at this SLO
     plan = plan_capacity(run, request.slo, prices, users=request.users, tokens_per_day=request.tokens_per_day,
-                         headroom=request.headroom, percentile=request.percentile)
+                         headroom=request.headroom, percentile=request.percentile, requests=requests)
     return capacity_text(plan)
 
 

@@ -24,9 +24,10 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
-def bar_labels(row: StepRow, first: bool, compact: bool = False) -> list[str]:
-    """The lines above a step's bars: the value, then the factors (what the test reads back);
-    ``compact`` (the projector) keeps the value, the factor against the baseline and a loss."""
+def bar_labels(row: StepRow, first: bool, compact: bool = False, cost: str = "") -> list[str]:
+    """The lines above a step's bars: the value, then the factors (what the test reads back),
+    last its cost per 1M output tokens when known (``cost``: ``$0.0120``); ``compact`` (the
+    projector) keeps the value, the factor against the baseline, a loss and the cost."""
     if not row.ran or row.output_tok_per_s is None:
         return [row.status]
     lines = [f"{_fmt(row.output_tok_per_s)} tok/s"]
@@ -38,12 +39,13 @@ def bar_labels(row: StepRow, first: bool, compact: bool = False) -> list[str]:
         lines.append(factor_text(row.factor_baseline))
         if row.loss:
             lines.append(f"LOSS {factor_text(row.factor_previous)}")
-        return lines
     else:
         lines.append(f"{factor_text(row.factor_baseline)} vs baseline")
         lines.append(("LOSS " if row.loss else "") + f"{factor_text(row.factor_previous)} vs previous")
     if not compact and (row.percent_of_limit is not None or row.ceiling_note):
         lines.append(limit_text(row))
+    if cost:
+        lines.append(f"{cost} / 1M out")
     return lines
 
 
@@ -77,11 +79,20 @@ class StaircaseChart(QWidget):
         """Per step index, the lines written above its bars (for tests and screenshots)."""
         self.bars: dict[int, tuple[float, float | None]] = {}
         """Per step index that has bars: (output tok/s, total tok/s)."""
+        self.costs: dict[int, str] = {}
+        """Per step index, its $ per 1M output tokens as written (``set_costs``)."""
 
     def clear(self) -> None:
         self.plot.getPlotItem().clear()
         self.labels.clear()
         self.bars.clear()
+
+    def set_costs(self, costs: dict[int, str], source: str = "") -> None:
+        """Each step's cost per 1M output tokens, written under its tok/s from the next redraw;
+        ``source`` (whose price) goes in the title."""
+        self.costs = dict(costs)
+        title = "Output tok/s per step" + (f" and $ per 1M output tokens ({source})" if costs and source else "")
+        self.plot.getPlotItem().setTitle(title, color=self.theme.foreground, size=f"{self.theme.plot_title_pt}pt")
 
     def set_state(self, state: LadderState | None) -> None:
         self.clear()
@@ -98,7 +109,7 @@ class StaircaseChart(QWidget):
         font.setPointSize(max(self.theme.axis_pt, 8))
         for row in rows:
             x = float(row.index)
-            lines = bar_labels(row, row.index == first, self.compact)
+            lines = bar_labels(row, row.index == first, self.compact, self.costs.get(row.index, ""))
             self.labels[row.index] = lines
             if row.ran and row.output_tok_per_s is not None:
                 out = row.output_tok_per_s

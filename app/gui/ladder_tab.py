@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.bus import Bus, Event
 from app.config import RunConfig
+from app.cost import sources_text, step_costs, usd_text
 from app.events import LadderUpdated
 from app.gui.campaign_panel import CampaignTab
 from app.gui.ladder_chart import StaircaseChart
@@ -89,6 +90,8 @@ class LadderTab(CampaignTab):
         self.is_default = False
         self.state: LadderState | None = None
         self.present_chart: StaircaseChart | None = None
+        self._costs_key: tuple[Any, ...] | None = None
+        """The steps and prices the staircase's costs were worked out for."""
         self._editing = False
         self._plan_pending = False
         self._planning = False
@@ -344,6 +347,33 @@ class LadderTab(CampaignTab):
         self.chart.set_state(state)
         self._presentation_chart().set_state(state)
         self._fill_table(state.rows if state else [], row_cells, _style_cell)
+        self._price_steps(state)
+
+    def _price_steps(self, state: LadderState | None) -> None:
+        """Each finished step's $ per 1M output tokens on the staircase (``app.cost.step_costs``,
+        from its stored run, in a worker); priced again when a step finishes or the prices change."""
+        if state is None:
+            self._costs_key = None
+            return
+        key = (state.ladder_id, tuple((r.index, r.output_tok_per_s) for r in state.rows if r.run_ids),
+               tuple(self.main.settings.prices))
+        if key == self._costs_key or not key[1]:
+            return
+        self._costs_key = key
+        prices = self.main._price_table()
+
+        def price(store: Any) -> tuple[dict[int, str], str]:
+            costs = step_costs(store, state, prices)
+            return ({i: usd_text(c.output.usd) for i, c in costs.items() if c.output.usd is not None},
+                    sources_text(costs.values()))
+
+        def show(result: tuple[dict[int, str], str]) -> None:
+            for chart in (self.chart, self.present_chart):
+                if chart is not None:
+                    chart.set_costs(*result)
+                    chart.set_state(self.state)
+
+        run_in_worker(lambda: self.main._with_store(price), show, None, name="ladder-cost", parent=self)
 
     def _presentation_chart(self) -> StaircaseChart:
         """A large, dark staircase above the presentation's plots (created on first use)."""

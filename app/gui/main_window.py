@@ -504,6 +504,7 @@ class MainWindow(QMainWindow):
         for box in self._capacity_boxes():
             box.set_prices(prices)
         self.tune.show_state(self.tune.state)  # its cost axis, at these prices
+        self.ladder.show_state(self.ladder.state)  # the staircase's costs
         comparison = self.compare.comparison
         if comparison is not None:
             self.compare_runs(self._compare_ids, baseline=comparison.runs[comparison.baseline].id)

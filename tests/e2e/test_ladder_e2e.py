@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.cli.ladder_cmds import step_costs
-from app.cost import default_prices, price_table
+from app.cost import default_prices, price_table, step_costs
 from app.ladder.stored import list_ladders
 from db.store import RunStore
 from engine_adapters.hardware import probe_hardware

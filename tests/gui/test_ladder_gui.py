@@ -70,6 +70,13 @@ def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyp
     assert [tab.table.item(r, 11).text() for r in range(4)] == ["verified"] * 4
     assert "Ladder completed: 4 of 4 steps ran, up to \u00d75.00" in window.banner.text()
     assert len(engines.launched) == 3  # the load-only step reused the baseline's engine
+    # Each step's cost per 1M output tokens, from its stored run, last under its bar: on one
+    # machine's cores, in the inverse ratio of the throughputs (x4.00 the tok/s, a quarter of the cost).
+    qtbot.waitUntil(lambda: len(tab.chart.costs) == 4, timeout=30_000)
+    assert all(tab.chart.labels[i][-1] == f"{tab.chart.costs[i]} / 1M out" for i in range(4))
+    base_usd, step_usd = (float(tab.chart.costs[i].lstrip("$")) for i in (0, 1))
+    assert step_usd == pytest.approx(base_usd / 4, rel=0.01)
+    assert "$ per 1M output tokens (default price, as of" in tab.chart.plot.getPlotItem().titleLabel.text
 
     # Stored: listed, opened, compared as a whole, reported.
     qtbot.waitUntil(lambda: tab.stored_picker.count() == 1, timeout=30_000)

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.cost import (
@@ -393,3 +394,73 @@ def test_a_corrupt_stored_price_leaves_the_run_unpriced_in_one_line(tmp_path: Pa
     assert len(out.err.strip().splitlines()) == 1
     compared = cli("compare", "--db", str(path), "1", "2").check()
     assert compared.code == 0 and "'lots' is not a number" in compared.out  # the other run is still priced
+
+
+# --- good output re-counted under the SLO asked now -----------------------------------------------
+
+def _requests_run(store: RunStore, slo: str) -> tuple[int, list[Any]]:
+    """One level of 200 requests with spread TTFT, TPOT and lengths (one-token outputs and a
+    failure among them, within capacity's 1% error budget), recorded as the runner records them, its goodput counted under ``slo``."""
+    from app.load.metrics import RequestRecord, summarize
+
+    rng = np.random.default_rng(7)
+    records = []
+    for i in range(200):
+        out = int(rng.choice([1, 8, 32, 64]))
+        ttft = float(rng.uniform(50, 900))
+        tpot = float(rng.uniform(5, 60))
+        e2e = ttft + tpot * (out - 1)
+        records.append(RequestRecord(level=0, index=i, scheduled_s=0.05 * i, start_s=0.05 * i,
+                                     start_wall_s=1.9e9 + 0.05 * i, queue_ms=0.2, ttft_ms=ttft,
+                                     tpot_ms=tpot if out > 1 else None, e2e_ms=e2e, input_tokens=100,
+                                     output_tokens=out, ok=i != 5, itl_ms=[tpot] * (out - 1)))
+    summary = summarize(records, 10.0, slo=slo)
+    run_id = store.create_run(name="spread", engine_kind="vllm", engine_version="0.11.0", started_at=1.9e9,
+                              config={"name": "spread", "engine": GPU_ENGINE, "load": {"concurrency": 8, "slo": slo}},
+                              hardware={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]})
+    store.write_batch(run_id, requests=[r.model_dump(mode="json") for r in records])
+    store.start_level(run_id, 0, "concurrency 8", {"mode": "closed", "concurrency": 8}, started_at=1.9e9)
+    store.finish_level(run_id, 0, summary.model_dump(mode="json"), 1.9e9 + 10)
+    store.finish_run(run_id, "completed")
+    return run_id, records
+
+
+@pytest.mark.parametrize("slo", ["ttft_ms<=400", "ttft_ms<=600,tpot_ms<30", "e2e_ms<1500", "tpot_ms<=20"])
+def test_the_recount_agrees_with_the_runs_own_goodput(tmp_path: Path, slo: str) -> None:
+    from app.cost import recount_good
+    from app.load.metrics import meets_slo
+    from app.slo import parse_slo
+
+    with RunStore(tmp_path / "recount.db") as store:
+        run_id, records = _requests_run(store, slo)
+        run = store.get_run(run_id)
+        requests = store.requests(run_id)
+    count = recount_good(requests, 0, parse_slo(slo), 10.0)
+    assert count is not None
+    assert count.requests == run.levels[0].summary["good_requests"]  # the runner's own count, request by request
+    good = [r for r in records if meets_slo(r, parse_slo(slo))]
+    assert count.output_tokens == sum(r.output_tokens for r in good) and count.output_tok_per_s == count.output_tokens / 10
+    assert 0 < count.requests < 199  # the SLOs cut through the spread
+
+
+def test_capacity_recounts_good_output_at_the_slo_asked(tmp_path: Path) -> None:
+    from app.cost import recount_good
+    from app.slo import parse_slo
+
+    path = tmp_path / "recount.db"
+    with RunStore(path) as store:
+        run_id, _records = _requests_run(store, "ttft_ms<=400")
+        requests = store.requests(run_id)
+    asked = "ttft_ms<=800"  # looser than the run's own: more requests are good
+    count = recount_good(requests, 0, parse_slo(asked), 10.0)
+    assert count is not None
+    data = json.loads(capacity(path, str(run_id), "--slo", asked, "--percentile", "p50", "--users", "8",
+                               "--json").out)
+    assert data["good_output_slo"] == "your SLO, re-counted per request"
+    assert data["usd_per_million_good_output"]["usd"] == pytest.approx(2.49 / (count.output_tok_per_s * 3600) * 1e6)
+    never = json.loads(capacity(path, str(run_id), "--slo", "ttft_ms<=900,tpot_ms<=1", "--percentile", "p50",
+                                "--users", "8", "--json").out)  # p50 TPOT is above 1 ms: unreachable, no figures
+    assert not never["reachable"] and never["usd_per_million_good_output"] is None
+    queue = json.loads(capacity(path, str(run_id), "--slo", "queue_ms<=100", "--percentile", "p50", "--users", "8",
+                                "--json").out)  # stored requests keep no queueing: the run's own count, said so
+    assert queue["good_output_slo"] == "the run's SLO 'ttft_ms<=400'"

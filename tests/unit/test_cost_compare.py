@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from app.cli.ladder_cmds import format_ladder_table, step_costs
+from app.cli.ladder_cmds import format_ladder_table, ladder_json
 from app.cost import (
     CostFigure,
     RunCost,
     compared_costs,
     cost_factor_text,
     price_table,
+    step_costs,
     usd_per_million_tokens,
     usd_text,
 )
@@ -179,6 +180,19 @@ def test_report_says_the_before_after_in_money(db: Path) -> None:
     assert "cost n/a (#4: the run was imported" in na
 
 
+def test_export_html_costs_at_your_price(db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    done = cli("export", "--db", str(db), "1", "2", "--format", "html", "-o", str(out), "--price", "H100=4.98")
+    assert done.code == 0 and "Traceback" not in done.err, done
+    # 4.98 / (1,000 x 3600) x 1e6 = 1.383; / 3,100 tok/s: 0.446
+    assert "$1.38 \u2192 $0.45 per 1M output tokens (your price)" in out.read_text()
+    bad = cli("export", "--db", str(db), "1", "2", "--format", "html", "--price", "H100=-3").check()
+    assert bad.code == 2 and "must be above 0" in bad.err and len(bad.err.strip().splitlines()) == 1
+    assert not (tmp_path / "never.html").exists()
+    shown = cli("ladders", "show", "l1", "--db", str(db), "--price", "H100").check()
+    assert shown.code == 2 and "expected NAME=USD_PER_HOUR" in shown.err  # refused before the store is read
+
+
 def test_report_throughput_is_per_gpu() -> None:
     from app.cost import before_after_cost_text
 
@@ -212,3 +226,8 @@ def test_ladder_table_has_a_cost_column_from_each_steps_run(db: Path) -> None:
     assert "$/1M out: per 1M output tokens at the step's throughput, 1 GPU x 2.49 $/GPU-h (default price" in table
     assert "3. + imported: cost n/a (the run was imported" in table
     assert "$/1M out" not in format_ladder_table(state)  # without costs: the table as before
+    rows = ladder_json(state, costs)["rows"]  # `ladders show --json` and `ladder --json FILE`
+    assert rows[1]["cost"]["usd_per_1m_output_tokens"] == pytest.approx(0.2231183, rel=1e-6)
+    assert rows[1]["cost"]["price_source"] == "default price, as of 2026-12"
+    assert rows[2]["cost"]["usd_per_1m_output_tokens"] is None and "imported" in rows[2]["cost"]["reason"]
+    assert rows[3]["cost"] is None and rows[3]["name"] == "+ spec decode"  # the step's own keys unchanged
