@@ -291,7 +291,8 @@ def cmd_ladders_report(args: argparse.Namespace) -> int:
 
     shared.check_output(args.output)
     stored = _load(args)
-    return shared.write_output(render_ladder_report(stored.state, title=args.title), "html", args.output)
+    costs = _stored_step_costs(args, stored.state)
+    return shared.write_output(render_ladder_report(stored.state, title=args.title, costs=costs), "html", args.output)
 
 
 def cmd_ladders_export(args: argparse.Namespace) -> int:
@@ -331,7 +332,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
                   show_help="one ladder's steps, figures and factors",
                   show_target_help="ladder id (or a unique start), or one of its runs")
-    add_price_argument(lsub.choices["show"])
+    for action in ("show", "report"):
+        if action in lsub.choices:
+            add_price_argument(lsub.choices[action])
     cmp = lsub.add_parser("compare", parents=[db],
                           help="compare the ladder's runs as a whole, the first step as baseline")
     cmp.add_argument("ladder")

@@ -12,12 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from app.config import RunConfig
+from app.cost import RunCost, usd_text
 from app.errors import UserError
 from app.export.launch import LaunchSpec, render_launch
 from app.export.quoting import templates
@@ -135,8 +136,9 @@ def launch_script(row: StepRow, fmt: str = "bash", engine_version: str | None = 
 
 
 def render_ladder_report(state: LadderState, *, title: str | None = None,
-                         versions: dict[str, str] | None = None) -> str:
-    """The ladder as one HTML page (see the module docstring)."""
+                         versions: dict[str, str] | None = None, costs: Mapping[int, RunCost] | None = None) -> str:
+    """The ladder as one HTML page (see the module docstring); with ``costs``
+    (``app.cost.step_costs``), a $ per 1M output tokens column and the price it used."""
     rows = state.rows
     first = _first_ran(rows)
     steps = []
@@ -163,6 +165,7 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
             "reference": (f"{_cell(row.reference_tok_per_s)} tok/s ({row.reference_label})"
                           if row.reference_tok_per_s is not None else ""),
             "runs": ", ".join(map(str, row.run_ids)),
+            "cost": _cost_cell((costs or {}).get(row.index)),
             "changes": [{"label": c.label, "setting": c.setting, "before": _shown(c.before), "after": _shown(c.after)}
                         for c in row.changes],
         })
@@ -179,8 +182,20 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
         title=title or f"tunebench acceleration ladder: {state.name}",
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         started=datetime.fromtimestamp(state.started_wall_s, UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        state=state, steps=steps, staircase=_uri(staircase_svg(rows)),
+        state=state, steps=steps, staircase=_uri(staircase_svg(rows)), priced=costs is not None,
+        price_note=_price_note(costs or {}),
         hardware=_hardware_text(state.hardware), versions=versions, final=final, script=script)
+
+
+def _cost_cell(cost: RunCost | None) -> str:
+    if cost is None:
+        return "\u2013"
+    return usd_text(cost.output.usd) if cost.output.usd is not None else f"n/a ({cost.reason})"
+
+
+def _price_note(costs: Mapping[int, RunCost]) -> str:
+    """What the cost column was priced at: ``1 core x 0.05 $/core-h (default price, as of 2026-12)``."""
+    return "; ".join(dict.fromkeys(c.price_text() for c in costs.values() if c.price is not None))
 
 
 def _tunebench_version() -> str:

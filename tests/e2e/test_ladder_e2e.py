@@ -96,6 +96,7 @@ def test_cpu_ladder_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     report = tmp_path / "ladder.html"
     assert main(["ladders", "report", state["ladder_id"], "--db", str(db), "-o", str(report)]) == 0
     assert "+ prefix caching" in report.read_text() and "--enable-prefix-caching" in report.read_text()
+    assert "<th>$ / 1M output tokens</th>" in report.read_text()  # priced from the stored runs
 
 
 def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> list[str]:

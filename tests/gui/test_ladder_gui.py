@@ -91,6 +91,7 @@ def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyp
     tab.save_report(str(report))
     qtbot.waitUntil(report.exists, timeout=30_000)
     assert "+ prefix caching" in report.read_text() and "data:image/svg+xml" in report.read_text()
+    assert "<th>$ / 1M output tokens</th>" in report.read_text() and f"<td>{tab.chart.costs[1]}</td>" in report.read_text()
 
     # Presentation: the staircase, large and dark, above the live plots.
     window.toggle_presentation()

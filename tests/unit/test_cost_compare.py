@@ -231,3 +231,10 @@ def test_ladder_table_has_a_cost_column_from_each_steps_run(db: Path) -> None:
     assert rows[1]["cost"]["price_source"] == "default price, as of 2026-12"
     assert rows[2]["cost"]["usd_per_1m_output_tokens"] is None and "imported" in rows[2]["cost"]["reason"]
     assert rows[3]["cost"] is None and rows[3]["name"] == "+ spec decode"  # the step's own keys unchanged
+    from app.export.ladder_report import render_ladder_report
+
+    html = render_ladder_report(state, costs=costs)  # `ladders report` and the Ladder tab's report
+    assert "<th>$ / 1M output tokens</th>" in html and "<td>$0.69</td>" in html and "<td>$0.22</td>" in html
+    assert "at the step's output tok/s, 1 GPU x 2.49 $/GPU-h (default price, as of 2026-12)" in html
+    assert "n/a (the run was imported" in html
+    assert "$ / 1M output tokens" not in render_ladder_report(state)  # nothing stored to price: no column
