@@ -29,6 +29,7 @@ from app.slo import Slo, SloError, parse_slo
 from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
 from app.tuner.space import Percentile
 from db.compare import Comparison
+from db.errors import StoreError
 from db.records import LevelInfo, RunDetail
 from db.summary import RequestArrays, level_summary_figures, numbers
 from engine_adapters.config import Features
@@ -38,6 +39,7 @@ from engine_adapters.runtimes import is_cpu_build
 
 if TYPE_CHECKING:
     from app.ladder.state import LadderState
+    from app.tuner.state import TuneState
     from db.store import RunStore
 
 TOKENS_PER_MILLION = 1_000_000
@@ -643,28 +645,58 @@ class GoodCount:
     output_tok_per_s: float
 
 
-def recount_good(requests: RequestArrays, idx: int, bounds: list[Slo], duration_s: float | None) -> GoodCount | None:
-    """The requests of level ``idx`` that completed and met every bound, as the run counts
-    goodput (``app.load.metrics.meets_slo``: TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a
-    one-token output), and their output tokens per second of the level; None when a bound is on
-    a figure the stored requests lack, or the level has no duration or no stored request."""
-    if any(metric not in RECOUNTABLE for metric, _op, _limit in bounds) or not duration_s or duration_s <= 0:
-        return None
-    in_level = requests.level == idx
-    if not in_level.any():
+def _good_mask(requests: RequestArrays, bounds: list[Slo]) -> np.ndarray | None:
+    """Which stored requests completed and met every bound, by the runner's goodput rule
+    (``app.load.metrics.meets_slo``: TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a one-token
+    output); None when a bound is on a figure the stored requests lack (queueing)."""
+    if any(metric not in RECOUNTABLE for metric, _op, _limit in bounds):
         return None
     out = requests.output_tokens.astype(float)
     ttft, e2e = requests.ttft_ms.astype(float), requests.e2e_ms.astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
     values = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e}
-    good = in_level & requests.ok.astype(bool)
+    good = requests.ok.astype(bool)
     for metric, op, limit in bounds:
         v = values[metric]
         with np.errstate(invalid="ignore"):
             good &= (v <= limit) if op == "<=" else (v < limit)  # NaN (no value) meets nothing
-    tokens = int(np.nansum(out[good]))
+    return good
+
+
+def recount_good(requests: RequestArrays, idx: int, bounds: list[Slo], duration_s: float | None) -> GoodCount | None:
+    """The requests of level ``idx`` that completed and met every bound (``_good_mask``), and
+    their output tokens per second of the level; None when a bound is on a figure the stored
+    requests lack, or the level has no duration or no stored request."""
+    mask = _good_mask(requests, bounds)
+    if mask is None or not duration_s or duration_s <= 0:
+        return None
+    in_level = requests.level == idx
+    if not in_level.any():
+        return None
+    good = mask & in_level
+    tokens = int(np.nansum(requests.output_tokens.astype(float)[good]))
     return GoodCount(int(good.sum()), tokens, tokens / duration_s)
+
+
+def good_tokens(requests: RequestArrays, bounds: list[Slo], level: int | None = None) -> tuple[float, float] | None:
+    """Output tokens of the completed requests that met every bound, and of all completed ones
+    (of one level, or of the whole run); None where a bound is on queueing (not stored per request)."""
+    mask = _good_mask(requests, bounds)
+    if mask is None:
+        return None
+    ok = requests.ok.astype(bool)
+    if level is not None:
+        ok &= requests.level == level
+    out = requests.output_tokens.astype(float)
+    return float(np.nansum(out[mask & ok])), float(np.nansum(out[ok]))
+
+
+def no_share_reason(bounds: list[Slo]) -> str:
+    """Why no good-output share could be counted under ``bounds``."""
+    if any(metric not in RECOUNTABLE for metric, _op, _limit in bounds):
+        return "queue_ms is not stored per request, so good output cannot be re-counted under this SLO"
+    return "no completed request is stored"
 
 
 def _good_cost(level: LevelPoint, bounds: list[Slo], units: float, usd_per_unit_hour: float,
@@ -770,6 +802,9 @@ class RunCost:
     device: str | None = None
     note: str | None = None
     """Why the figure deserves caution (its throughput is flagged unreliable)."""
+    good_output: CostFigure | None = None
+    """$ per 1M output tokens of the requests that met ``good_slo`` (None: no SLO was asked)."""
+    good_slo: str | None = None
 
     @property
     def reason(self) -> str | None:
@@ -790,7 +825,10 @@ class RunCost:
         return {"usd_per_1m_output_tokens": self.output.usd, "usd_per_1m_total_tokens": self.total.usd,
                 "price_usd_per_hour": None if self.price is None else self.price.usd_per_hour,
                 "price_source": None if self.price is None else self.price.source,
-                "units": self.units, "unit": self.unit, "reason": self.reason, "note": self.note}
+                "units": self.units, "unit": self.unit, "reason": self.reason, "note": self.note,
+                "usd_per_1m_good_output_tokens": None if self.good_output is None else self.good_output.usd,
+                "good_output_reason": None if self.good_output is None else self.good_output.reason,
+                "good_slo": self.good_slo}
 
 
 def usd_text(usd: float | None) -> str:
@@ -846,6 +884,46 @@ def run_cost(run: RunDetail, prices: PriceTable, output_tok_per_s: float | None,
                    deployment.unit, deployment.device, note)
 
 
+def with_good_output(cost: RunCost, tokens: tuple[float, float] | None, slo: str, bounds: list[Slo]) -> RunCost:
+    """``cost`` with its $ per 1M good output tokens under ``slo``: the cost per output token
+    over the share of output tokens (``good_tokens``: good, all) that met the SLO, so that it can
+    never disagree with the cost beside it."""
+    if cost.output.usd is None:
+        figure = CostFigure(None, cost.output.reason)
+    elif tokens is None or tokens[1] <= 0:
+        figure = CostFigure(None, no_share_reason(bounds))
+    elif tokens[0] <= 0:
+        figure = CostFigure(None, "no request met the SLO")
+    else:
+        figure = CostFigure(cost.output.usd * tokens[1] / tokens[0])
+    return replace(cost, good_output=figure, good_slo=slo)
+
+
+def trial_costs(store: RunStore, state: TuneState, prices: PriceTable) -> dict[int, RunCost]:
+    """Each measured trial with a stored run: $ per 1M output and total tokens at the trial's
+    throughput, and per 1M good output tokens under the tune's SLO (its requests re-counted one
+    by one). A trial whose run was deleted is left out."""
+    try:
+        bounds = parse_slo(state.slo) if state.slo else []
+    except SloError:
+        bounds = []
+    out: dict[int, RunCost] = {}
+    for t in state.trials:
+        if not t.measured or t.run_id is None or t.status in ("pending", "running"):
+            continue
+        try:
+            run = store.get_run(t.run_id)
+            requests = store.requests(t.run_id) if bounds else None
+        except StoreError:
+            continue
+        cost = run_cost(run, prices, t.figures.get("output_tok_per_s"), t.figures.get("total_tok_per_s"))
+        if bounds and requests is not None:
+            level = run.levels[0].idx if run.levels else None
+            cost = with_good_output(cost, good_tokens(requests, bounds, level), state.slo, bounds)
+        out[t.index] = cost
+    return out
+
+
 def step_costs(store: RunStore, state: LadderState, prices: PriceTable) -> dict[int, RunCost]:
     """Each ladder step that ran: $ per 1M tokens at the step's throughput (the staircase's
     figure, a repeated step's mean), priced on the GPUs (or cores) of its stored run."""
@@ -877,6 +955,42 @@ def compared_costs(comparison: Comparison, prices: PriceTable) -> list[RunCost]:
 
     (output, flags), (total, _flags) = row("output_tok_per_s"), row("total_tok_per_s")
     return comparison_costs(comparison.runs, output, total, prices, flags)
+
+
+def comparison_slo(runs: Iterable[RunDetail], asked: str | None) -> tuple[str | None, str]:
+    """The SLO a compare prices good output under, and whose it is: the one asked (``--slo``),
+    else the one every compared run was measured under (``load.slo``); (None, why) when neither,
+    since good output under different SLOs is no comparison."""
+    if asked:
+        try:
+            parse_slo(asked)
+        except SloError as exc:
+            raise UserError(f"--slo: {exc}") from None
+        return asked, "your SLO"
+    own = set()
+    for run in runs:
+        try:
+            own.add(run_config(run).load.slo)
+        except UserError:
+            own.add(None)
+    if len(own) == 1 and (slo := own.pop()):
+        return slo, "the runs' SLO"
+    return None, ("the runs were measured under different SLOs or none" if len(own) > 1
+                  else "the runs were measured without an SLO")
+
+
+def compared_good_costs(store: RunStore, comparison: Comparison, costs: list[RunCost], slo: str) -> list[RunCost]:
+    """``costs`` (``compared_costs``) with each column's $ per 1M good output tokens under ``slo``:
+    the share of output that met it is pooled over the column's runs (a repeat set's members),
+    as the column's throughput is."""
+    bounds = parse_slo(slo)
+    out = []
+    for cost, members in zip(costs, comparison.members, strict=True):
+        counted = [good_tokens(store.requests(run_id), bounds) for run_id in members]
+        tokens = None if any(c is None for c in counted) else (
+            sum(c[0] for c in counted if c), sum(c[1] for c in counted if c))
+        out.append(with_good_output(cost, tokens, slo, bounds))
+    return out
 
 
 def cost_factor(base: RunCost, other: RunCost) -> float | None:

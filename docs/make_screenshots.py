@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QSpinBox  # noqa: E402
+from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit, QSpinBox  # noqa: E402
 
 from app.gui.dashboard import Dashboard  # noqa: E402
 from app.gui.main_window import MainWindow  # noqa: E402
@@ -65,6 +65,14 @@ def choose(window: MainWindow, path: str, value: str) -> None:
     assert isinstance(combo, QComboBox)
     combo.setCurrentIndex(combo.findData(value))
     combo.activated.emit(combo.currentIndex())
+
+
+def set_text(window: MainWindow, path: str, value: str) -> None:
+    window.config_panel.show_field(path)
+    line = window.config_panel.editor(path).widget
+    assert isinstance(line, QLineEdit)
+    line.setText(value)
+    line.editingFinished.emit()
 
 
 def click_prefix_caching(window: MainWindow) -> None:
@@ -124,6 +132,7 @@ def main() -> int:
     set_spin(window, "workload.num_requests", 400)
     set_spin(window, "workload.output_len.mean", 32)
     set_spin(window, "load.concurrency", 8)
+    set_text(window, "load.slo", "ttft_ms<=2000")  # goodput counted: Compare prices the good output
     window.config_panel.tabs.setCurrentIndex(0)
 
     click_prefix_caching(window)  # off: the baseline

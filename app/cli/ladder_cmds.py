@@ -290,6 +290,7 @@ def cmd_ladders_report(args: argparse.Namespace) -> int:
     from app.export.ladder_report import render_ladder_report
 
     shared.check_output(args.output)
+    price_table(args.price or ())  # a bad --price is refused before the store is opened
     stored = _load(args)
     costs = _stored_step_costs(args, stored.state)
     return shared.write_output(render_ladder_report(stored.state, title=args.title, costs=costs), "html", args.output)
@@ -332,15 +333,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
                   show_help="one ladder's steps, figures and factors",
                   show_target_help="ladder id (or a unique start), or one of its runs")
-    for action in ("show", "report"):
-        if action in lsub.choices:
-            add_price_argument(lsub.choices[action])
     cmp = lsub.add_parser("compare", parents=[db],
                           help="compare the ladder's runs as a whole, the first step as baseline")
     cmp.add_argument("ladder")
     cmp.add_argument("--json", action="store_true", help="print JSON")
     cmp.set_defaults(handler=cmd_ladders_compare)
     shared.add_report(lsub, [db], "ladder", handler=cmd_ladders_report, help="the ladder's HTML report")
+    for action in ("show", "report"):
+        add_price_argument(lsub.choices[action])
     exp = lsub.add_parser("export", parents=[db], help="a step's launch script (default: the final step that ran)")
     exp.add_argument("ladder")
     exp.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="step N (1-based)")

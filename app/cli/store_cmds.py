@@ -20,6 +20,8 @@ from app.cost import (
     PriceTable,
     RunCost,
     compared_costs,
+    compared_good_costs,
+    comparison_slo,
     cost_factor,
     cost_factor_text,
     price_table,
@@ -274,26 +276,38 @@ def _print_comparison(c: Comparison) -> None:
         print(f"\n{len(c.series)} telemetry series aligned at {c.bin_s:g} s (see --json or an html export)")
 
 
-def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable) -> None:
+def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable, good_slo_text: str = "") -> None:
     """$ per 1M tokens per run and the factor against the baseline in words (lower is better)."""
     labels = [f"#{r.id}" + (" (base)" if i == c.baseline else "") for i, r in enumerate(c.runs)]
     base = costs[c.baseline]
     print("\ncost at each run's measured throughput (lower is better; $ per 1M tokens = GPUs x price per "
           "GPU-hour / (tok/s x 3600) x 1e6):")
     rows = []
+    good = any(cost.good_output is not None for cost in costs)
     for i, cost in enumerate(costs):
         if cost.output.usd is None:
-            rows.append([labels[i], "n/a", "n/a", "-"])
+            rows.append([labels[i], "n/a", "n/a", *(["n/a"] if good else []), "-"])
             continue
         factor = "" if i == c.baseline else cost_factor_text(base, cost)
+        good_cells = []
+        if good:
+            good_usd = cost.good_output.usd if cost.good_output is not None else None
+            good_cells = [usd_text(good_usd) if good_usd is not None else "n/a"]
         rows.append([labels[i], usd_text(cost.output.usd) + (f" ({factor})" if factor else ""),
-                     usd_text(cost.total.usd), cost.price_text()])
-    _table(rows, ["RUN", "$/1M OUTPUT TOKENS", "$/1M TOTAL TOKENS", "PRICE"])
+                     usd_text(cost.total.usd), *good_cells, cost.price_text()])
+    _table(rows, ["RUN", "$/1M OUTPUT TOKENS", "$/1M TOTAL TOKENS", *(["$/1M GOOD OUTPUT"] if good else []), "PRICE"])
     for label, cost in zip(labels, costs, strict=True):
         if cost.reason:  # below the table, so a long reason does not widen it
             print(safe(f"{label}: cost: n/a ({cost.reason})"))
+        elif cost.good_output is not None and cost.good_output.reason:
+            print(safe(f"{label}: good-output cost: n/a ({cost.good_output.reason})"))
         if cost.note:
             print(safe(f"{label}: cost {cost.note}"))
+    if good:
+        print(safe(f"good output: the output tokens of the requests that met {good_slo_text}; its cost is the "
+                   "output cost over their share of the output"))
+    elif good_slo_text:
+        print(safe(f"good output not priced: {good_slo_text}: pass --slo to price it"))
     devices = {cost.device for cost in costs if cost.device is not None}
     if len(devices) > 1:
         print(safe(f"the runs ran on different hardware ({', '.join(sorted(devices))}): each is priced on its "
@@ -304,9 +318,16 @@ def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable) -> Non
 
 def cmd_compare(args: argparse.Namespace) -> int:
     prices = price_table(getattr(args, "price", None) or ())  # `ladders compare` passes none
+    asked = getattr(args, "slo", None)
+    if asked:
+        comparison_slo((), asked)  # a bad --slo is refused before the store is opened
     with open_store(args) as store:
         comparison = compare_runs(store, args.runs, args.baseline, series=args.json and not args.no_series)
-    costs = compared_costs(comparison, prices)
+        costs = compared_costs(comparison, prices)
+        slo, whose = comparison_slo(comparison.runs, asked)
+        if slo is not None:
+            costs = compared_good_costs(store, comparison, costs, slo)
+    good_slo_text = f"{whose} '{slo}'" if slo is not None else whose
     if args.json:
         doc = comparison.to_dict()
         base = costs[comparison.baseline]
@@ -316,7 +337,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         _print_comparison(comparison)
-        _print_costs(comparison, costs, prices)
+        _print_costs(comparison, costs, prices, good_slo_text)
     return 0
 
 
@@ -465,6 +486,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--baseline", metavar="RUN", help="the run deltas are measured against (default: the first)")
     cmp.add_argument("--no-series", action="store_true", help="leave the aligned telemetry out of --json")
     add_price_argument(cmp)
+    cmp.add_argument("--slo", help="price the good output: the tokens of the requests that met this SLO, e.g. "
+                                   "'ttft_ms<=500,tpot_ms<=50' (default: the SLO the runs were measured under)")
     cmp.set_defaults(handler=cmd_compare)
 
     export = sub.add_parser("export", parents=[db], help="a launch script from a run or profile, or a run's data")

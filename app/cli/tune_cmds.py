@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import bounded_int
+from app.cli.argtypes import add_price_argument, bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
 from app.events import LogLine
 from app.export.files import STDOUT
-from app.export.tune_report import COLUMNS, pick_text, state_summary, trial_table
+from app.export.tune_report import COLUMNS, COST_COLUMNS, cost_note, pick_text, state_summary, trial_table
 from app.tuner.state import TuneState
+
+if TYPE_CHECKING:
+    from app.cost import RunCost
 
 SUFFIXES = {"bash": ".sh", "docker": ".docker.sh", "compose": ".compose.yaml", "k8s": ".k8s.yaml"}
 _DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
@@ -38,12 +42,14 @@ def parse_duration_s(text: str) -> float:
     return seconds
 
 
-def format_table(state: TuneState) -> str:
-    rows = trial_table(state)
-    shown = [c for c in COLUMNS if c != "note"]
+def format_table(state: TuneState, costs: Mapping[int, RunCost] | None = None) -> str:
+    """The trials table; with ``costs`` (``app.cost.trial_costs``), its cost columns and what they
+    were priced at, else without them."""
+    rows = trial_table(state, costs)
+    shown = [c for c in COLUMNS if c != "note" and (costs is not None or c not in COST_COLUMNS)]
     cells = [list(shown)] + [[safe(r[c]) for c in shown] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(shown))]
-    numeric = {"tok/s per GPU", "tok/s per user", "TTFT p99 ms", "TPOT p99 ms", "run", "#"}
+    numeric = {"tok/s per GPU", "tok/s per user", "TTFT p99 ms", "TPOT p99 ms", "run", "#", *COST_COLUMNS}
     lines = ["  ".join(c.rjust(w) if shown[i] in numeric else c.ljust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -54,7 +60,15 @@ def format_table(state: TuneState) -> str:
         if c.status == "pruned":
             lines.append(safe(f"not launched: {c.label}: {c.reason}"))
     lines += [safe(f"note: {n}") for n in state.notes]
+    if costs is not None:
+        lines.append(safe(cost_note(costs) + " (lower is better)"))
     return "\n".join(lines)
+
+
+def _costs(args: argparse.Namespace, state: TuneState, store: Any) -> dict[int, RunCost]:
+    from app.cost import price_table, trial_costs
+
+    return trial_costs(store, state, price_table(getattr(args, "price", None) or ()))
 
 
 class _TuneConsole(_Console):
@@ -104,6 +118,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if ignored:
             print(f"tunebench: {', '.join(ignored)} ignored with --resume: the tune goes on with its own",
                   file=sys.stderr)
+    from app.cost import price_table
+
+    price_table(args.price or ())  # a bad --price is refused before anything is launched
     budget_s = parse_duration_s(args.budget) if args.budget else None
     json_path = shared.json_target(args.json)
     config, stem = shared.load_profile_arg(args.profile)
@@ -148,7 +165,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _tuner, state, recorder = shared.run_campaign(bus, args, build, console.handle, name="tunebench-tune",
                                            cancel_note="stopping requests and the engine; --resume goes on later")
     print()
-    print(format_table(state))
+    store = getattr(recorder, "store", None)
+    print(format_table(state, _costs(args, state, store) if store is not None else None))
     print()
     print(safe(pick_text(state)))
     if json_path is not None:
@@ -198,13 +216,31 @@ def _load(args: argparse.Namespace) -> TuneState:
     return shared.with_store(args, lambda store: load_tune(store, args.tune))
 
 
+def _load_priced(args: argparse.Namespace) -> tuple[TuneState, dict[int, RunCost]]:
+    """The tune and its trials' costs at ``--price`` (checked before the store is opened)."""
+    from app.cost import price_table
+    from app.tuner.stored import load_tune
+
+    price_table(args.price or ())
+
+    def read(store: Any) -> tuple[TuneState, dict[int, RunCost]]:
+        state = load_tune(store, args.tune)
+        return state, _costs(args, state, store)
+
+    return shared.with_store(args, read)
+
+
 def cmd_tunes_show(args: argparse.Namespace) -> int:
-    state = _load(args)
+    state, costs = _load_priced(args)
     if args.json:
-        return shared.print_json(state.model_dump(mode="json"))
+        doc = state.model_dump(mode="json")
+        for trial in doc["trials"]:
+            cost = costs.get(trial["index"])
+            trial["cost"] = cost.to_dict() if cost is not None else None
+        return shared.print_json(doc)
     print(safe(f"tune {state.tune_id}: {state.name} ({state.status}" + (f": {state.reason}" if state.reason else "")
                + f"); SLO {state.slo} at {state.percentile}; {state.strategy} search"))
-    print(format_table(state))
+    print(format_table(state, costs))
     print()
     print(safe(pick_text(state)))
     return 0
@@ -214,7 +250,8 @@ def cmd_tunes_report(args: argparse.Namespace) -> int:
     from app.export.tune_report import render_tune_report
 
     shared.check_output(args.output)
-    return shared.write_output(render_tune_report(_load(args), title=args.title), "html", args.output)
+    state, costs = _load_priced(args)
+    return shared.write_output(render_tune_report(state, title=args.title, costs=costs), "html", args.output)
 
 
 def cmd_tunes_export(args: argparse.Namespace) -> int:
@@ -289,6 +326,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     tune.add_argument("--no-store", action="store_true", help="do not record anything (no resume)")
     tune.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    add_price_argument(tune)
     tune.set_defaults(handler=cmd_tune)
 
     tunes = sub.add_parser("tunes", help="stored tunes: list, show, report, export the pick, import other tools' points")
@@ -298,6 +336,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                   show_help="one tune's trials, pick and what bound it", show_target_help="tune id (or a unique start)")
     shared.add_report(tsub, [db], "tune", handler=cmd_tunes_report,
                       help="the tune's HTML report (Pareto chart, trials, pick)")
+    for action in ("show", "report"):
+        add_price_argument(tsub.choices[action])
     exp = tsub.add_parser("export", parents=[db], help="the pick's launch script (bash, docker, compose, k8s, or all)")
     exp.add_argument("tune")
     exp.add_argument("--format", "-f", choices=(*shared.SCRIPT_FORMATS, "all"), default="bash")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from app.config import RunConfig
+from app.cost import CostFigure, RunCost, usd_text
 from app.errors import UserError
 from app.export.launch import SCRIPT_FORMATS, LaunchSpec, render_launch
 from app.export.quoting import templates
@@ -27,16 +28,29 @@ from engine_adapters.runtimes import MANAGED_RUNTIMES
 
 PASSED, FAILED, FRONTIER, PICK, MUTED = "#188038", "#d93025", "#188038", "#f9ab00", "#888888"
 IMPORT_COLOURS = ("#1a73e8", "#9334e6", "#e8710a", "#12b5cb")
+COST_COLUMNS = ("$/1M out", "$/1M good")
+"""``$/1M out``: per 1M output tokens at the trial's throughput; ``$/1M good``: per 1M output
+tokens of the requests that met the tune's SLO (``app.cost.trial_costs``)."""
 COLUMNS = ("#", "configuration", "load", "status", "tok/s per GPU", "tok/s per user", "TTFT p99 ms", "TPOT p99 ms",
-           "engine", "run", "note")
+           *COST_COLUMNS, "engine", "run", "note")
 
 
 def _cell(value: float | None) -> str:
     return "\u2013" if value is None or not math.isfinite(value) else format_value(value)
 
 
-def trial_table(state: TuneState) -> list[dict[str, str]]:
-    """One row per trial, measured first (what the CLI, the GUI and the report show)."""
+def _usd_cell(figure: CostFigure | None) -> str:
+    """The cost, ``n/a`` where it could not be counted (the table's note says why), a dash where
+    nothing was asked (no SLO to count good output under)."""
+    if figure is None:
+        return "\u2013"
+    return usd_text(figure.usd) if figure.usd is not None else "n/a"
+
+
+def trial_table(state: TuneState, costs: Mapping[int, RunCost] | None = None) -> list[dict[str, str]]:
+    """One row per trial, measured first (what the CLI, the GUI and the report show); the cost
+    cells from ``costs`` (``app.cost.trial_costs``), a dash where a trial is not priced."""
+    costs = costs or {}
     rows = []
     for t in sorted(state.trials, key=lambda t: (not t.measured, t.index)):
         engine = "" if t.engine_reused is None else "reused" if t.engine_reused else \
@@ -46,7 +60,10 @@ def trial_table(state: TuneState) -> list[dict[str, str]]:
                      "status": ("PICK " if pick else "") + (t.source if not t.measured else t.status),
                      "tok/s per GPU": _cell(t.tok_s_per_gpu), "tok/s per user": _cell(t.tok_s_per_user),
                      "TTFT p99 ms": _cell(t.figures.get("ttft_ms_p99")),
-                     "TPOT p99 ms": _cell(t.figures.get("tpot_ms_p99")), "engine": engine,
+                     "TPOT p99 ms": _cell(t.figures.get("tpot_ms_p99")),
+                     "$/1M out": _usd_cell(costs[t.index].output) if t.index in costs else "\u2013",
+                     "$/1M good": _usd_cell(costs[t.index].good_output) if t.index in costs else "\u2013",
+                     "engine": engine,
                      "run": "" if t.run_id is None else str(t.run_id),
                      "note": t.reason if t.reason and t.status not in ("passed", "imported") else ""})
     return rows
@@ -184,8 +201,31 @@ def _space_rows(state: TuneState) -> list[dict[str, str]]:
     return rows
 
 
-def render_tune_report(state: TuneState, *, title: str | None = None) -> str:
-    """The tune as one self-contained HTML page (see the module docstring)."""
+def cost_note(costs: Mapping[int, RunCost]) -> str:
+    """What the cost columns were priced at and under which SLO, or why they are empty."""
+    priced = [c for c in costs.values() if c.price is not None]
+    if not priced:
+        reasons = list(dict.fromkeys(c.reason for c in costs.values() if c.reason))
+        return "costs: not priced" + (f" ({'; '.join(reasons)})" if reasons else "")
+    slo = next((c.good_slo for c in priced if c.good_slo), None)
+    prices = "; ".join(dict.fromkeys(c.price_text() for c in priced))
+    text = f"costs at {prices}"
+    if slo:
+        text += f"; $/1M good: per 1M output tokens of the requests that met {slo}"
+        missing = list(dict.fromkeys(c.good_output.reason for c in priced
+                                     if c.good_output is not None and c.good_output.reason))
+        if missing:
+            text += f" (n/a: {'; '.join(missing)})"
+    unpriced = list(dict.fromkeys(c.reason for c in costs.values() if c.reason))
+    if unpriced:
+        text += f"; n/a: {'; '.join(unpriced)}"
+    return text
+
+
+def render_tune_report(state: TuneState, *, title: str | None = None,
+                       costs: Mapping[int, RunCost] | None = None) -> str:
+    """The tune as one self-contained HTML page (see the module docstring); with ``costs``
+    (``app.cost.trial_costs``), the trials' cost columns and the price they used."""
     script = ""
     if state.pick is not None:
         try:
@@ -199,7 +239,8 @@ def render_tune_report(state: TuneState, *, title: str | None = None) -> str:
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         started=datetime.fromtimestamp(state.started_wall_s, UTC).strftime("%Y-%m-%d %H:%M UTC")
         if state.started_wall_s else "-",
-        state=state, chart=_uri(pareto_svg(state)), columns=COLUMNS, rows=trial_table(state), pick=pick_text(state),
+        state=state, chart=_uri(pareto_svg(state)), columns=COLUMNS, rows=trial_table(state, costs), pick=pick_text(state),
+        cost_note=cost_note(costs) if costs is not None else "",
         script=script, candidates=cands, space=_space_rows(state), elapsed=_cell(state.elapsed_s / 60.0))
 
 

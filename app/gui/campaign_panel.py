@@ -29,6 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.cost import PriceTable, price_table
+from app.errors import UserError
 from app.gui.workers import run_in_worker
 
 Row = TypeVar("Row")
@@ -117,6 +119,14 @@ class CampaignTab(QWidget):
                 item = QTableWidgetItem(text)
                 style(item, row, col)
                 self.table.setItem(i, col, item)
+
+    def _quiet_prices(self) -> PriceTable:
+        """Your prices from the settings, for a worker thread: a hand-edited settings file with a
+        bad price falls back to the shipped list (the window says so when it prices on its thread)."""
+        try:
+            return price_table(self.main.settings.prices)
+        except UserError:
+            return price_table()
 
     @staticmethod
     def _left_panel(split: QSplitter) -> QVBoxLayout:

@@ -43,7 +43,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.cost import PriceTable, RunCost, cost_factor_text, price_table, sources_text, usd_text
+from app.cost import (
+    PriceTable,
+    RunCost,
+    compared_good_costs,
+    comparison_slo,
+    cost_factor_text,
+    price_table,
+    sources_text,
+    usd_text,
+)
 from app.distributions import RunDistributions, Sweep, aligned, load_start_offsets, run_distributions, sweeps
 from app.gui.capacity_box import CapacityBox
 from app.gui.series import series_label
@@ -309,6 +318,8 @@ class CompareExtras:
     """Per run, $ per 1M tokens at the throughput the table shows (``app.cost.compared_costs``)."""
     money_lines: list[str] = field(default_factory=list)
     """Per headline, the before/after in money (``app.headline.money_line``)."""
+    good_slo_text: str = ""
+    """Whose SLO the good-output costs were counted under, or why there are none."""
 
 
 def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None,
@@ -317,12 +328,17 @@ def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | Non
     ``prices`` (default: the shipped list)."""
     comparison = compare_runs(store, ids, baseline)
     costs, lines = money_lines(comparison, prices if prices is not None else price_table())
+    slo, whose = comparison_slo(comparison.runs, None)
+    if slo is not None:
+        costs = compared_good_costs(store, comparison, costs, slo)
     extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),
-                           load_start_offsets(comparison), costs, lines)
+                           load_start_offsets(comparison), costs, lines,
+                           f"Good output: the requests that met {whose} '{slo}'." if slo is not None
+                           else f"No good-output cost: {whose}.")
     return comparison, extras
 
 
-COST_COLUMNS = ("run", "$ / 1M output tok", "vs baseline", "$ / 1M total tok", "priced at")
+COST_COLUMNS = ("run", "$ / 1M output tok", "vs baseline", "$ / 1M total tok", "$ / 1M good output tok", "priced at")
 
 
 def cost_rows(comparison: Comparison, costs: Sequence[RunCost]) -> list[list[str]]:
@@ -332,7 +348,9 @@ def cost_rows(comparison: Comparison, costs: Sequence[RunCost]) -> list[list[str
     for i, (label, cost) in enumerate(zip(comparison.labels(), costs, strict=True)):
         factor = "baseline" if i == comparison.baseline else cost_factor_text(base, cost)
         output = usd_text(cost.output.usd) if cost.output.usd is not None else f"n/a: {cost.reason}"
-        rows.append([label, output, factor, usd_text(cost.total.usd), cost.price_text(with_source=False)])
+        good = cost.good_output
+        good_text = "\u2013" if good is None else usd_text(good.usd) if good.usd is not None else f"n/a: {good.reason}"
+        rows.append([label, output, factor, usd_text(cost.total.usd), good_text, cost.price_text(with_source=False)])
     return rows
 
 
@@ -621,7 +639,7 @@ class CompareView(QWidget):
         self.cost_note.setText(" ".join(
             ([f"Prices: {source} (a default price is a typical list price, not a quote; yours go in Prices).",
               "Per 1M tokens = GPUs (or cores) \u00d7 price per hour / tokens per hour."] if source else [])
-            + notes))
+            + ([self.extras.good_slo_text] if source and self.extras.good_slo_text else []) + notes))
         if self.capacity is not None and comparison is not None:
             order = [i for i in range(len(comparison.runs)) if i != comparison.baseline] + [comparison.baseline]
             labels = comparison.labels()

@@ -34,8 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.bus import Bus, Event
 from app.config import RunConfig
-from app.cost import price_table, sources_text, step_costs, usd_text
-from app.errors import UserError
+from app.cost import sources_text, step_costs, usd_text
 from app.events import LadderUpdated
 from app.gui.campaign_panel import CampaignTab
 from app.gui.ladder_chart import StaircaseChart
@@ -419,10 +418,7 @@ class LadderTab(CampaignTab):
         """In the report's worker: each step's cost from its stored run, at your prices."""
         from app.export.ladder_report import render_ladder_report
 
-        try:
-            prices = price_table(self.main.settings.prices)
-        except UserError:  # a hand-edited settings file: the window says so when it costs a comparison
-            prices = price_table()
+        prices = self._quiet_prices()
         costs = self.main._with_store(lambda store: step_costs(store, state, prices)) if state.run_ids else None
         return render_ladder_report(state, costs=costs)
 

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.cost import SECONDS_PER_HOUR, TOKENS_PER_MILLION, run_cost, usd_text
+from app.cost import SECONDS_PER_HOUR, TOKENS_PER_MILLION, RunCost, run_cost, trial_costs, usd_text
 from app.export.launch import SINGLE_NODE_FORMATS
 from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
 from app.gui.campaign_panel import CampaignTab
@@ -180,6 +180,9 @@ class TuneTab(CampaignTab):
         self.state: TuneState | None = None
         self._cost_key: tuple[Any, ...] | None = None
         """The run and prices the chart's cost axis was priced with (priced again when either changes)."""
+        self._trial_costs: dict[int, RunCost] = {}
+        self._trial_costs_key: tuple[Any, ...] | None = None
+        """The tune, its finished trials and the prices the trials' cost cells were priced for."""
         self.stored: list[TuneState] = []
         self.tuner: Any = None
         self._build()
@@ -369,11 +372,43 @@ class TuneTab(CampaignTab):
         self.state = state
         self.chart.set_state(state)
         self.pick_label.setText(pick_text(state) if state is not None else "")
-        self._fill_table(trial_table(state) if state is not None else [], lambda row: [row[k] for k in COLUMNS],
-                         _style_cell)
+        self._fill_trials()
+        self._fill_trial_costs(state)
         self._fill_capacity(state)
         self._fill_cost_axis(state)
         self._update_buttons()
+
+    def _fill_trials(self) -> None:
+        state = self.state
+        costs = {} if state is None or self._trial_costs_key is None or self._trial_costs_key[0] != state.tune_id \
+            else self._trial_costs
+        self._fill_table(trial_table(state, costs) if state is not None else [], lambda row: [row[k] for k in COLUMNS],
+                         _style_cell)
+
+    def _fill_trial_costs(self, state: TuneState | None) -> None:
+        """Each finished trial's costs, from its stored run and requests in a worker
+        (``app.cost.trial_costs``); the table is filled again when they arrive."""
+        if state is None:
+            self._trial_costs_key, self._trial_costs = None, {}
+            return
+        done = tuple((t.index, t.run_id) for t in state.measured
+                     if t.run_id is not None and t.status not in ("pending", "running"))
+        key = (state.tune_id, done, tuple(self.main.settings.prices))
+        if key == self._trial_costs_key:
+            return
+        self._trial_costs_key = key
+        if not done:
+            self._trial_costs = {}
+            return
+        prices = self._quiet_prices()
+
+        def shown(costs: dict[int, RunCost]) -> None:
+            if self._trial_costs_key == key:  # not a newer state's meanwhile
+                self._trial_costs = costs
+                self._fill_trials()
+
+        run_in_worker(lambda: self.main._with_store(lambda store: trial_costs(store, state, prices)), shown, None,
+                      name="tune-trial-costs", parent=self)
 
     def _fill_cost_axis(self, state: TuneState | None) -> None:
         """The chart's cost axis, priced from a measured trial's stored run (its GPUs or cores and
@@ -440,7 +475,9 @@ class TuneTab(CampaignTab):
     def _render_report(self, state: TuneState) -> str:
         from app.export.tune_report import render_tune_report
 
-        return render_tune_report(state)
+        prices = self._quiet_prices()
+        costs = self.main._with_store(lambda store: trial_costs(store, state, prices)) if state.measured else None
+        return render_tune_report(state, costs=costs)
 
     def export_pick(self, path: str | None = None, fmt: str | None = None) -> None:
         state = self.state

@@ -192,6 +192,43 @@ def test_a_tune_killed_midway_resumes_without_rerunning_completed_trials(tuned: 
         "an engine outlived the tune"
 
 
+def test_each_trial_is_priced_from_its_stored_run_and_requests(tuned: Tuned, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`tunes show --json`: each trial's $ per 1M output tokens is its cores x the price over its
+    measured tokens per hour, and its good-output cost is that over the share of output tokens of
+    the requests that met the tune's SLO, counted here request by request from the store."""
+    state = tuned.state
+    capsys.readouterr()
+    assert main(["tunes", "show", state.tune_id, "--json", "--price", "cpu=0.05", "--db", str(tuned.db)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    trials = [t for t in doc["trials"] if t["status"] in ("passed", "failed")]
+    assert len(trials) == len(state.measured)
+    with RunStore(tuned.db) as store:
+        for trial in trials:
+            cost, tok_per_s = trial["cost"], trial["figures"]["output_tok_per_s"]
+            assert cost["unit"] == "core" and cost["units"] >= 1 and cost["price_source"] == "your price"
+            assert cost["usd_per_1m_output_tokens"] == pytest.approx(cost["units"] * 0.05 / (tok_per_s * 3600) * 1e6)
+            req = store.requests(trial["run_id"])
+            good = total = 0
+            for ok, out, ttft, e2e in zip(req.ok, req.output_tokens, req.ttft_ms, req.e2e_ms, strict=True):
+                if not ok:
+                    continue
+                total += int(out)
+                tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
+                good += int(out) if ttft <= 800 and tpot <= 100 else 0  # the tune's SLO
+            # The trial's own count of completed output, not a partial one: its tok/s x its duration.
+            assert total == pytest.approx(tok_per_s * trial["figures"]["duration_s"], rel=1e-6)
+            if good:
+                assert cost["usd_per_1m_good_output_tokens"] == pytest.approx(
+                    cost["usd_per_1m_output_tokens"] * total / good)
+            else:
+                assert cost["good_output_reason"] == "no request met the SLO"
+    report = tmp_path / "tune.html"
+    assert main(["tunes", "report", state.tune_id, "-o", str(report), "--price", "cpu=0.05", "--db", str(tuned.db)]) == 0
+    html = report.read_text()
+    assert "<th>$/1M good</th>" in html and "x 0.05 $/core-h (your price)" in html
+
+
 def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

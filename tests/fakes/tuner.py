@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app.config import RunConfig
 from app.load.metrics import LevelSummary, Stats
@@ -42,6 +42,8 @@ class FakeTuneRunner(FakeRunner):
     each run's (knobs, concurrency); ``hook(config)`` may raise (a crash) or return a failure reason."""
 
     requests = REQUESTS
+    hardware: ClassVar[dict[str, Any]] = {"cpu_model": "Test CPU", "cpu_count_logical": 2}
+    """What a stored trial run records of its machine: two cores, so that its cost can be counted."""
     calls: ClassVar[list[tuple[int | None, bool | None, int]]] = []
     hook: ClassVar[Callable[[RunConfig], str | None] | None] = None
     run_s: ClassVar[float] = 0.0

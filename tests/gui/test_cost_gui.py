@@ -62,8 +62,9 @@ def test_compare_says_the_change_in_money_and_sizes_the_traffic(qtbot, make_wind
                                     "(default price, as of 2026-12)"), money[0].text()
     assert _cells(window, 0)[:4] == ["#1 base", "$0.69", "baseline", "$0.46"]
     assert _cells(window, 1)[1:3] == ["$0.22", "x3.1 cheaper"]
-    assert _cells(window, 1)[4] == "1 GPU x 2.49 $/GPU-h"  # the source is said once, below the table
+    assert _cells(window, 1)[4:6] == ["\u2013", "1 GPU x 2.49 $/GPU-h"]  # the source is said once, below the table
     assert "default price, as of 2026-12" in window.compare.cost_note.text()
+    assert "No good-output cost: the runs were measured without an SLO." in window.compare.cost_note.text()
 
     box = window.compare.capacity
     assert box is not None and box.run_choice.currentData() == 2  # the run after the change, first
@@ -124,3 +125,21 @@ def test_tune_capacity_box_sizes_the_pick_at_the_tunes_slo(qtbot, make_window, t
     box.users.setValue(16)
     answer = _size(qtbot, box)
     assert "answer: 2 replicas = 2 GPUs" in answer, answer  # 16 x 1.3 / 16 = 1.3 -> 2
+
+
+def test_compare_prices_good_output_under_the_runs_slo(qtbot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from app.cost import usd_text
+    from tests.unit.test_cost_capacity import _requests_run
+    from tests.unit.test_cost_goodput import _good_and_all
+
+    path = tmp_path / "good.db"
+    with RunStore(path) as store:
+        _run_id, records = _requests_run(store, "ttft_ms<=400")
+        _requests_run(store, "ttft_ms<=400")
+    window = make_window(db_path=path)
+    _compared(qtbot, window)
+    good, total = _good_and_all(records, 400)
+    output_usd = window.compare.extras.costs[0].output.usd
+    assert output_usd is not None and 0 < good < total
+    assert _cells(window, 0)[4] == usd_text(output_usd * total / good)  # dearer than all output: fewer tokens count
+    assert "Good output: the requests that met the runs' SLO 'ttft_ms<=400'." in window.compare.cost_note.text()

@@ -47,6 +47,27 @@ def test_tune_tab_runs_shows_the_trade_off_and_exports_the_pick(  # type: ignore
     assert "The pick: max seqs 8, prefix cache on at concurrency 4" in tab.pick_label.text()
     assert "Bound by: TTFT p99 hit" in tab.pick_label.text() and "The pick" in window.banner.text()
 
+    # Each finished trial's cost, priced from its stored run in a worker: what `tunes show` prints.
+    from app.cost import price_table, trial_costs, usd_text
+    from app.export.tune_report import COLUMNS
+    from db.store import RunStore
+
+    out_col, good_col = COLUMNS.index("$/1M out"), COLUMNS.index("$/1M good")
+
+    def cost_index(row: int) -> int:
+        return int(tab.table.item(row, 0).text()) - 1
+    qtbot.waitUntil(lambda: all(tab.table.item(r, out_col).text().startswith("$")
+                                for r in range(tab.table.rowCount())), timeout=30_000)
+    with RunStore(tmp_path / "runs.db") as store:
+        costs = trial_costs(store, state, price_table())
+    assert len(costs) == len(state.trials)
+    for r in range(tab.table.rowCount()):
+        cost = costs[cost_index(r)]
+        assert cost.units == 2 and tab.table.item(r, out_col).text() == usd_text(cost.output.usd)
+        tok_per_s = next(t for t in state.trials if t.index == cost_index(r)).figures["output_tok_per_s"]
+        assert cost.output.usd == pytest.approx(2 * 0.05 / (tok_per_s * 3600) * 1e6)  # 2 cores x 0.05 $/core-h
+        assert tab.table.item(r, good_col).text() == "n/a"  # stand-in runs store no requests to count
+
     # Stored: listed; the pick exported; a sweep drawn on the same chart; the report written.
     qtbot.waitUntil(lambda: tab.stored_picker.count() == 1, timeout=30_000)
     script = tmp_path / "pick.sh"
@@ -62,6 +83,7 @@ def test_tune_tab_runs_shows_the_trade_off_and_exports_the_pick(  # type: ignore
     tab.save_report(str(report))
     qtbot.waitUntil(report.exists, timeout=30_000)
     assert "vllm bench sweep (imported)" in report.read_text() or "data:image/svg+xml" in report.read_text()
+    assert "<th>$/1M out</th>" in report.read_text() and "costs at 2 cores x 0.05 $/core-h" in report.read_text()
 
 
 def test_a_stopped_tune_resumes_from_the_tab(  # type: ignore[no-untyped-def]

@@ -1,0 +1,153 @@
+"""Cost at goodput: $ per 1M output tokens of the requests that met an SLO, in compare (``--slo``,
+or the SLO the runs were measured under) and per tune trial (the tune's SLO), hand-counted from
+the stored requests; and the trials' cost columns in the CLI table, ``tunes show --json`` and the
+tune report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.cli.tune_cmds import format_table
+from app.cost import price_table, trial_costs
+from app.export.tune_report import COLUMNS, render_tune_report, trial_table
+from app.tuner.state import Trial, TuneState
+from db.store import RunStore
+from tests.fuzz.hostile import Outcome, cli
+from tests.unit.test_cost_capacity import _requests_run
+
+PRICE = 2.49  # the shipped H100 price
+RUN_SLO = "ttft_ms<=400"
+
+
+def _good_and_all(records: list[Any], ttft_limit_ms: float, tpot_limit_ms: float | None = None) -> tuple[int, int]:
+    """Output tokens of the completed requests under the bounds and of all completed ones, counted
+    here one by one (TPOT = (E2E - TTFT) / (tokens - 1), 0 for a one-token output)."""
+    good = total = 0
+    for r in records:
+        if not r.ok:
+            continue
+        total += r.output_tokens
+        tpot = (r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        if r.ttft_ms <= ttft_limit_ms and (tpot_limit_ms is None or tpot <= tpot_limit_ms):
+            good += r.output_tokens
+    return good, total
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> tuple[Path, list[Any]]:
+    path = tmp_path / "good.db"
+    with RunStore(path) as store:
+        run_id, records = _requests_run(store, RUN_SLO)
+        second, _ = _requests_run(store, RUN_SLO)  # the same requests again: the same costs
+    assert (run_id, second) == (1, 2)
+    return path, records
+
+
+def compare(db: Path, *argv: str) -> Outcome:
+    return cli("compare", "--db", str(db), *argv).check()
+
+
+def test_compare_prices_good_output_under_the_slo_asked(runs: tuple[Path, list[Any]]) -> None:
+    db, records = runs
+    doc = json.loads(compare(db, "1", "2", "--json", "--no-series", "--slo", "ttft_ms<=600,tpot_ms<=30").out)
+    cost = doc["runs"][0]["cost"]
+    good, total = _good_and_all(records, 600, 30)
+    assert 0 < good < total
+    assert cost["good_slo"] == "ttft_ms<=600,tpot_ms<=30"
+    assert cost["usd_per_1m_good_output_tokens"] == pytest.approx(cost["usd_per_1m_output_tokens"] * total / good)
+    text = compare(db, "1", "2", "--slo", "ttft_ms<=600,tpot_ms<=30").out
+    header = next(line for line in text.splitlines() if line.startswith("RUN"))
+    assert "$/1M GOOD OUTPUT" in header
+    expected = cost["usd_per_1m_output_tokens"] * total / good
+    assert f"${expected:,.2f}" in text
+    assert "good output: the output tokens of the requests that met your SLO 'ttft_ms<=600,tpot_ms<=30'" in text
+
+
+def test_compare_uses_the_runs_own_slo_and_says_whose(runs: tuple[Path, list[Any]]) -> None:
+    db, records = runs
+    doc = json.loads(compare(db, "1", "2", "--json", "--no-series").out)
+    good, total = _good_and_all(records, 400)
+    for run in doc["runs"]:
+        assert run["cost"]["good_slo"] == RUN_SLO
+        assert run["cost"]["usd_per_1m_good_output_tokens"] == pytest.approx(
+            run["cost"]["usd_per_1m_output_tokens"] * total / good)
+    assert "met the runs' SLO 'ttft_ms<=400'" in compare(db, "1", "2").out
+
+
+def test_good_output_that_cannot_be_priced_says_why(runs: tuple[Path, list[Any]]) -> None:
+    db, _records = runs
+    never = compare(db, "1", "2", "--slo", "ttft_ms<=1")
+    assert never.code == 0 and "#1 (base): good-output cost: n/a (no request met the SLO)" in never.out
+    queue = compare(db, "1", "2", "--slo", "queue_ms<=100")
+    assert queue.code == 0 and "queue_ms is not stored per request" in queue.out
+    bad = compare(db, "1", "2", "--slo", "ttft<=5")
+    assert bad.code == 2 and bad.err.count("\n") == 1 and "--slo" in bad.err
+
+
+def test_compare_without_any_slo_prices_no_good_output(tmp_path: Path) -> None:
+    from tests.unit.test_cost_compare import GPU_ENGINE, H100, _store_run
+
+    path = tmp_path / "plain.db"
+    with RunStore(path) as store:
+        _store_run(store, "a", {"engine": GPU_ENGINE}, 1000.0, H100)
+        _store_run(store, "b", {"engine": GPU_ENGINE}, 2000.0, H100)
+    out = compare(path, "1", "2")
+    assert "$/1M GOOD OUTPUT" not in out.out
+    assert "good output not priced: the runs were measured without an SLO: pass --slo" in out.out
+    doc = json.loads(compare(path, "1", "2", "--json", "--no-series").out)
+    assert doc["runs"][0]["cost"]["usd_per_1m_good_output_tokens"] is None
+
+
+def _tune(run_ids: list[int | None], tok_per_s: list[float], slo: str = "ttft_ms<=600,tpot_ms<=30") -> TuneState:
+    trials = [Trial(index=i, candidate=0, status="passed" if run_id else "pending", run_id=run_id, load_value=8,
+                    label="max seqs 8", figures={"output_tok_per_s": tok, "total_tok_per_s": tok * 2})
+              for i, (run_id, tok) in enumerate(zip(run_ids, tok_per_s, strict=True))]
+    return TuneState(tune_id="t1", name="t", slo=slo, trials=trials)
+
+
+def test_each_trial_costs_its_gpus_over_its_throughput_and_its_good_share(runs: tuple[Path, list[Any]]) -> None:
+    db, records = runs
+    state = _tune([1, 2, None], [1000.0, 2000.0, 0.0])
+    with RunStore(db) as store:
+        costs = trial_costs(store, state, price_table())
+    assert set(costs) == {0, 1}  # the pending trial is not priced
+    # 1 H100 x 2.49 $/h / (1,000 tok/s x 3600) x 1e6 = 0.691667; twice the throughput, half the cost.
+    assert costs[0].output.usd == pytest.approx(PRICE / 3600 / 1000 * 1e6)
+    assert costs[0].total.usd == pytest.approx(PRICE / 3600 / 2000 * 1e6)
+    assert costs[1].output.usd == pytest.approx(costs[0].output.usd / 2)
+    good, total = _good_and_all(records, 600, 30)
+    assert costs[0].good_output is not None and costs[0].good_output.usd == pytest.approx(
+        costs[0].output.usd * total / good)
+    rows = trial_table(state, costs)
+    assert rows[0]["$/1M out"] == "$0.69" and rows[1]["$/1M out"] == "$0.35"
+    assert rows[0]["$/1M good"] == f"${costs[0].output.usd * total / good:,.2f}"
+    assert rows[2]["$/1M out"] == "\u2013"
+    table = format_table(state, costs)
+    header = table.splitlines()[0]
+    assert "$/1M out" in header and "$/1M good" in header and header.index("$/1M good") < header.index("engine")
+    assert "costs at 1 GPU x 2.49 $/GPU-h (default price, as of 2026-12); $/1M good: per 1M output tokens of the " \
+           "requests that met ttft_ms<=600,tpot_ms<=30 (lower is better)" in table
+    assert "$/1M" not in format_table(state)  # nothing priced (no store): the table as before
+    html = render_tune_report(state, costs=costs)
+    assert all(f"<th>{c}</th>" in html for c in COLUMNS)
+    assert ">$0.69</td>" in html and "costs at 1 GPU x 2.49 $/GPU-h" in html
+
+
+def test_a_trial_whose_run_was_deleted_is_left_unpriced(runs: tuple[Path, list[Any]]) -> None:
+    db, _records = runs
+    state = _tune([1, 99], [1000.0, 1000.0])
+    with RunStore(db) as store:
+        costs = trial_costs(store, state, price_table(["H100=3.60"]))
+    assert set(costs) == {0} and costs[0].output.usd == pytest.approx(1.0)  # 3.60 / (1,000 x 3600) x 1e6
+
+
+def test_tunes_show_and_report_refuse_a_bad_price_in_one_line(tmp_path: Path) -> None:
+    for argv in (("tunes", "show", "t1"), ("tunes", "report", "t1", "-o", str(tmp_path / "t.html")),
+                 ("ladders", "report", "l1", "-o", str(tmp_path / "l.html"))):
+        out = cli(*argv, "--db", str(tmp_path / "none.db"), "--price", "H100=-1").check()
+        assert out.code == 2 and "--price 'H100': the price must be above 0" in out.err and out.err.count("\n") == 1, out
+    assert not (tmp_path / "none.db").exists()  # refused before the store was opened
