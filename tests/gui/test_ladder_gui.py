@@ -13,7 +13,10 @@ import pytest
 from PySide6.QtCore import Qt
 
 import app.campaign as campaign_mod
+import app.engines as engines_mod
+import app.ladder.run as ladder_run
 from app.gui.main_window import MainWindow
+from engine_adapters.hardware import probe_hardware
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
 
 pytestmark = pytest.mark.gui
@@ -31,6 +34,12 @@ def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyp
     engines = FakeEngines()
     monkeypatch.setattr(campaign_mod.EngineKeeper, "engine_for",
                         lambda self, config, bus, cancel: engines.engine_for(config, bus, cancel))
+    # The fake engines stand for a CPU that keeps an FP8 KV cache (AVX-512): on one without it,
+    # the plan would skip that step (the e2e ladder and test_ladder cover that case).
+    here = probe_hardware()
+    with_avx512 = here.model_copy(update={"cpu_flags": [*here.cpu_flags, "avx512f"]})
+    for module in (engines_mod, ladder_run):  # the window's check and the ladder's plan
+        monkeypatch.setattr(module, "probe_hardware", lambda: with_avx512)
     FakeLadderRunner.scripts, FakeLadderRunner.calls = SCRIPTS, []
     window = make_window("cpu-ladder", db_path=tmp_path / "runs.db")
     tab = window.ladder
@@ -112,3 +121,14 @@ def test_a_profile_without_a_shared_prefix_workload_says_why_it_cannot_climb(  #
     assert tab.start_button.isEnabled() and "256-token shared prefix" in tab.workload_label.text()
     qtbot.waitUntil(lambda: tab.table.rowCount() == 6, timeout=30_000)
     assert tab.table.item(1, 1).text().startswith("skipped: weights_dtype")  # FP8 weights on the CPU build
+
+
+def test_a_steps_bar_says_its_cost_at_goodput_below_its_cost() -> None:
+    from app.gui.ladder_chart import bar_labels
+    from app.ladder.state import StepRow
+
+    row = StepRow(index=1, name="+ FP8 KV", status="completed", run_ids=[2], output_tok_per_s=900.0,
+                  total_tok_per_s=1800.0, factor_baseline=1.5, factor_previous=1.5)
+    assert bar_labels(row, False, cost="$0.0120", good_cost="$0.0150")[-2:] == ["$0.0120 / 1M out", "$0.0150 / 1M good"]
+    assert bar_labels(row, False, cost="$0.0120")[-1] == "$0.0120 / 1M out"  # no SLO: no good line
+    assert bar_labels(row, False, compact=True, cost="$0.0120", good_cost="$0.0150")[-1] == "$0.0120 / 1M out"
