@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -924,13 +924,21 @@ def trial_costs(store: RunStore, state: TuneState, prices: PriceTable) -> dict[i
     return out
 
 
-def step_costs(store: RunStore, state: LadderState, prices: PriceTable) -> dict[int, RunCost]:
+def step_costs(store: RunStore, state: LadderState, prices: PriceTable, slo: str | None = None) -> dict[int, RunCost]:
     """Each ladder step that ran: $ per 1M tokens at the step's throughput (the staircase's
-    figure, a repeated step's mean), priced on the GPUs (or cores) of its stored run."""
+    figure, a repeated step's mean), priced on the GPUs (or cores) of its stored run; and per 1M
+    good output tokens under ``slo`` (default: the SLO every step was measured under, the
+    profile's ``load.slo``), the share pooled over a repeated step's runs, as its throughput is."""
+    rows = [r for r in state.rows if r.run_ids and r.output_tok_per_s is not None]
+    runs = {r.index: store.get_run(r.run_ids[0]) for r in rows}
+    good_slo, _whose = comparison_slo(runs.values(), slo)
+    bounds = parse_slo(good_slo) if good_slo is not None else []
     out: dict[int, RunCost] = {}
-    for r in state.rows:
-        if r.run_ids and r.output_tok_per_s is not None:
-            out[r.index] = run_cost(store.get_run(r.run_ids[0]), prices, r.output_tok_per_s, r.total_tok_per_s)
+    for r in rows:
+        cost = run_cost(runs[r.index], prices, r.output_tok_per_s, r.total_tok_per_s)
+        if good_slo is not None:
+            cost = with_good_output(cost, pooled_good_tokens(store, r.run_ids, bounds), good_slo, bounds)
+        out[r.index] = cost
     return out
 
 
@@ -984,13 +992,49 @@ def compared_good_costs(store: RunStore, comparison: Comparison, costs: list[Run
     the share of output that met it is pooled over the column's runs (a repeat set's members),
     as the column's throughput is."""
     bounds = parse_slo(slo)
-    out = []
-    for cost, members in zip(costs, comparison.members, strict=True):
-        counted = [good_tokens(store.requests(run_id), bounds) for run_id in members]
-        tokens = None if any(c is None for c in counted) else (
-            sum(c[0] for c in counted if c), sum(c[1] for c in counted if c))
-        out.append(with_good_output(cost, tokens, slo, bounds))
-    return out
+    return [with_good_output(cost, pooled_good_tokens(store, members, bounds), slo, bounds)
+            for cost, members in zip(costs, comparison.members, strict=True)]
+
+
+def pooled_good_tokens(store: RunStore, run_ids: Iterable[int], bounds: list[Slo]) -> tuple[float, float] | None:
+    """``good_tokens`` (good, all) summed over runs measured as one (a repeat set, a repeated
+    step); None when any of them cannot be counted under ``bounds``."""
+    counted = [good_tokens(store.requests(run_id), bounds) for run_id in run_ids]
+    if not counted or any(c is None for c in counted):
+        return None
+    return sum(c[0] for c in counted if c), sum(c[1] for c in counted if c)
+
+
+def priced_at_goodput(store: RunStore, comparison: Comparison, costs: list[RunCost],
+                      asked: str | None = None) -> tuple[list[RunCost], str]:
+    """``costs`` with their good-output cost under ``asked`` or the runs' shared SLO
+    (``comparison_slo``), and the sentence that says whose SLO it was, or why there is none."""
+    slo, whose = comparison_slo(comparison.runs, asked)
+    if slo is None:
+        return costs, f"No good-output cost: {whose}."
+    return compared_good_costs(store, comparison, costs, slo), f"Good output: the requests that met {whose} '{slo}'."
+
+
+COST_COLUMNS = ("run", "$ / 1M output tok", "vs baseline", "$ / 1M total tok", "$ / 1M good output tok", "priced at")
+"""The columns of a compare's cost table, in the window and the HTML report (``cost_rows``)."""
+
+
+def figure_text(figure: CostFigure | None) -> str:
+    """A cost cell: ``$0.77``, ``n/a: why``, or a dash where the figure was not asked for."""
+    if figure is None:
+        return "\u2013"
+    return usd_text(figure.usd) if figure.usd is not None else f"n/a: {figure.reason}"
+
+
+def cost_rows(comparison: Comparison, costs: Sequence[RunCost]) -> list[list[str]]:
+    """The cost table's cells (``COST_COLUMNS``), lower being better."""
+    base = costs[comparison.baseline]
+    rows = []
+    for i, (label, cost) in enumerate(zip(comparison.labels(), costs, strict=True)):
+        factor = "baseline" if i == comparison.baseline else cost_factor_text(base, cost)
+        rows.append([label, figure_text(cost.output), factor, usd_text(cost.total.usd), figure_text(cost.good_output),
+                     cost.price_text(with_source=False)])
+    return rows
 
 
 def cost_factor(base: RunCost, other: RunCost) -> float | None:

@@ -16,7 +16,7 @@ from app.cli import campaign_cmds as shared
 from app.cli.argtypes import add_price_argument, bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
-from app.cost import RunCost, price_table, step_costs
+from app.cost import CostFigure, RunCost, price_table, step_costs, usd_text
 from app.errors import UserError
 from app.events import LadderUpdated
 from app.export.files import STDOUT
@@ -77,17 +77,31 @@ def ladder_json(state: LadderState, costs: Mapping[int, RunCost] | None) -> dict
     return data
 
 
-def _cost_cell(cost: RunCost | None) -> str:
-    from app.cost import usd_text
+def _cost_cell(figure: CostFigure | None) -> str:
+    return "-" if figure is None else usd_text(figure.usd) if figure.usd is not None else "n/a"
 
-    return "-" if cost is None else usd_text(cost.output.usd) if cost.output.usd is not None else "n/a"
+
+def _cost_cells(costs: Mapping[int, RunCost] | None, index: int, good: bool) -> tuple[str, ...]:
+    if costs is None:
+        return ()
+    cost = costs.get(index)
+    return (_cost_cell(cost.output if cost else None),) + (
+        (_cost_cell(cost.good_output if cost else None),) if good else ())
+
+
+def _good_slo(costs: Mapping[int, RunCost] | None) -> str | None:
+    """The SLO the steps' good output was counted under (``step_costs``), None when none was."""
+    return next((c.good_slo for c in (costs or {}).values() if c.good_slo), None)
 
 
 def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None) -> str:
     """The final table: one row per step, then the notes (losses, skips, flags, the reference);
-    with ``costs`` (``step_costs``), a $ per 1M output tokens column and its price."""
+    with ``costs`` (``step_costs``), a $ per 1M output tokens column and its price, and a $ per 1M
+    good output tokens column where the steps ran under an SLO."""
+    good_slo = _good_slo(costs)
+    cost_header = (("$/1M out",) if costs is not None else ()) + (("$/1M good",) if good_slo else ())
     header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
-              "ITL ms", "limit", "engine", "verified") + (("$/1M out",) if costs is not None else ())
+              "ITL ms", "limit", "engine", "verified") + cost_header
     rows: list[tuple[str, ...]] = [header]
     for r in state.rows:
         engine = "-" if r.engine_reused is None else "reused" if r.engine_reused else "launched"
@@ -96,10 +110,10 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
                      factor_text(r.factor_baseline) or "-", previous or "-", _num(r.total_tok_per_s), factor_text(r.total_factor_baseline) or "-",
                      factor_text(r.total_factor_previous) or "-", _num(r.ttft_ms, 1), _num(r.itl_ms, 2),
                      limit_text(r).replace(" of limit", ""), engine, r.verification if r.ran else "-")
-                    + ((_cost_cell(costs.get(r.index)),) if costs is not None else ()))
+                    + _cost_cells(costs, r.index, bool(good_slo)))
     cells = [[safe(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if 1 < i < 10 or i == 13 else c.ljust(w)
+    lines = ["  ".join(c.rjust(w) if 1 < i < 10 or i >= 13 else c.ljust(w)
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"workload: {state.workload}"] if state.workload else []
@@ -128,6 +142,11 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
                          + "; ".join(dict.fromkeys(shown)))
         notes += [f"{r.index + 1}. {r.name}: cost n/a ({c.reason})" for r in state.rows
                   if (c := costs.get(r.index)) is not None and c.reason]
+        if good_slo:
+            notes.append(f"$/1M good: per 1M output tokens of the requests that met the steps' SLO '{good_slo}'")
+            notes += [f"{r.index + 1}. {r.name}: good-output cost n/a ({g.reason})" for r in state.rows
+                      if (c := costs.get(r.index)) is not None and not c.reason
+                      and (g := c.good_output) is not None and g.reason]
     lines += [safe(n) for n in notes]
     return "\n".join(lines)
 

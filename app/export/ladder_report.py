@@ -138,7 +138,8 @@ def launch_script(row: StepRow, fmt: str = "bash", engine_version: str | None = 
 def render_ladder_report(state: LadderState, *, title: str | None = None,
                          versions: dict[str, str] | None = None, costs: Mapping[int, RunCost] | None = None) -> str:
     """The ladder as one HTML page (see the module docstring); with ``costs``
-    (``app.cost.step_costs``), a $ per 1M output tokens column and the price it used."""
+    (``app.cost.step_costs``), a $ per 1M output tokens column and the price it used, and a $ per
+    1M good output tokens column where the steps ran under an SLO."""
     rows = state.rows
     first = _first_ran(rows)
     steps = []
@@ -166,6 +167,7 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
                           if row.reference_tok_per_s is not None else ""),
             "runs": ", ".join(map(str, row.run_ids)),
             "cost": _cost_cell((costs or {}).get(row.index)),
+            "good_cost": _good_cell((costs or {}).get(row.index)),
             "changes": [{"label": c.label, "setting": c.setting, "before": _shown(c.before), "after": _shown(c.after)}
                         for c in row.changes],
         })
@@ -183,7 +185,7 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         started=datetime.fromtimestamp(state.started_wall_s, UTC).strftime("%Y-%m-%d %H:%M UTC"),
         state=state, steps=steps, staircase=_uri(staircase_svg(rows)), priced=costs is not None,
-        price_note=_price_note(costs or {}),
+        price_note=_price_note(costs or {}), good_slo=next((c.good_slo for c in (costs or {}).values() if c.good_slo), None),
         hardware=_hardware_text(state.hardware), versions=versions, final=final, script=script)
 
 
@@ -191,6 +193,13 @@ def _cost_cell(cost: RunCost | None) -> str:
     if cost is None:
         return "\u2013"
     return usd_text(cost.output.usd) if cost.output.usd is not None else f"n/a ({cost.reason})"
+
+
+def _good_cell(cost: RunCost | None) -> str:
+    if cost is None or cost.good_output is None:
+        return "\u2013"
+    good = cost.good_output
+    return usd_text(good.usd) if good.usd is not None else f"n/a ({good.reason})"
 
 
 def _price_note(costs: Mapping[int, RunCost]) -> str:

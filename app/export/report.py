@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from app.config import RunConfig
-from app.cost import PriceTable, price_table
+from app.cost import COST_COLUMNS, PriceTable, cost_rows, price_table, priced_at_goodput, sources_text
 from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
 from app.export.quoting import templates
 from app.headline import headlines, money_lines
@@ -250,11 +250,23 @@ def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
                          for f in h.figures]} for h in headlines(comparison)]
 
 
-def _cost_line(comparison: Comparison, prices: PriceTable | None) -> str | None:
-    """A baseline and one other run: the before/after in money (``app.headline.money_line``)."""
-    if len(comparison.runs) != 2:
-        return None
-    return money_lines(comparison, prices if prices is not None else price_table())[1][0]
+def _cost_section(comparison: Comparison, prices: PriceTable | None,
+                  store: RunStore | None) -> tuple[str | None, list[str], list[list[str]], list[str]]:
+    """The before/after in money (a baseline and one other run: ``app.headline.money_line``), then
+    every run's cost table as Compare shows it (``app.cost.cost_rows``; with ``store``, at goodput
+    too) and its notes: whose prices and SLO, and why a figure is missing or deserves caution."""
+    costs, lines = money_lines(comparison, prices if prices is not None else price_table())
+    good_note = ""
+    if store is not None:
+        costs, good_note = priced_at_goodput(store, comparison, costs)
+    columns, rows = list(COST_COLUMNS), cost_rows(comparison, costs)
+    if len(comparison.runs) == 1:  # nothing to be cheaper than
+        columns.pop(2)
+        rows = [row[:2] + row[3:] for row in rows]
+    labels = comparison.labels()
+    notes = [f"Prices: {source}." for source in [sources_text(costs)] if source] + ([good_note] if good_note else [])
+    notes += [f"{label}: cost {cost.note}." for label, cost in zip(labels, costs, strict=True) if cost.note]
+    return (lines[0] if len(comparison.runs) == 2 else None), columns, rows, notes
 
 
 def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tuple[list[dict[str, str]], list[str]]:
@@ -288,8 +300,8 @@ def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tupl
 def render_report(comparison: Comparison, title: str | None = None, max_series: int = 12,
                   store: RunStore | None = None, prices: PriceTable | None = None) -> str:
     """A self-contained HTML page: the A/B headline (and, for two runs, its cost at ``prices``,
-    default: the shipped list), runs, configuration differences, metric deltas, charts; with
-    ``store``, also the TTFT/ITL distributions."""
+    default: the shipped list), runs, configuration differences, metric deltas, each run's cost,
+    charts; with ``store``, also the cost at goodput and the TTFT/ITL distributions."""
     runs = comparison.runs
     labels = comparison.labels()
     offsets = load_start_offsets(comparison)
@@ -306,6 +318,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                                              for i, v in enumerate(s.values)], labels))}
              for s in ordered[:max_series] if any(np.isfinite(v).any() for v in s.values)]
     dist_charts, dist_notes = _distribution_charts(comparison, store)
+    cost_line, cost_columns, cost_table, cost_notes = _cost_section(comparison, prices, store)
     roofline_charts, roofline_notes = _roofline_charts(comparison)
     metrics = [{"name": row["name"] + (f" — {row['direction']}" if len(runs) > 1 else ""), "key": row["key"],
                 "cells": [{"value": c["value"], "delta": c["note"], "verdict": c["cls"], "reason": c["reason"]}
@@ -321,7 +334,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                     for v in vals], "terms": comparison.engine_terms.get(k)}
               for k, vals in comparison.config_diff],
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
-        headlines=_headline_items(comparison), cost_line=_cost_line(comparison, prices), distributions=dist_charts, distribution_notes=dist_notes,
+        headlines=_headline_items(comparison), cost_line=cost_line, cost_columns=cost_columns,
+        cost_rows=cost_table, cost_notes=cost_notes, distributions=dist_charts, distribution_notes=dist_notes,
         rooflines=roofline_charts, roofline_notes=roofline_notes)
 
 

@@ -44,14 +44,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.cost import (
+    COST_COLUMNS,
     PriceTable,
     RunCost,
-    compared_good_costs,
-    comparison_slo,
-    cost_factor_text,
+    cost_rows,
     price_table,
+    priced_at_goodput,
     sources_text,
-    usd_text,
 )
 from app.distributions import RunDistributions, Sweep, aligned, load_start_offsets, run_distributions, sweeps
 from app.gui.capacity_box import CapacityBox
@@ -328,30 +327,10 @@ def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | Non
     ``prices`` (default: the shipped list)."""
     comparison = compare_runs(store, ids, baseline)
     costs, lines = money_lines(comparison, prices if prices is not None else price_table())
-    slo, whose = comparison_slo(comparison.runs, None)
-    if slo is not None:
-        costs = compared_good_costs(store, comparison, costs, slo)
+    costs, good_slo_text = priced_at_goodput(store, comparison, costs)
     extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),
-                           load_start_offsets(comparison), costs, lines,
-                           f"Good output: the requests that met {whose} '{slo}'." if slo is not None
-                           else f"No good-output cost: {whose}.")
+                           load_start_offsets(comparison), costs, lines, good_slo_text)
     return comparison, extras
-
-
-COST_COLUMNS = ("run", "$ / 1M output tok", "vs baseline", "$ / 1M total tok", "$ / 1M good output tok", "priced at")
-
-
-def cost_rows(comparison: Comparison, costs: Sequence[RunCost]) -> list[list[str]]:
-    """The cost table's cells, as ``tunebench compare`` prints them (lower is better)."""
-    base = costs[comparison.baseline]
-    rows = []
-    for i, (label, cost) in enumerate(zip(comparison.labels(), costs, strict=True)):
-        factor = "baseline" if i == comparison.baseline else cost_factor_text(base, cost)
-        output = usd_text(cost.output.usd) if cost.output.usd is not None else f"n/a: {cost.reason}"
-        good = cost.good_output
-        good_text = "\u2013" if good is None else usd_text(good.usd) if good.usd is not None else f"n/a: {good.reason}"
-        rows.append([label, output, factor, usd_text(cost.total.usd), good_text, cost.price_text(with_source=False)])
-    return rows
 
 
 def _setting_text(key: str, value: Any) -> str:

@@ -24,10 +24,11 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
-def bar_labels(row: StepRow, first: bool, compact: bool = False, cost: str = "") -> list[str]:
+def bar_labels(row: StepRow, first: bool, compact: bool = False, cost: str = "", good_cost: str = "") -> list[str]:
     """The lines above a step's bars: the value, then the factors (what the test reads back),
-    last its cost per 1M output tokens when known (``cost``: ``$0.0120``); ``compact`` (the
-    projector) keeps the value, the factor against the baseline, a loss and the cost."""
+    last its cost per 1M output tokens when known (``cost``: ``$0.0120``) and per 1M good output
+    tokens under the steps' SLO (``good_cost``); ``compact`` (the projector) keeps the value, the
+    factor against the baseline, a loss and the cost."""
     if not row.ran or row.output_tok_per_s is None:
         return [row.status]
     lines = [f"{_fmt(row.output_tok_per_s)} tok/s"]
@@ -46,6 +47,8 @@ def bar_labels(row: StepRow, first: bool, compact: bool = False, cost: str = "")
         lines.append(limit_text(row))
     if cost:
         lines.append(f"{cost} / 1M out")
+    if good_cost and not compact:
+        lines.append(f"{good_cost} / 1M good")
     return lines
 
 
@@ -80,6 +83,7 @@ class StaircaseChart(QWidget):
         self.bars: dict[int, tuple[float, float | None]] = {}
         """Per step index that has bars: (output tok/s, total tok/s)."""
         self.costs: dict[int, str] = {}
+        self.good_costs: dict[int, str] = {}
         """Per step index, its $ per 1M output tokens as written (``set_costs``)."""
 
     def clear(self) -> None:
@@ -87,10 +91,11 @@ class StaircaseChart(QWidget):
         self.labels.clear()
         self.bars.clear()
 
-    def set_costs(self, costs: dict[int, str], source: str = "") -> None:
-        """Each step's cost per 1M output tokens, written under its tok/s from the next redraw;
-        ``source`` (whose price) goes in the title."""
+    def set_costs(self, costs: dict[int, str], source: str = "", good_costs: dict[int, str] | None = None) -> None:
+        """Each step's cost per 1M output tokens (and per 1M good output tokens), written under its
+        tok/s from the next redraw; ``source`` (whose price) goes in the title."""
         self.costs = dict(costs)
+        self.good_costs = dict(good_costs or {})
         title = "Output tok/s per step" + (f" and $ per 1M output tokens ({source})" if costs and source else "")
         self.plot.getPlotItem().setTitle(title, color=self.theme.foreground, size=f"{self.theme.plot_title_pt}pt")
 
@@ -109,7 +114,8 @@ class StaircaseChart(QWidget):
         font.setPointSize(max(self.theme.axis_pt, 8))
         for row in rows:
             x = float(row.index)
-            lines = bar_labels(row, row.index == first, self.compact, self.costs.get(row.index, ""))
+            lines = bar_labels(row, row.index == first, self.compact, self.costs.get(row.index, ""),
+                               self.good_costs.get(row.index, ""))
             self.labels[row.index] = lines
             if row.ran and row.output_tok_per_s is not None:
                 out = row.output_tok_per_s

@@ -350,8 +350,9 @@ class LadderTab(CampaignTab):
         self._price_steps(state)
 
     def _price_steps(self, state: LadderState | None) -> None:
-        """Each finished step's $ per 1M output tokens on the staircase (``app.cost.step_costs``,
-        from its stored run, in a worker); priced again when a step finishes or the prices change."""
+        """Each finished step's $ per 1M output (and good output) tokens on the staircase
+        (``app.cost.step_costs``, from its stored runs, in a worker); priced again when a step
+        finishes or the prices change."""
         if state is None:
             self._costs_key = None
             return
@@ -362,12 +363,13 @@ class LadderTab(CampaignTab):
         self._costs_key = key
         prices = self.main._price_table()
 
-        def price(store: Any) -> tuple[dict[int, str], str]:
+        def price(store: Any) -> tuple[dict[int, str], str, dict[int, str]]:
             costs = step_costs(store, state, prices)
             return ({i: usd_text(c.output.usd) for i, c in costs.items() if c.output.usd is not None},
-                    sources_text(costs.values()))
+                    sources_text(costs.values()),
+                    {i: usd_text(g.usd) for i, c in costs.items() if (g := c.good_output) is not None and g.usd is not None})
 
-        def show(result: tuple[dict[int, str], str]) -> None:
+        def show(result: tuple[dict[int, str], str, dict[int, str]]) -> None:
             for chart in (self.chart, self.present_chart):
                 if chart is not None:
                     chart.set_costs(*result)

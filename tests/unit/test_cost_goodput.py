@@ -1,7 +1,7 @@
 """Cost at goodput: $ per 1M output tokens of the requests that met an SLO, in compare (``--slo``,
-or the SLO the runs were measured under) and per tune trial (the tune's SLO), hand-counted from
-the stored requests; and the trials' cost columns in the CLI table, ``tunes show --json`` and the
-tune report."""
+or the SLO the runs were measured under), per tune trial (the tune's SLO) and per ladder step (the
+steps' SLO, pooled over a repeated step's runs), hand-counted from the stored requests; and their
+cost columns in the CLI tables, the JSON and the HTML reports."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from typing import Any
 
 import pytest
 
+from app.cli.ladder_cmds import format_ladder_table, ladder_json
 from app.cli.tune_cmds import format_table
-from app.cost import price_table, trial_costs
+from app.cost import COST_COLUMNS, price_table, step_costs, trial_costs, usd_text
+from app.export.ladder_report import render_ladder_report
+from app.export.report import render_report
 from app.export.tune_report import COLUMNS, render_tune_report, trial_table
+from app.ladder.state import LadderState, StepRow
 from app.tuner.state import Trial, TuneState
+from db.compare import compare_runs, single_run_comparison
 from db.store import RunStore
 from tests.fuzz.hostile import Outcome, cli
 from tests.unit.test_cost_capacity import _requests_run
@@ -151,3 +156,66 @@ def test_tunes_show_and_report_refuse_a_bad_price_in_one_line(tmp_path: Path) ->
         out = cli(*argv, "--db", str(tmp_path / "none.db"), "--price", "H100=-1").check()
         assert out.code == 2 and "--price 'H100': the price must be above 0" in out.err and out.err.count("\n") == 1, out
     assert not (tmp_path / "none.db").exists()  # refused before the store was opened
+
+
+def _ladder(step_runs: list[list[int]], tok_per_s: list[float]) -> LadderState:
+    return LadderState(ladder_id="l1", name="l", started_wall_s=1.9e9, rows=[
+        StepRow(index=i, name=f"step {i}", status="completed", run_ids=ids, output_tok_per_s=tok,
+                total_tok_per_s=tok * 2) for i, (ids, tok) in enumerate(zip(step_runs, tok_per_s, strict=True))])
+
+
+def test_each_ladder_step_is_priced_at_goodput_pooled_over_its_runs(runs: tuple[Path, list[Any]]) -> None:
+    db, records = runs
+    with RunStore(db) as store:
+        third, other = _requests_run(store, RUN_SLO, seed=8)  # a repeat whose requests differ
+        state = _ladder([[1], [2, third]], [1000.0, 2000.0])
+        costs = step_costs(store, state, price_table())
+    good, total = _good_and_all(records, 400)
+    good_other, total_other = _good_and_all(other, 400)
+    assert 0 < good < total and (good_other, total_other) != (good, total)
+    assert costs[0].good_slo == RUN_SLO  # the SLO every step was measured under
+    assert costs[0].good_output is not None and costs[0].good_output.usd == pytest.approx(
+        PRICE / 3600 / 1000 * 1e6 * total / good)
+    pooled = (good + good_other) / (total + total_other)  # the repeated step's share, request by request
+    assert costs[1].good_output is not None and costs[1].good_output.usd == pytest.approx(
+        PRICE / 3600 / 2000 * 1e6 / pooled)
+    table = format_ladder_table(state, costs)
+    lines = table.splitlines()
+    assert lines[0].split()[-4:] == ["$/1M", "out", "$/1M", "good"]
+    assert lines[2].split()[-2:] == ["$0.69", usd_text(costs[0].good_output.usd)]
+    assert "$/1M good: per 1M output tokens of the requests that met the steps' SLO 'ttft_ms<=400'" in table
+    html = render_ladder_report(state, costs=costs)
+    assert "<th>$ / 1M good output tokens</th>" in html and f"<td>{usd_text(costs[1].good_output.usd)}</td>" in html
+    assert "requests that met the steps' SLO 'ttft_ms&lt;=400'" in html
+    assert ladder_json(state, costs)["rows"][1]["cost"]["usd_per_1m_good_output_tokens"] == pytest.approx(
+        costs[1].good_output.usd)
+
+
+def test_ladder_steps_under_different_slos_or_none_get_no_good_column(runs: tuple[Path, list[Any]]) -> None:
+    db, _records = runs
+    with RunStore(db) as store:
+        other_slo, _ = _requests_run(store, "ttft_ms<=600")
+        mixed = step_costs(store, _ladder([[1], [other_slo]], [1000.0, 1000.0]), price_table())
+        never = step_costs(store, _ladder([[1]], [1000.0]), price_table(), slo="ttft_ms<=1")
+    assert all(c.good_output is None for c in mixed.values())
+    assert "$/1M good" not in format_ladder_table(_ladder([[1], [other_slo]], [1000.0, 1000.0]), mixed)
+    assert never[0].good_output is not None and never[0].good_output.reason == "no request met the SLO"
+    table = format_ladder_table(_ladder([[1]], [1000.0]), never)
+    assert "1. step 0: good-output cost n/a (no request met the SLO)" in table
+
+
+def test_the_compare_report_has_every_runs_cost_with_its_good_output(runs: tuple[Path, list[Any]]) -> None:
+    db, records = runs
+    with RunStore(db) as store:
+        comparison = compare_runs(store, [1, 2], baseline=1)
+        html = render_report(comparison, store=store)
+        unstored = render_report(comparison)
+        alone = render_report(single_run_comparison(store, 1), store=store)
+    good, total = _good_and_all(records, 400)
+    output_usd = PRICE / 3600 / comparison.metric("output_tok_per_s").values[0] * 1e6
+    assert all(f"<th>{c}</th>" in html for c in COST_COLUMNS)
+    assert f"<td>{usd_text(output_usd)}</td>" in html and f"<td>{usd_text(output_usd * total / good)}</td>" in html
+    assert "Good output: the requests that met the runs&#39; SLO &#39;ttft_ms&lt;=400&#39;." in html
+    assert "Prices: default price, as of 2026-12." in html
+    assert f"<td>{usd_text(output_usd * total / good)}</td>" not in unstored  # no requests to count: a dash
+    assert "<th>vs baseline</th>" not in alone and "<th>$ / 1M good output tok</th>" in alone
