@@ -942,6 +942,11 @@ def step_costs(store: RunStore, state: LadderState, prices: PriceTable, slo: str
     return out
 
 
+def good_slo_of(costs: Iterable[RunCost]) -> str | None:
+    """The SLO that costs' good output was counted under (``step_costs``), None when none was."""
+    return next((c.good_slo for c in costs if c.good_slo), None)
+
+
 def comparison_costs(runs: Iterable[RunDetail], output_tok_per_s: Iterable[float | None],
                      total_tok_per_s: Iterable[float | None], prices: PriceTable,
                      unreliable: Iterable[str | None] | None = None) -> list[RunCost]:

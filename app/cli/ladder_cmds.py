@@ -16,7 +16,7 @@ from app.cli import campaign_cmds as shared
 from app.cli.argtypes import add_price_argument, bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
-from app.cost import CostFigure, RunCost, price_table, step_costs, usd_text
+from app.cost import CostFigure, RunCost, good_slo_of, price_table, step_costs, usd_text
 from app.errors import UserError
 from app.events import LadderUpdated
 from app.export.files import STDOUT
@@ -89,16 +89,13 @@ def _cost_cells(costs: Mapping[int, RunCost] | None, index: int, good: bool) -> 
         (_cost_cell(cost.good_output if cost else None),) if good else ())
 
 
-def _good_slo(costs: Mapping[int, RunCost] | None) -> str | None:
-    """The SLO the steps' good output was counted under (``step_costs``), None when none was."""
-    return next((c.good_slo for c in (costs or {}).values() if c.good_slo), None)
 
 
 def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None) -> str:
     """The final table: one row per step, then the notes (losses, skips, flags, the reference);
     with ``costs`` (``step_costs``), a $ per 1M output tokens column and its price, and a $ per 1M
     good output tokens column where the steps ran under an SLO."""
-    good_slo = _good_slo(costs)
+    good_slo = good_slo_of((costs or {}).values())
     cost_header = (("$/1M out",) if costs is not None else ()) + (("$/1M good",) if good_slo else ())
     header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
               "ITL ms", "limit", "engine", "verified") + cost_header

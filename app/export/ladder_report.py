@@ -18,7 +18,7 @@ from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from app.config import RunConfig
-from app.cost import RunCost, usd_text
+from app.cost import RunCost, good_slo_of, usd_text
 from app.errors import UserError
 from app.export.launch import LaunchSpec, render_launch
 from app.export.quoting import templates
@@ -185,7 +185,7 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         started=datetime.fromtimestamp(state.started_wall_s, UTC).strftime("%Y-%m-%d %H:%M UTC"),
         state=state, steps=steps, staircase=_uri(staircase_svg(rows)), priced=costs is not None,
-        price_note=_price_note(costs or {}), good_slo=next((c.good_slo for c in (costs or {}).values() if c.good_slo), None),
+        price_note=_price_note(costs or {}), good_slo=good_slo_of((costs or {}).values()),
         hardware=_hardware_text(state.hardware), versions=versions, final=final, script=script)
 
 
