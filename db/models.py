@@ -140,7 +140,7 @@ class RunEvent(Base):
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
-# --- tuner (issue 14; owned by the tuner: db/tune_store.py reads and writes these) ----------------
+# --- tuner (owned by the tuner: db/tune_store.py reads and writes these) ---------------------------
 
 
 class Tune(Base):

@@ -32,7 +32,7 @@ CUDA-graph switch: those are refused with what to do instead.
 Facts about llama.cpp live here; ``llamacpp_serve.py`` (the wheel's command line),
 ``llamacpp_gguf.py`` (the GGUF demo model) and ``llamacpp_runtime.py`` (its cache) serve it.
 
-Why one module of ~680 lines: everything tunebench knows about one engine (its flags, help layout,
+Why one module: everything tunebench knows about one engine (its flags, help layout,
 log, diagnosis, metric names, verification) kept together, so a new release's changes land in
 one file; what all adapters share is ``engine_adapters.command_line``.
 """

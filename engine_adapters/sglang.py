@@ -26,7 +26,7 @@ chunk, or with chunked prefill off ``--max-prefill-tokens``); chunked prefill of
 ``--chunked-prefill-size -1``; max model length -> ``--context-length``; CUDA graphs off ->
 ``--disable-cuda-graph``; tensor/pipeline parallel -> ``--tp-size``/``--pp-size``.
 
-Why one module of ~620 lines: everything tunebench knows about one engine (its flags, help layout,
+Why one module: everything tunebench knows about one engine (its flags, help layout,
 log, diagnosis, metric names, verification) kept together, so a new release's changes land in
 one file; what all adapters share is ``engine_adapters.command_line``.
 """

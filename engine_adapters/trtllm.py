@@ -29,7 +29,7 @@ chunked prefill -> ``enable_chunked_prefill``; tensor/pipeline parallel ->
 weight quantization from the checkpoint, offloads no weights and has no API key option: those
 are refused or warned with the reason.
 
-Why one module of ~570 lines: everything tunebench knows about one engine (its options file,
+Why one module: everything tunebench knows about one engine (its options file,
 help layout, log, diagnosis, metric names, verification) kept together, so a new release's
 changes land in one file; what all adapters share is ``engine_adapters.command_line``.
 """

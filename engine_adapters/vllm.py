@@ -3,7 +3,7 @@ startup phases, fatal-error diagnosis, feature verification and metric names.
 
 Facts about vLLM live here and only here; the rest of tunebench asks this module.
 
-Why one module of ~720 lines: everything tunebench knows about one engine (its flags, help layout,
+Why one module: everything tunebench knows about one engine (its flags, help layout,
 log, diagnosis, metric names, verification by effect) kept together, so a new release's changes
 land in one file; what all adapters share is ``engine_adapters.command_line``.
 """

@@ -13,7 +13,7 @@ its editor, in the field's own words, and the previous value is kept); the engin
 ``validate`` then runs in a worker and its messages appear by the field they concern too.
 Loading a profile replaces the state and every editor follows, so open/save round-trips exactly.
 
-Why one module of ~750 lines: every editor is generated here from the field types and the
+Why one module: every editor is generated here from the field types and the
 catalogue, with its inline message and availability; the rules live in pydantic, the adapters and
 ``app.gui.fields``, so this file is layout and binding only.
 """
@@ -550,7 +550,7 @@ class ConfigPanel(QWidget):
         for (scroll, layout), title in zip(pages, TABS, strict=True):
             layout.addStretch(1)
             self.tabs.addTab(scroll, title)
-        self.plan_box = PlanBox(state)  # the memory plan and ceilings, recomputed as the toggles change (issue 12)
+        self.plan_box = PlanBox(state)  # the memory plan and ceilings, recomputed as the toggles change
         outer.addWidget(self.plan_box)
         self.summary = QLabel("")
         self.summary.setWordWrap(True)

@@ -4,7 +4,7 @@ view (config differences, metric deltas against a baseline, overlaid series, bar
 Everything comes from ``db.store.RunStore`` and ``db.compare.compare_runs``; queries run in
 workers and the views only display what they return.
 
-Why one module of ~730 lines: the runs table and the compare view share the selection, the
+Why one module: the runs table and the compare view share the selection, the
 baseline and the worker calls that load them; what they show is computed headless
 (``db.compare``, ``app.headline``, ``app.distributions``).
 """

@@ -1,6 +1,6 @@
 """The acceleration ladder: a plain engine, then one feature at a time, each step measured on the
 same shared-prefix workload and set against the baseline, the previous step and the physical
-ceiling (issue 13).
+ceiling.
 
 Modules, by job (this package file imports none of them: ``app.config`` reads the ladder's TOML
 model from :mod:`app.ladder.spec` without pulling in the runner):

@@ -1,4 +1,4 @@
-"""The tuner (issue 14): the best configuration under an SLO, the trade-off behind it, and the
+"""The tuner: the best configuration under an SLO, the trade-off behind it, and the
 winner exported as a launch script.
 
 Modules, by job (this package file imports none of them):

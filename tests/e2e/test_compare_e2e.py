@@ -1,4 +1,4 @@
-"""The customer demo on the real vLLM CPU engine (issue 9, section 3): a shared-prefix workload
+"""The customer demo on the real vLLM CPU engine: a shared-prefix workload
 (512-token prefix) with prefix caching off, then on. What Compare, the GUI (same Comparison, its
 bars are ``chart_metrics``) and the HTML report show as the TTFT figure must be a reliable one and
 must come out lower with caching on; a starved client's figure may be shown, but never judged."""

@@ -1,4 +1,4 @@
-"""The planner against the real vLLM CPU engine (issue 12's CPU-demo checks): the KV capacity it
+"""The planner against the real vLLM CPU engine (the CPU demo's checks): the KV capacity it
 plans is the one the engine reports, within 5%, and every measured rate of a short concurrency
 sweep stays under its decode ceiling at the batch the engine really ran."""
 

@@ -39,7 +39,7 @@ def _numbers(obj: Any) -> list[float]:
 
 
 def assert_usable(config: RunConfig) -> None:
-    """What an accepted profile guarantees the rest of tunebench (the bounds of issue 11)."""
+    """What an accepted profile guarantees the rest of tunebench (the bounds the bad-input runs set)."""
     assert all(math.isfinite(n) for n in _numbers(config.model_dump(mode="python")))
     w, load = config.workload, config.load
     assert 0 <= w.seed < 2**63 and 1 <= w.num_requests <= MAX_REQUESTS
@@ -88,7 +88,7 @@ def test_random_and_truncated_text_is_refused_in_one_line(text: str, cut: int) -
     _check_text(shipped[:cut])
 
 
-# Issue 11's cases, by name: each was accepted or crashed before.
+# The bad-input run's cases, by name: each was accepted or crashed before.
 REFUSED = {
     "seed -1": ("[workload]\nseed = -1\n", "workload.seed"),
     "seed 2**64": (f"[workload]\nseed = {2**64 - 1}\n", "workload.seed"),

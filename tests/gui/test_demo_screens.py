@@ -1,4 +1,4 @@
-"""The screens a customer sees, without an engine (issue 16): two-state switches that say what
+"""The screens a customer sees, without an engine: two-state switches that say what
 the engine's default is, greyed features that claim nothing, settings that do not apply hidden,
 messages in the field's words by the field, progress that does not lie, tiles that show the
 run's summary (and never a client figure the run flagged), fixed series colours, presentation

@@ -1,5 +1,5 @@
-"""The shipped llama.cpp profile runs from the workbench (issue 15: "a shipped profile runs it
-from tunebench run and the GUI"): pick it, start, watch the engine start and the load, and find a
+"""The shipped llama.cpp profile runs from the workbench, as it runs from
+``tunebench run``: pick it, start, watch the engine start and the load, and find a
 completed run whose client tokens equal llama.cpp's own counter. llama.cpp is ready in about a
 second, so this costs a few seconds."""
 

@@ -1,5 +1,5 @@
 """One run, one number: the CLI table, the ``--json`` result, Compare (CLI and model) and the
-HTML report show the same value for the same run and figure (issue 10: "one request summary")."""
+HTML report show the same value for the same run and figure: one request summary."""
 
 from __future__ import annotations
 

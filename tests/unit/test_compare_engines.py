@@ -1,4 +1,4 @@
-"""Compare across engines says what each engine was given, in its own words (issue 15): the CLI
+"""Compare across engines says what each engine was given, in its own words: the CLI
 table, the --json comparison and the HTML report carry the same terms, from the adapters."""
 
 from __future__ import annotations

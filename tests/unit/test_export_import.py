@@ -79,7 +79,7 @@ def test_export_import_round_trip_keeps_the_run(store: RunStore, tmp_path: Path)
 
 
 def test_a_bad_sample_time_leaves_no_half_imported_run(store: RunStore, tmp_path: Path) -> None:
-    """Issue 11: samples.t_mono = ["x"] printed an error, exited 2 and left a completed* run."""
+    """Found by a bad-input run: samples.t_mono = ["x"] printed an error, exited 2 and left a completed* run."""
     doc = run_to_json(store, _recorded(store))
     doc["samples"]["client"]["t_mono"][0] = "x"
     _refused(store, _write(tmp_path, doc), "could not import", "samples.client.t_mono[0]", '"x"')

@@ -1,4 +1,4 @@
-"""The planner's physics against the figures issue 12 fixes: Llama-3-8B and 70B parameter and KV
+"""The planner's physics against figures worked out by hand: Llama-3-8B and 70B parameter and KV
 sizes, the batch-1 FP8 decode ceiling on an H100, memory warnings, and the CPU demo's KV plan
 against what vLLM's CPU build allocates (1 GiB / 1,024 bytes per token)."""
 

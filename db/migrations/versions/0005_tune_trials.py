@@ -1,4 +1,4 @@
-"""Tunes and their trials (``tunebench tune``, issue 14): a tune's state lives in the store so a
+"""Tunes and their trials (``tunebench tune``): a tune's state lives in the store so a
 stopped or crashed tune resumes without rerunning the trials it completed.
 
 Revision ID: 0005
