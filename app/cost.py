@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from app.config import RunConfig
 from app.errors import UserError
 from app.money import check_price, short_text
+from app.recording import run_columns
 from app.slo import Slo, SloError, parse_slo
 from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
 from app.tuner.space import Percentile
@@ -38,6 +39,7 @@ from engine_adapters.gpu_specs import find_gpu_spec
 from engine_adapters.runtimes import is_cpu_build
 
 if TYPE_CHECKING:
+    from app.events import RunStarted
     from app.ladder.state import LadderState
     from app.tuner.state import TuneState
     from db.store import RunStore
@@ -358,10 +360,41 @@ def _engine_cores(run: RunDetail, runtime_env: Mapping[str, str]) -> tuple[int, 
                     "count: its cost cannot be counted")
 
 
-def run_deployment(run: RunDetail, gpu: str | None = None) -> Deployment:
+def _recorded_gpus(run: RunDetail, gpu: str | None, missing: str) -> list[str]:
+    """The GPU names the run recorded; ``--gpu`` only for a run that records none (which then
+    needs it: ``missing`` says so)."""
+    listed = [str(g["name"]) for g in run.hardware.get("gpus") or [] if isinstance(g, Mapping) and g.get("name")]
+    if listed and gpu:
+        raise UserError(f"run {run.id} recorded its GPUs ({listed[0]}): --gpu is only for a run that names none")
+    if not listed and not gpu:
+        raise UserError(f"run {run.id} {missing}")
+    return listed
+
+
+def imported_deployment(run: RunDetail, gpu: str | None, gpus_per_replica: int) -> Deployment:
+    """What an imported run ran on, as the user says (``--gpus-per-replica``, ``--gpu`` where
+    its record names no GPU): the other tool recorded no engine configuration to count from."""
+    if isinstance(gpus_per_replica, bool) or not isinstance(gpus_per_replica, int) or gpus_per_replica < 1:
+        raise UserError(f"--gpus-per-replica must be a whole number of at least 1, got {gpus_per_replica!r}")
+    listed = _recorded_gpus(run, gpu, f"was imported from {run.imported_from or 'another tool'} and records no "
+                                      "GPU: pass --gpu NAME too, the card it ran on")
+    plural = "s" if gpus_per_replica > 1 else ""
+    return Deployment("gpu", listed[0] if listed else str(gpu), gpus_per_replica, 1, len(listed) or None,
+                      f"{gpus_per_replica} GPU{plural} per replica, as you said (--gpus-per-replica): the run was "
+                      f"imported from {run.imported_from or 'another tool'}, which records no parallelism",
+                      ("one replica measured: the imported run says nothing of data parallelism",))
+
+
+def run_deployment(run: RunDetail, gpu: str | None = None, gpus_per_replica: int | None = None) -> Deployment:
     """The GPUs (``Features.gpu_count`` = TP x PP x DP) or cores a stored run used. ``gpu`` names
-    the card for a run whose record lists none (an engine measured over the network)."""
-    config = run_config(run)
+    the card for a run whose record lists none (an engine measured over the network);
+    ``gpus_per_replica`` says what an imported run, which records no parallelism, ran on."""
+    if gpus_per_replica is not None:
+        if not run.imported:
+            raise UserError(f"run {run.id} records its own parallelism: --gpus-per-replica is only for an "
+                            "imported run")
+        return imported_deployment(run, gpu, gpus_per_replica)
+    config = run_config(run)  # an imported run has none: refused, saying so
     features: Features = config.features
     dp = features.data_parallel_size
     if is_cpu_build(config.engine.runtime, run.engine_version):
@@ -370,12 +403,8 @@ def run_deployment(run: RunDetail, gpu: str | None = None) -> Deployment:
         cores, counted = _engine_cores(run, config.engine.runtime.env)
         return Deployment("cpu", str(run.hardware.get("cpu_model") or "CPU"), cores / dp, dp, None,
                           counted + (f", {dp} data-parallel replicas" if dp > 1 else ""))
-    listed = [str(g["name"]) for g in run.hardware.get("gpus") or [] if isinstance(g, Mapping) and g.get("name")]
-    if listed and gpu:
-        raise UserError(f"run {run.id} recorded its GPUs ({listed[0]}): --gpu is only for a run that names none")
-    if not listed and not gpu:
-        raise UserError(f"run {run.id} records no GPU (an engine on another machine?): pass --gpu NAME, the card "
-                        "it ran on")
+    listed = _recorded_gpus(run, gpu, "records no GPU (an engine on another machine?): pass --gpu NAME, the card "
+                                      "it ran on")
     notes: list[str] = []
     used = listed[:features.gpu_count]
     if len(set(used)) > 1:
@@ -426,9 +455,26 @@ def _concurrency(params: Mapping[str, Any], figures: Mapping[str, float]) -> tup
     return None, ""
 
 
+def _imported_levels(run: RunDetail) -> list[LevelPoint]:
+    """An imported run's levels (a GuideLLM benchmark each, or the one a ``vllm bench serve`` file
+    holds): the tool's own load settings are not this tool's, so the requests in flight are
+    counted by Little's law from what was measured, and the run has no SLO of its own."""
+    levels: list[LevelInfo | None] = list(run.levels) or [None]
+    out = []
+    for lv in levels:
+        idx = lv.idx if lv is not None else 0
+        figures = _level_figures(run, lv, idx, len(levels) > 1)
+        conc, how = _concurrency({"mode": "imported"}, figures)
+        out.append(LevelPoint(idx, (lv.label if lv is not None else "") or "the imported benchmark", conc,
+                              how.replace("open loop", "imported"), figures, None))
+    return out
+
+
 def run_levels(run: RunDetail) -> list[LevelPoint]:
     """The run's levels with their figures; a run that recorded no level row (a single closed
     loop) is one level at its configured concurrency."""
+    if run.imported:
+        return _imported_levels(run)
     load = run_config(run).load
     run_slo = load.slo
     if not run.levels:
@@ -551,7 +597,7 @@ def _unreachable(judged: list[JudgedLevel], bounds: list[Slo], percentile: str) 
 
 def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | None = None,
                   tokens_per_day: float | None = None, headroom: float = DEFAULT_HEADROOM,
-                  percentile: str = "p99", gpu: str | None = None,
+                  percentile: str = "p99", gpu: str | None = None, gpus_per_replica: int | None = None,
                   requests: RequestArrays | None = None) -> CapacityPlan:
     """Replicas, GPUs (or cores), nodes and cost for ``users`` concurrent users and/or
     ``tokens_per_day`` output tokens, sized on the highest-concurrency level of ``run`` that met
@@ -571,7 +617,13 @@ def plan_capacity(run: RunDetail, slo: str, prices: PriceTable, *, users: int | 
     if tokens_per_day is not None and not (math.isfinite(tokens_per_day) and tokens_per_day > 0):
         raise UserError(f"the output tokens per day must be a number above 0, got {tokens_per_day:g}")
     check_headroom(headroom)
-    deployment = run_deployment(run, gpu)
+    try:
+        deployment = run_deployment(run, gpu, gpus_per_replica)
+    except UserError as exc:
+        if run.imported and gpus_per_replica is None:
+            raise UserError(f"{exc}: say what it ran on with --gpus-per-replica N (and --gpu NAME where its "
+                            "record names no GPU)") from None
+        raise
     prices = prices.for_run(run)
     judged = [JudgedLevel(lv, judge(lv.figures, bounds, percentile)) for lv in run_levels(run)]
     plan = CapacityPlan(run.id, run.name, slo, percentile, headroom, deployment, judged, users, tokens_per_day,
@@ -884,6 +936,27 @@ def run_cost(run: RunDetail, prices: PriceTable, output_tok_per_s: float | None,
                    deployment.unit, deployment.device, note)
 
 
+def started_run(started: RunStarted) -> RunDetail:
+    """The run ``started`` announces, as the recorder will store it (``app.recording.run_columns``):
+    a running run's cost is counted from the same configuration, hardware and environment as the
+    stored run's, so the two can only differ by the throughput they are priced at."""
+    return RunDetail(id=0, uid=started.run_id, status="running", started_at=started.started_wall_s,
+                     **run_columns(started))
+
+
+def live_cost_basis(started: RunStarted, prices: PriceTable) -> RunCost:
+    """What a running run is priced on: its GPUs (or cores) and their price, from its
+    ``RunStarted`` (no throughput yet: ``live_cost`` adds it); why not, where it cannot be priced."""
+    return run_cost(started_run(started), prices, None, None)
+
+
+def live_cost(basis: RunCost, output_tok_per_s: float | None) -> CostFigure:
+    """$ per 1M output tokens at a live output throughput on ``basis`` (``live_cost_basis``)."""
+    if basis.price is None or basis.units is None:
+        return CostFigure(None, basis.output.reason)
+    return usd_per_million_tokens(basis.units, basis.price.usd_per_hour, output_tok_per_s)
+
+
 def with_good_output(cost: RunCost, tokens: tuple[float, float] | None, slo: str, bounds: list[Slo]) -> RunCost:
     """``cost`` with its $ per 1M good output tokens under ``slo``: the cost per output token
     over the share of output tokens (``good_tokens``: good, all) that met the SLO, so that it can
@@ -970,6 +1043,16 @@ def compared_costs(comparison: Comparison, prices: PriceTable) -> list[RunCost]:
     return comparison_costs(comparison.runs, output, total, prices, flags)
 
 
+YOUR_SLO = "your SLO"
+"""Whose SLO good output was counted under when the user gave one (``--slo``)."""
+
+
+def step_slo_whose(asked: str | None = None) -> str:
+    """Whose SLO a ladder's good output is counted under (``step_costs``): the one asked, else
+    the one its steps were measured under."""
+    return YOUR_SLO if asked else "the steps' SLO"
+
+
 def comparison_slo(runs: Iterable[RunDetail], asked: str | None) -> tuple[str | None, str]:
     """The SLO a compare prices good output under, and whose it is: the one asked (``--slo``),
     else the one every compared run was measured under (``load.slo``); (None, why) when neither,
@@ -979,7 +1062,7 @@ def comparison_slo(runs: Iterable[RunDetail], asked: str | None) -> tuple[str | 
             parse_slo(asked)
         except SloError as exc:
             raise UserError(f"--slo: {exc}") from None
-        return asked, "your SLO"
+        return asked, YOUR_SLO
     own = set()
     for run in runs:
         try:

@@ -31,6 +31,7 @@ from typing import Any
 
 from app.bus import Bus, Event, Sample
 from app.events import (
+    CampaignUpdated,
     EngineReady,
     LevelFinished,
     LevelStarted,
@@ -67,6 +68,14 @@ def _jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
 
+
+
+def run_columns(p: RunStarted) -> dict[str, Any]:
+    """What the store keeps of a run from its ``RunStarted`` (``RunStore.create_run``'s fields,
+    less its times): also what a running run's cost is counted from (``app.cost.started_run``)."""
+    return dict(name=p.name or p.config.name, tags=list(p.tags), config=p.config.model_dump(mode="json"),
+                engine_kind=p.engine_kind, engine_version=p.engine_version, model=p.model, argv=p.argv,
+                env=dict(p.env), hardware=_jsonable(p.hardware), endpoint=p.endpoint)
 
 class RunRecorder:
     """Records every run published on ``bus`` into ``store`` (one run at a time)."""
@@ -185,6 +194,8 @@ class RunRecorder:
         p = item.payload
         if isinstance(p, RunStarted):
             self._start(item, p)
+        elif isinstance(p, CampaignUpdated):
+            return  # a campaign stores itself (its whole state, each time it moves): not an event of a run
         elif isinstance(p, RunFinished) and not self._open and self._uid and self._uid in self.unstored:
             self._uid = ""  # a run that could not even be created: its verdict is already in unstored
         elif not self._open:
@@ -231,10 +242,7 @@ class RunRecorder:
         self._lost = 0
         self._last_write_error = ""
         self._dropped_at_start = self._sub.dropped
-        kwargs = dict(
-            name=p.name or p.config.name, tags=list(p.tags), config=p.config.model_dump(mode="json"),
-            engine_kind=p.engine_kind, engine_version=p.engine_version, model=p.model, argv=p.argv, env=dict(p.env),
-            hardware=_jsonable(p.hardware), endpoint=p.endpoint, started_at=item.t_wall, t0_mono=item.t_mono)
+        kwargs = dict(**run_columns(p), started_at=item.t_wall, t0_mono=item.t_mono)
         try:
             try:
                 self.run_id = self.store.create_run(uid=uid, **kwargs)

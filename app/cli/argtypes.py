@@ -22,6 +22,13 @@ def add_price_argument(parser: argparse.ArgumentParser) -> None:
                              "over the run's profile [prices] and the shipped, dated list of typical list prices)")
 
 
+def add_good_slo_argument(parser: argparse.ArgumentParser, measured: str) -> None:
+    """``--slo`` where stored runs are priced: the SLO their good output is counted under, over the
+    one ``measured`` (e.g. "the runs were") measured under; ``app.cost.comparison_slo`` checks it."""
+    parser.add_argument("--slo", help="price the good output: the tokens of the requests that met this SLO, e.g. "
+                                      f"'ttft_ms<=500,tpot_ms<=50' (default: the SLO {measured} measured under)")
+
+
 def bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
     """A whole number in ``[minimum, maximum]``."""
 

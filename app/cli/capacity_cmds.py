@@ -30,7 +30,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         run = store.get_run(store.resolve(args.run))
         requests = store.requests(run.id) if run.n_requests else None  # the good output, re-counted at --slo
     plan = plan_capacity(run, args.slo, prices, users=args.users, tokens_per_day=args.tokens_per_day,
-                         headroom=args.headroom, percentile=args.percentile, gpu=args.gpu, requests=requests)
+                         headroom=args.headroom, percentile=args.percentile, gpu=args.gpu,
+                         gpus_per_replica=args.gpus_per_replica, requests=requests)
     if args.json:
         json.dump(plan.to_dict(), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -62,5 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN", help="run id, uid (prefix) or name")
     p.add_argument("--slo", required=True, help=f"e.g. 'ttft_ms<=500,tpot_ms<=50' (metrics: {', '.join(SLO_METRICS)})")
     add_sizing_arguments(p)
+    p.add_argument("--gpus-per-replica", type=bounded_int(1, 1024), metavar="N",
+                   help="for a run imported from another tool, which records no parallelism: the GPUs one engine "
+                        "replica ran on (TP x PP)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(handler=cmd_capacity)

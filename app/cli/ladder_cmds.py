@@ -13,12 +13,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import add_price_argument, bounded_int
+from app.cli.argtypes import add_good_slo_argument, add_price_argument, bounded_int
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
-from app.cost import CostFigure, RunCost, good_slo_of, price_table, step_costs, usd_text
+from app.cost import (
+    CostFigure,
+    RunCost,
+    comparison_slo,
+    good_slo_of,
+    price_table,
+    step_costs,
+    step_slo_whose,
+    usd_text,
+)
 from app.errors import UserError
-from app.events import LadderUpdated
+from app.events import CampaignUpdated
 from app.export.files import STDOUT
 from app.ladder.spec import ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
@@ -55,14 +64,22 @@ def step_line(row: StepRow, total: int) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
+def _check_pricing(args: argparse.Namespace) -> None:
+    """A bad ``--price`` or ``--slo`` is refused before the store is opened (and before anything
+    runs): ``_stored_step_costs`` leaves out what it cannot price, it never fails."""
+    price_table(getattr(args, "price", None) or ())
+    comparison_slo((), getattr(args, "slo", None))
+
+
 def _stored_step_costs(args: argparse.Namespace, state: LadderState) -> dict[int, RunCost] | None:
-    """``step_costs`` from the store of ``--db``; None (no cost column) when nothing was stored or
-    the store cannot be read: a cost never fails the ladder."""
+    """``step_costs`` from the store of ``--db`` (good output under ``--slo`` when given); None (no
+    cost column) when nothing was stored or the store cannot be read: a cost never fails the ladder."""
     prices = price_table(getattr(args, "price", None) or ())
+    slo = getattr(args, "slo", None)
     if not state.run_ids or getattr(args, "no_store", False):
         return None
     try:
-        return shared.with_store(args, lambda store: step_costs(store, state, prices))
+        return shared.with_store(args, lambda store: step_costs(store, state, prices, slo))
     except UserError:  # the store's errors arrive as UserError (open_store)
         return None
 
@@ -91,10 +108,11 @@ def _cost_cells(costs: Mapping[int, RunCost] | None, index: int, good: bool) -> 
 
 
 
-def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None) -> str:
+def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None,
+                        slo_whose: str | None = None) -> str:
     """The final table: one row per step, then the notes (losses, skips, flags, the reference);
     with ``costs`` (``step_costs``), a $ per 1M output tokens column and its price, and a $ per 1M
-    good output tokens column where the steps ran under an SLO."""
+    good output tokens column where their good output was counted under an SLO (``slo_whose``)."""
     good_slo = good_slo_of((costs or {}).values())
     cost_header = (("$/1M out",) if costs is not None else ()) + (("$/1M good",) if good_slo else ())
     header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
@@ -140,7 +158,7 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
         notes += [f"{r.index + 1}. {r.name}: cost n/a ({c.reason})" for r in state.rows
                   if (c := costs.get(r.index)) is not None and c.reason]
         if good_slo:
-            notes.append(f"$/1M good: per 1M output tokens of the requests that met the steps' SLO '{good_slo}'")
+            notes.append(f"$/1M good: per 1M output tokens of the requests that met {slo_whose or step_slo_whose()} '{good_slo}'")
             notes += [f"{r.index + 1}. {r.name}: good-output cost n/a ({g.reason})" for r in state.rows
                       if (c := costs.get(r.index)) is not None and not c.reason
                       and (g := c.good_output) is not None and g.reason]
@@ -173,10 +191,12 @@ class _LadderConsole(_Console):
 
     def handle(self, ev: Event) -> None:
         p = ev.payload
-        if not isinstance(p, LadderUpdated):
+        if not isinstance(p, CampaignUpdated):
             super().handle(ev)
             return
         state = p.state
+        if not isinstance(state, LadderState):
+            return
         if not self._seen:
             self._line(safe(f"{state.name}: {len(state.rows)} steps; {state.workload}"))
         for row in state.rows:
@@ -235,7 +255,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     ladder, state, recorder = shared.run_campaign(
         bus, args, lambda recorder: Ladder(config, bus, spec=spec, profile=stem, recorder=recorder,
                                            telemetry=not args.no_telemetry),
-        console.handle, name="tunebench-ladder", extra_events=(LadderUpdated,))
+        console.handle, name="tunebench-ladder", extra_events=(CampaignUpdated,))
     print()
     costs = _stored_step_costs(args, state)
     print(format_ladder_table(state, costs))
@@ -279,7 +299,7 @@ def cmd_ladders_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ladders_show(args: argparse.Namespace) -> int:
-    price_table(args.price or ())  # a bad --price is refused before the store is opened
+    _check_pricing(args)
     stored = _load(args)
     state = stored.state
     costs = _stored_step_costs(args, state)
@@ -287,7 +307,7 @@ def cmd_ladders_show(args: argparse.Namespace) -> int:
         return shared.print_json(ladder_json(state, costs))
     print(safe(f"ladder {state.ladder_id}: {state.name} ({state.status}"
                + (f": {state.reason}" if state.reason else "") + ")"))
-    print(format_ladder_table(state, costs))
+    print(format_ladder_table(state, costs, step_slo_whose(args.slo)))
     return 0
 
 
@@ -306,10 +326,11 @@ def cmd_ladders_report(args: argparse.Namespace) -> int:
     from app.export.ladder_report import render_ladder_report
 
     shared.check_output(args.output)
-    price_table(args.price or ())  # a bad --price is refused before the store is opened
+    _check_pricing(args)
     stored = _load(args)
     costs = _stored_step_costs(args, stored.state)
-    return shared.write_output(render_ladder_report(stored.state, title=args.title, costs=costs), "html", args.output)
+    return shared.write_output(render_ladder_report(stored.state, title=args.title, costs=costs,
+                                                    slo_whose=step_slo_whose(args.slo)), "html", args.output)
 
 
 def cmd_ladders_export(args: argparse.Namespace) -> int:
@@ -357,6 +378,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     shared.add_report(lsub, [db], "ladder", handler=cmd_ladders_report, help="the ladder's HTML report")
     for action in ("show", "report"):
         add_price_argument(lsub.choices[action])
+        add_good_slo_argument(lsub.choices[action], "the steps were")
     exp = lsub.add_parser("export", parents=[db], help="a step's launch script (default: the final step that ran)")
     exp.add_argument("ladder")
     exp.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="step N (1-based)")

@@ -18,7 +18,7 @@ from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from app.config import RunConfig
-from app.cost import RunCost, good_slo_of, usd_text
+from app.cost import RunCost, good_slo_of, step_slo_whose, usd_text
 from app.errors import UserError
 from app.export.launch import LaunchSpec, render_launch
 from app.export.quoting import templates
@@ -136,10 +136,11 @@ def launch_script(row: StepRow, fmt: str = "bash", engine_version: str | None = 
 
 
 def render_ladder_report(state: LadderState, *, title: str | None = None,
-                         versions: dict[str, str] | None = None, costs: Mapping[int, RunCost] | None = None) -> str:
+                         versions: dict[str, str] | None = None, costs: Mapping[int, RunCost] | None = None,
+                         slo_whose: str | None = None) -> str:
     """The ladder as one HTML page (see the module docstring); with ``costs``
     (``app.cost.step_costs``), a $ per 1M output tokens column and the price it used, and a $ per
-    1M good output tokens column where the steps ran under an SLO."""
+    1M good output tokens column where their good output was counted under an SLO (``slo_whose``)."""
     rows = state.rows
     first = _first_ran(rows)
     steps = []
@@ -186,6 +187,7 @@ def render_ladder_report(state: LadderState, *, title: str | None = None,
         started=datetime.fromtimestamp(state.started_wall_s, UTC).strftime("%Y-%m-%d %H:%M UTC"),
         state=state, steps=steps, staircase=_uri(staircase_svg(rows)), priced=costs is not None,
         price_note=_price_note(costs or {}), good_slo=good_slo_of((costs or {}).values()),
+        slo_whose=slo_whose or step_slo_whose(),
         hardware=_hardware_text(state.hardware), versions=versions, final=final, script=script)
 
 

@@ -29,6 +29,7 @@ from app.profiles import ProfileError, load_profile
 from db.store import RunDetail
 from engine_adapters.base import BESIDE_SCRIPT
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
+from engine_adapters.cpu_binding import OMP_BIND_ENV
 from engine_adapters.features import FEATURES
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import (
@@ -64,6 +65,10 @@ class LaunchSpec:
     config: RunConfig
     source: str
     engine_version: str | None = None
+    measured_env: dict[str, Any] = field(default_factory=dict)
+    """The environment tunebench gave the measured engine (a stored run's ``env``): what the
+    script cannot carry to another machine, such as the cores a CPU engine was bound to, is named
+    in its header."""
 
 
 def spec_from_run(run: RunDetail) -> LaunchSpec:
@@ -75,7 +80,7 @@ def spec_from_run(run: RunDetail) -> LaunchSpec:
     except ValidationError as exc:
         raise UserError(f"run {run.id}: its stored configuration is not valid any more: "
                         f"{exc.errors()[0]['msg']}") from None
-    return LaunchSpec(config, f"run {run.id} ({run.name}, {run.status})", run.engine_version)
+    return LaunchSpec(config, f"run {run.id} ({run.name}, {run.status})", run.engine_version, dict(run.env or {}))
 
 
 def spec_from_profile(path: str | Path) -> LaunchSpec:
@@ -224,6 +229,19 @@ def _tunebench_version() -> str:
         return "dev"
 
 
+def measured_binding(spec: LaunchSpec, launch: _Launch) -> list[str]:
+    """The cores a measured CPU engine's compute threads were bound to, when tunebench bound them
+    (to keep its load client off them) and the script does not: core numbers belong to the
+    machine measured, so the script leaves the binding to vLLM and says how the figures were got."""
+    bind = spec.measured_env.get(OMP_BIND_ENV)
+    if not isinstance(bind, str) or not bind or OMP_BIND_ENV in launch.env or not is_cpu_run(spec):
+        return []
+    return [f"Measured with {OMP_BIND_ENV}={bind}, set by tunebench: the engine's compute threads on those cores, "
+            "its load client on the others.",
+            f"This script leaves the binding to vLLM: set {OMP_BIND_ENV}={bind} for the engine to reproduce the "
+            "measured figures on a machine like the one measured."]
+
+
 def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
     engine = spec.config.engine
     image = launch.engine.runtime.docker_image
@@ -251,6 +269,7 @@ def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
         "engine_version": spec.engine_version or "unknown (not recorded)", "runtime": engine.runtime.kind,
         "model": engine.model, "served_model_name": launch.engine.served_model_name or engine.model,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "install_hint": install,
+        "measured_binding": measured_binding(spec, launch),
     }
 
 

@@ -4,7 +4,7 @@ Views never own data: they read :class:`app.gui.series.SeriesStore` and only cal
 on curves whose ring buffer changed since the last refresh. Plots downsample to the screen
 width and clip to the visible range, so panning and zooming an hour of history stays cheap.
 
-Why one module of ~600 lines: the tiles, the plot grid and the page switching share one refresh
+Why one module: the tiles, the plot grid and the page switching share one refresh
 path driven by the window's timer (one place decides what a tile or plot shows); the data they
 read is ``app.gui.series``, the roofline plot ``app.gui.roofline``.
 """
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.cost import RunCost, live_cost, usd_text
 from app.gui.live import StartupView
 from app.gui.roofline import RooflinePanel, style_plot
 from app.gui.series import (
@@ -56,12 +57,16 @@ CPU_COUNT = os.cpu_count() or 1
 CEILING_IN_VIEW = 4.0
 """The dashed ceiling line is kept in view while it is at most this many times the measured peak."""
 LIMIT_TILE = TileSpec("limit", "% of limit", "", "", "{:.0f}%")
+"""Output tok/s against the decode ceiling at the batch the engine runs (``app.planner.live``)."""
 COST_TILE = TileSpec("cost", "$ / 1M output tokens", "", "", "{}")
-"""What a million output tokens cost at the run's measured throughput (``app.cost.run_cost``),
-shown once the run is stored: its price and GPUs come with the stored run."""
+"""What a million output tokens cost: live, at the output rate the tokens tile shows, on the GPUs
+(or cores) and price the run's ``RunStarted`` gives (``app.cost.live_cost``); after the run, at its
+measured throughput from the stored run (``app.cost.run_cost``), the same GPUs and price."""
 COST_TILE_TIP = ("What a million output tokens cost at this run's measured throughput: GPUs (or cores) x price "
                  "per hour / output tokens per hour")
-"""Output tok/s against the decode ceiling at the batch the engine runs (``app.planner.live``)."""
+LIVE_COST_TIP = ("What a million output tokens cost at the output rate shown beside it (the last few seconds): "
+                 "GPUs (or cores) x price per hour / output tokens per hour. After the run, the stored run's "
+                 "figure, at its measured throughput, replaces it")
 
 class Tile(QFrame):
     """One big number with its caption and a small line under it (the engine's own figure, or
@@ -171,7 +176,7 @@ class TileRow(QWidget):
         row.addWidget(self.limit_tile)
         self.cost_tile = Tile(COST_TILE)
         row.addWidget(self.cost_tile)
-        self.cost_tile.show("–", COST_TILE.label, "after the run", COST_TILE_TIP)
+        self.cost_tile.show("–", COST_TILE.label, "once the run starts", COST_TILE_TIP)
         outer.addLayout(row)
         self.plan: Plan | None = None
         self.plan_note = "no plan yet"
@@ -180,6 +185,8 @@ class TileRow(QWidget):
         self.mode = "live"
         self.flagged: dict[str, str] = {}
         """Client figures (catalogue keys) the running run flagged, with the reason."""
+        self.cost_basis: RunCost | None = None
+        """What the running run is priced on (``app.cost.live_cost_basis``); None before it starts."""
 
     def set_header(self, text: str) -> None:
         self.header.setText(text)
@@ -208,6 +215,7 @@ class TileRow(QWidget):
             return
         if self.plan is not None:
             self.show_limit(live_limit_figures(self.plan, latest))
+        shown: dict[str, float | None] = {}  # each tile's number as shown: the engine's where the client's is set aside
         for tile in self.tiles.values():
             spec = tile.spec
             value = latest.get((spec.source, spec.name))
@@ -215,6 +223,7 @@ class TileRow(QWidget):
             figures = {spec.figure: value} if value is not None and spec.figure else {}
             reason = self.flagged.get(spec.figure) or catalog.unreliable_figures(figures).get(spec.figure)
             alt = catalog.metric(spec.figure).engine_alternative if spec.figure else None
+            shown[spec.figure] = engine if reason and engine is not None and alt else value
             if reason and engine is not None and alt:
                 tile.show(_fmt(spec.engine_fmt, engine), catalog.metric(alt).label,
                           f"client {_fmt(spec.fmt, value)}: unreliable",
@@ -226,11 +235,28 @@ class TileRow(QWidget):
                 tile.show(_fmt(spec.fmt, value), spec.label, sub,
                           "The client's figure over the last few seconds" + (
                               f"; under it, the engine's own ({catalog.metric(alt).name})" if alt and sub else ""))
+        if self.cost_basis is not None:
+            self._show_live_cost(self.cost_basis, shown.get("output_tok_per_s"))
+
+    def set_cost_basis(self, basis: RunCost | None) -> None:
+        """Price the running run on ``basis`` (``app.cost.live_cost_basis``) from now on."""
+        self.cost_basis = basis
+        if basis is not None and basis.price is None:
+            self.cost_tile.show("n/a", COST_TILE.label, "no cost", f"{basis.output.reason}\n{COST_TILE_TIP}")
+
+    def _show_live_cost(self, basis: RunCost, output_tok_per_s: float | None) -> None:
+        figure = live_cost(basis, output_tok_per_s)
+        if figure.usd is not None:
+            self.cost_tile.show(usd_text(figure.usd), COST_TILE.label,
+                                f"live, {basis.price_text(with_source=False)}", LIVE_COST_TIP)
 
     def show_summary(self, figures: Mapping[str, float], unreliable: Mapping[str, str], header: str) -> None:
-        """The run's (or the last level's) summary figures, in place of the live ones."""
+        """The run's (or the last level's) summary figures, in place of the live ones; the cost
+        tile waits for the stored run's (``show_cost``), never keeping a live figure."""
         self.mode = "summary"
         self.set_header(header)
+        self.cost_basis = None
+        self.cost_tile.show("\u2013", COST_TILE.label, "from the stored run", COST_TILE_TIP)
         for tile in self.tiles.values():
             key = tile.spec.figure
             m = catalog.metric(key)
@@ -259,7 +285,8 @@ class TileRow(QWidget):
         for tile in self.tiles.values():
             tile.show("–", tile.spec.label)
         self.show_limit(None)
-        self.cost_tile.show("–", COST_TILE.label, "after the run", COST_TILE_TIP)
+        self.cost_basis = None
+        self.cost_tile.show("–", COST_TILE.label, "once the run starts", COST_TILE_TIP)
 
 
 class _Curve(pg.PlotCurveItem):

@@ -143,3 +143,28 @@ def test_compare_prices_good_output_under_the_runs_slo(qtbot, make_window, tmp_p
     assert output_usd is not None and 0 < good < total
     assert _cells(window, 0)[4] == usd_text(output_usd * total / good)  # dearer than all output: fewer tokens count
     assert "Good output: the requests that met the runs' SLO 'ttft_ms<=400'." in window.compare.cost_note.text()
+
+
+def test_the_cost_tile_is_live_during_a_run(qtbot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """While a run is under way the tile prices the output rate the tokens tile shows, on the run's
+    GPUs and price; the run's summary clears it until the stored run's figure comes."""
+    from app.cost import usd_text
+    from tests.gui.test_workbench import _feed
+    from tests.unit.test_cost_live import GPU_CONFIG, H100S, _started
+
+    window = make_window()
+    tiles = window.dashboard.tiles
+    assert (tiles.cost_tile.text(), tiles.cost_tile.sub.text()) == ("\u2013", "once the run starts")
+    window.bus.emit(_started(GPU_CONFIG, H100S))  # TP 2 on H100s, at the shipped 2.49 $/GPU-h
+    _feed(window.bus, seconds=3)  # the client's output rate ends at 129 tok/s
+    expected = usd_text(2 * 2.49 / (129 * 3600) * 1e6)
+    qtbot.waitUntil(lambda: tiles.tiles["tok_s"].text() == "129" and tiles.cost_tile.text() == expected,
+                    timeout=5000)
+    assert tiles.cost_tile.sub.text() == "live, 2 GPUs x 2.49 $/GPU-h"
+    assert window.presentation.tiles.cost_basis is tiles.cost_basis  # the projector's tile, once it is shown
+    tiles.show_summary({"output_tok_per_s": 120.0}, {}, "Run summary")
+    assert (tiles.cost_tile.text(), tiles.cost_tile.sub.text()) == ("\u2013", "from the stored run")
+    window.dashboard.reset()  # a new run: priced again once it starts
+    window.bus.emit(_started(GPU_CONFIG, {}))  # an engine elsewhere: no GPU recorded
+    qtbot.waitUntil(lambda: tiles.cost_tile.text() == "n/a", timeout=5000)
+    assert "records no GPU" in tiles.cost_tile.toolTip()

@@ -464,3 +464,26 @@ def test_capacity_recounts_good_output_at_the_slo_asked(tmp_path: Path) -> None:
     queue = json.loads(capacity(path, str(run_id), "--slo", "queue_ms<=100", "--percentile", "p50", "--users", "8",
                                 "--json").out)  # stored requests keep no queueing: the run's own count, said so
     assert queue["good_output_slo"] == "the run's SLO 'ttft_ms<=400'"
+
+
+def test_an_imported_run_is_sized_on_the_gpus_per_replica_you_say(db: Path) -> None:
+    """Another tool's result records no parallelism: --gpus-per-replica (and --gpu) say what one
+    replica ran on. 100 output tok/s a replica is 8.64M tokens a day; 1e8 a day with 30% headroom
+    is ceil(1e8 x 1.3 / 8.64e6) = 16 replicas = 32 GPUs at 2 a replica."""
+    out = capacity(db, "bench", "--slo", "ttft_ms<=500", "--tokens-per-day", "1e8", "--gpus-per-replica", "2",
+                   "--gpu", "H100")
+    assert out.code == 0, out
+    assert "replica: 2 GPUs of H100 (2 GPUs per replica, as you said (--gpus-per-replica)" in out.out
+    assert "answer: 16 replicas = 32 GPUs" in out.out, out.out
+    assert "note: one replica measured: the imported run says nothing of data parallelism" in out.out
+    as_json = json.loads(capacity(db, "bench", "--slo", "ttft_ms<=500", "--tokens-per-day", "1e8",
+                                  "--gpus-per-replica", "2", "--gpu", "H100", "--json").out)
+    assert (as_json["replicas"], as_json["units"], as_json["deployment"]["units_per_replica"]) == (16, 32, 2)
+    missing = capacity(db, "bench", "--slo", "ttft_ms<=500", "--tokens-per-day", "1e8")
+    assert missing.code == 2 and "say what it ran on with --gpus-per-replica N" in missing.err
+    no_gpu = capacity(db, "bench", "--slo", "ttft_ms<=500", "--tokens-per-day", "1e8", "--gpus-per-replica", "2")
+    assert no_gpu.code == 2 and "records no GPU: pass --gpu NAME too" in no_gpu.err
+    own = capacity(db, "tp4 sweep", "--slo", "ttft_ms<=500", "--users", "10", "--gpus-per-replica", "2")
+    assert own.code == 2 and "records its own parallelism: --gpus-per-replica is only for an imported run" in own.err
+    zero = capacity(db, "bench", "--slo", "ttft_ms<=500", "--users", "1", "--gpus-per-replica", "0")
+    assert zero.code == 2 and "--gpus-per-replica: expected a whole number from 1" in zero.err

@@ -186,7 +186,7 @@ def test_each_ladder_step_is_priced_at_goodput_pooled_over_its_runs(runs: tuple[
     assert "$/1M good: per 1M output tokens of the requests that met the steps' SLO 'ttft_ms<=400'" in table
     html = render_ladder_report(state, costs=costs)
     assert "<th>$ / 1M good output tokens</th>" in html and f"<td>{usd_text(costs[1].good_output.usd)}</td>" in html
-    assert "requests that met the steps' SLO 'ttft_ms&lt;=400'" in html
+    assert "requests that met the steps&#39; SLO 'ttft_ms&lt;=400'" in html
     assert ladder_json(state, costs)["rows"][1]["cost"]["usd_per_1m_good_output_tokens"] == pytest.approx(
         costs[1].good_output.usd)
 
@@ -219,3 +219,47 @@ def test_the_compare_report_has_every_runs_cost_with_its_good_output(runs: tuple
     assert "Prices: default price, as of 2026-12." in html
     assert f"<td>{usd_text(output_usd * total / good)}</td>" not in unstored  # no requests to count: a dash
     assert "<th>vs baseline</th>" not in alone and "<th>$ / 1M good output tok</th>" in alone
+
+
+def _store_ladder(store: RunStore, state: LadderState) -> None:
+    """``state`` as a ladder run stores it: each step's runs tagged with the ladder and the step,
+    the state in every run's summary (what ``app.ladder.stored`` reads back)."""
+    for row in state.rows:
+        for run_id in row.run_ids:
+            store.tag(run_id, add=[f"ladder:{state.ladder_id}", f"repeat:{state.ladder_id}-{row.index}"])
+            store.update_run(run_id, summary={"ladder": state.model_dump(mode="json")})
+
+
+def test_ladders_show_and_report_price_good_output_under_the_slo_asked(runs: tuple[Path, list[Any]],
+                                                                       tmp_path: Path) -> None:
+    db, records = runs
+    state = _ladder([[1], [2]], [1000.0, 2000.0])
+    state.status = "completed"
+    with RunStore(db) as store:
+        _store_ladder(store, state)
+    good, total = _good_and_all(records, 600)
+    own_good, _total = _good_and_all(records, 400)
+    assert own_good < good < total  # the SLO asked counts other requests than the steps' own
+    shown = cli("ladders", "show", "l1", "--db", str(db), "--slo", "ttft_ms<=600").check()
+    assert shown.code == 0, shown
+    step_2 = next(line for line in shown.out.splitlines() if line.startswith("2. step 1"))
+    assert step_2.split()[-2:] == [usd_text(PRICE / 3600 / 2000 * 1e6), usd_text(PRICE / 3600 / 2000 * 1e6 * total / good)]
+    assert "$/1M good: per 1M output tokens of the requests that met your SLO 'ttft_ms<=600'" in shown.out
+    as_json = json.loads(cli("ladders", "show", "l1", "--db", str(db), "--slo", "ttft_ms<=600", "--json").check().out)
+    assert as_json["rows"][0]["cost"]["usd_per_1m_good_output_tokens"] == pytest.approx(
+        PRICE / 3600 / 1000 * 1e6 * total / good)
+    own = cli("ladders", "show", "l1", "--db", str(db)).check()
+    assert "requests that met the steps' SLO 'ttft_ms<=400'" in own.out
+    html = tmp_path / "l.html"
+    wrote = cli("ladders", "report", "l1", "--db", str(db), "--slo", "ttft_ms<=600", "-o", str(html))
+    assert wrote.code == 0 and wrote.err == f"wrote {html}\n", wrote
+    text = html.read_text()
+    assert "requests that met your SLO 'ttft_ms&lt;=600'" in text
+    assert f"<td>{usd_text(PRICE / 3600 / 2000 * 1e6 * total / good)}</td>" in text
+
+
+def test_ladders_show_and_report_refuse_a_bad_slo_in_one_line(tmp_path: Path) -> None:
+    for argv in (("ladders", "show", "l1"), ("ladders", "report", "l1", "-o", str(tmp_path / "l.html"))):
+        out = cli(*argv, "--db", str(tmp_path / "none.db"), "--slo", "ttft_ms<=soon").check()
+        assert out.code == 2 and out.err.startswith("tunebench: error: --slo: SLO 'ttft_ms<=soon'") and out.err.count("\n") == 1, out
+    assert not (tmp_path / "none.db").exists()  # refused before the store was opened

@@ -206,7 +206,7 @@ def test_gpu_profile_exports_where_its_engine_is_not_installed(tmp_path: Path, m
     shellcheck(script)
 
 
-# --- a measured run's export reproduces it (issue 16, item 12) ---------------------------------------
+# --- a measured run's export reproduces it ----------------------------------------------------------
 
 def _gpu_run(version: str | None = "0.32.0", image: str = "vllm/vllm-openai:latest") -> LaunchSpec:
     config = RunConfig(name="gpu run", engine=EngineConfig(
@@ -278,10 +278,38 @@ def test_docker_script_runs_the_cpu_image_with_the_kv_cache_space(tmp_path: Path
 
 
 def test_an_infinite_startup_timeout_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Issue 11: exporting a profile with startup_timeout_s = inf raised OverflowError."""
+    """Found by a bad-input run: exporting a profile with startup_timeout_s = inf raised OverflowError."""
     profile = tmp_path / "inf.toml"
     profile.write_text('name = "inf"\n[engine]\nmodel = "tunebench:demo"\nstartup_timeout_s = inf\n')
     with pytest.raises(Exception) as info:
         render_launch(spec_from_profile(profile), "bash")
     assert type(info.value).__name__ == "UserError" and "\n" not in str(info.value)
     assert "startup_timeout_s" in str(info.value)
+
+
+def test_a_cpu_runs_script_names_the_cores_its_engine_was_bound_to(tmp_path: Path) -> None:
+    """tunebench binds a CPU engine's compute threads off its load client's core: the exported
+    script says so and how to set it, without binding core numbers of the measured machine."""
+    from app.export import spec_from_run
+    from db.store import RunStore
+
+    config = _cpu_run().config
+    with RunStore(tmp_path / "runs.db") as store:
+        bound = store.create_run(name="bound", config=config.model_dump(mode="json"), engine_kind="vllm",
+                                 engine_version="0.32.0", env={"VLLM_CPU_OMP_THREADS_BIND": "0-6"})
+        unbound = store.create_run(name="free", config=config.model_dump(mode="json"), engine_kind="vllm",
+                                   engine_version="0.32.0")
+        specs = spec_from_run(store.get_run(bound)), spec_from_run(store.get_run(unbound))
+    for fmt in ("bash", "docker", "compose", "k8s"):
+        text = render_launch(specs[0], fmt)
+        assert ("# Measured with VLLM_CPU_OMP_THREADS_BIND=0-6, set by tunebench: the engine's compute threads on "
+                "those cores, its load client on the others.\n# This script leaves the binding to vLLM: set "
+                "VLLM_CPU_OMP_THREADS_BIND=0-6 for the engine") in text, fmt
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in text.split("# Secrets")[1], fmt  # not set by the script
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in render_launch(specs[1], fmt), fmt
+    script = tmp_path / "bound.sh"
+    script.write_text(render_launch(specs[0], "bash"))
+    shellcheck(script)
+    gpu = _gpu_run()
+    gpu.measured_env = {"VLLM_CPU_OMP_THREADS_BIND": "0-6"}  # not a CPU build: nothing to say
+    assert "Measured with" not in render_launch(gpu, "bash")
