@@ -8,7 +8,7 @@ the typed events of ``app.events``, in the order documented there: ``RunStarted`
 cancel. Failures end as ``run_finished`` with status ``failed``/``cancelled`` and a reason; only
 programming errors escape ``run()`` (after the engine is stopped and ``run_finished`` is sent).
 
-Why one module of ~550 lines: a run's life (launch or attach, readiness, feature checks, levels,
+Why one module: a run's life (launch or attach, readiness, feature checks, levels,
 engine counters, telemetry, the result) is one sequence with one cancel path and one place that
 decides its status; the pieces it drives live elsewhere (``app.load``, ``app.telemetry``).
 """
@@ -474,7 +474,7 @@ class Runner:
         opts = ClientOptions(base_url=base_url, model=model, api=w.api, headers=headers, ignore_eos=w.ignore_eos,
                              temperature=w.temperature, continuous_usage=load.continuous_usage,
                              request_timeout_s=load.request_timeout_s, keep_text=w.kind == "multi_turn",
-                             keep_alive=self.adapter.client_keep_alive)
+                             keep_alive=self.adapter.client_keep_alive, request_ids=self.run_id[:12])
         cache = CachePlan.for_run(w.cache, cfg.engine.kind, r.engine_version, opts, attached=self.endpoint is not None,
                                   deadline_s=self._probe_time_left_s(), cancel=cancel)
         _stop_if(cancel, "cancelled before the first level")

@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_int
+import numpy as np
+
+from app.cli.argtypes import MAX_COUNT, add_good_slo_argument, add_price_argument, bounded_int
 from app.cli.terminal import safe
 from app.cost import (
     PriceTable,
@@ -31,6 +33,7 @@ from app.cost import (
 from app.errors import UserError
 from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, import_results
 from app.export.files import check_target
+from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
 from db.compare import Comparison, MetricDelta, compare_runs
 from db.metric_catalog import metric
@@ -177,9 +180,63 @@ def _show_text(store: RunStore, run_id: int, show_log: bool) -> None:
             out(f"    | {line}")
 
 
+def find_request(records: list[dict[str, Any]], run_id: int, wanted: str) -> dict[str, Any]:
+    """The stored request sent as ``X-Request-Id: wanted`` (``app.load.client.request_id``)."""
+    ids = [(r.get("extra") or {}).get("request_id") for r in records]
+    for record, rid in zip(records, ids, strict=True):
+        if rid == wanted:
+            return record
+    known = [rid for rid in ids if rid]
+    if not known:
+        raise UserError(f"run {run_id} recorded no request ids (it was recorded before tunebench sent them, or "
+                        "imported)")
+    raise UserError(f"run {run_id} has no request {short_text(wanted)}: its {len(known):,} ids run from "
+                    f"{known[0]} to {known[-1]}")
+
+
+def request_timeline(record: dict[str, Any]) -> list[str]:
+    """One request's life in lines, its times from the start of its level: scheduled, sent, first
+    and last token, the tokens and how it ended."""
+    extra = record.get("extra") or {}
+    start_s, scheduled_s = extra.get("start_s"), extra.get("scheduled_s")
+    ttft_ms, e2e_ms, itl = record.get("ttft_ms"), record.get("e2e_ms"), record.get("itl_ms") or []
+
+    def at(offset_s: float | None) -> str:
+        return f"+{offset_s:,.3f} s" if isinstance(offset_s, int | float) else "-"
+
+    lines = [f"request {extra.get('request_id') or record['seq']} (level {record['level']}, "
+             f"the run's request {extra.get('index', record['seq'])})"]
+    if scheduled_s is not None:
+        lines.append(f"  scheduled    {at(scheduled_s)} after the level started")
+    queued = extra.get("queue_ms")
+    lines.append(f"  sent         {at(start_s)}" + (f" ({queued:,.1f} ms after it was scheduled)"
+                                                     if isinstance(queued, int | float) else ""))
+    if isinstance(ttft_ms, int | float):
+        lines.append(f"  first token  {at(start_s + ttft_ms / 1e3 if start_s is not None else None)} "
+                     f"(TTFT {ttft_ms:,.1f} ms)")
+    if isinstance(e2e_ms, int | float):
+        gaps = f"; {len(itl):,} tokens after the first" + (
+            f": ITL p50 {float(np.median(itl)):,.2f} ms, max {max(itl):,.2f} ms" if itl else "")
+        lines.append(f"  last token   {at(start_s + e2e_ms / 1e3 if start_s is not None else None)} "
+                     f"(E2E {e2e_ms:,.1f} ms{gaps})")
+    finish = extra.get("finish_reason")
+    lines.append(f"  tokens       {record.get('input_tokens') if record.get('input_tokens') is not None else '?'} in, "
+                 f"{record.get('output_tokens') or 0:,} out" + (f" (finish: {finish})" if finish else ""))
+    http = f"HTTP {extra['http_status']}, " if extra.get("http_status") is not None else ""
+    lines.append(f"  {http}" + (f"failed: {record['error']}" if record.get("error") else "completed"))
+    return lines
+
+
 def cmd_runs_show(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         run_id = store.resolve(args.run)
+        if args.request is not None:
+            record = find_request(store.request_records(run_id), run_id, args.request)
+            if args.json:
+                _print_json(record)
+            else:
+                print("\n".join(safe(line) for line in request_timeline(record)))
+            return 0
         if args.json:
             data = store.get_run(run_id).model_dump(mode="json")
             if args.log:
@@ -462,6 +519,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = rsub.add_parser("show", parents=[db, as_json], help="everything recorded about one run")
     show.add_argument("run", help="run id, uid (prefix) or name")
     show.add_argument("--log", action="store_true", help="include the engine log")
+    show.add_argument("--request", metavar="RID", help="one request's timeline, by the X-Request-Id tunebench sent it "
+                                                       "with (tb-...: as the engine's log names it)")
     show.set_defaults(handler=cmd_runs_show)
 
     rm = rsub.add_parser("delete", parents=[db], help="delete runs and all their data")
@@ -486,8 +545,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--baseline", metavar="RUN", help="the run deltas are measured against (default: the first)")
     cmp.add_argument("--no-series", action="store_true", help="leave the aligned telemetry out of --json")
     add_price_argument(cmp)
-    cmp.add_argument("--slo", help="price the good output: the tokens of the requests that met this SLO, e.g. "
-                                   "'ttft_ms<=500,tpot_ms<=50' (default: the SLO the runs were measured under)")
+    add_good_slo_argument(cmp, "the runs were")
     cmp.set_defaults(handler=cmd_compare)
 
     export = sub.add_parser("export", parents=[db], help="a launch script from a run or profile, or a run's data")

@@ -49,6 +49,20 @@ class ClientOptions:
     keep_text: bool = False  # multi-turn needs the reply to resend the history
     cache_salt: str | None = None  # vLLM's prefix-cache namespace for these requests (app.load.cache)
     keep_alive: bool = True  # reuse connections; off for servers that close them after a few requests
+    request_ids: str | None = None
+    """Send each request with an ``X-Request-Id`` of this run (``request_id``): None sends none.
+    Each client process of a level gets its own (``-w<k>`` added), so no two requests share one."""
+
+
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def request_id(run: str, level: int, index: int) -> str:
+    """The id tunebench gives a request and sends as ``X-Request-Id`` (``index``: the sender's
+    count within the level): vLLM takes it as the request's id in its logs, traces and
+    per-request metrics (``_base_request_id`` in its OpenAI server), so a stored record joins the
+    engine's own."""
+    return f"tb-{run}-L{level}-{index}"
 
 
 OnTokens = Callable[[int], None]
@@ -143,6 +157,8 @@ class StreamClient:
         ``scheduled`` and ``level_t0`` are ``time.perf_counter()`` values; ``on_tokens`` is called
         with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms."""
         body = json.dumps(build_payload(self.opts, conv, turn, replies)).encode()
+        rid = request_id(self.opts.request_ids, level, index) if self.opts.request_ids else None
+        headers = self.headers if rid is None else {**self.headers, REQUEST_ID_HEADER: rid}
         t = conv.turns[turn]
         start = time.perf_counter()
         start_wall = time.time()
@@ -152,11 +168,11 @@ class StreamClient:
             ttft_ms=None, itl_ms=[], tpot_ms=None, e2e_ms=None, input_tokens=None,
             input_tokens_counted=t.input_tokens + (conv.system_tokens if turn == 0 else 0),
             output_tokens=0, expected_output_tokens=t.output_tokens, chunks=0, tokens_source="usage",
-            finish_reason=None, ok=False, error=None, error_kind=None, http_status=None)
+            finish_reason=None, ok=False, error=None, error_kind=None, http_status=None, request_id=rid)
         state = _StreamState(start, self._chat, self.opts.keep_text, on_tokens, on_first)
         try:
             async with asyncio.timeout(self.opts.request_timeout_s):
-                async with self.session.post(self.url, data=body, headers=self.headers) as resp:
+                async with self.session.post(self.url, data=body, headers=headers) as resp:
                     rec.http_status = resp.status
                     if resp.status != 200:
                         detail = await resp.text(errors="replace")

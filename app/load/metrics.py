@@ -48,6 +48,8 @@ class RequestRecord(BaseModel):
     error: str | None = None
     error_kind: ErrorKind | None = None
     http_status: int | None = None
+    request_id: str | None = None
+    """The ``X-Request-Id`` it was sent with (``app.load.client.request_id``), to find it in the engine's logs."""
 
 
 class Stats(BaseModel):

@@ -22,7 +22,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -329,7 +329,8 @@ class ClientPool:
             self._cancel.set()
         for k in range(n):
             sub, share, sub_rule = split_plan(plan, dataset, rule, n, k)
-            self._conns[k].send(_Job(sub, share, opts, sub_rule, seed + k, t_start, self.cpus, self.nice))
+            own = replace(opts, request_ids=f"{opts.request_ids}-w{k}") if n > 1 and opts.request_ids else opts
+            self._conns[k].send(_Job(sub, share, own, sub_rule, seed + k, t_start, self.cpus, self.nice))
         live.start_level(plan.index, planned_requests(dataset, rule))
         base_tokens = live.tokens
         latest: dict[int, tuple[int, int]] = {}

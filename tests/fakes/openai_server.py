@@ -82,6 +82,8 @@ class FakeOpenAIServer:
         self.host, self.port = host, port
         self.requests = 0
         self.generated = 0
+        self.request_ids: list[str | None] = []
+        """The ``X-Request-Id`` of each completion request, in arrival order (None: sent without)."""
         self._cache: dict[tuple[int, str, bool], bytes] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -121,6 +123,7 @@ class FakeOpenAIServer:
         if not self._authorised(request):
             return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
         self.requests += 1
+        self.request_ids.append(request.headers.get("X-Request-Id"))
         body = await request.json()
         chat = "messages" in body
         prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")

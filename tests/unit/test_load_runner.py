@@ -29,6 +29,7 @@ from app.load.tokens import load_token_counter
 from app.runner import Runner, RunResult, mask_env
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+from tests.fuzz.hostile import cli
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +150,9 @@ def test_workers_split_a_level_over_processes() -> None:
     finished = next(e for e in events if e.kind == "level_finished")
     recs = [e.payload.record for e in published]  # type: ignore[union-attr]
     assert all(r.ok for r in recs) and sorted(r.index for r in recs) == list(range(24))
+    ids = {r.request_id for r in recs}  # each process sends ids of its own: none is sent twice
+    assert len(ids) == 24 and set(slow.request_ids) - {None} == ids  # (the cache probe sends none)
+    assert {rid.split("-")[2] for rid in ids} == {"w0", "w1"}  # type: ignore[union-attr]
     assert all(e.t_mono < finished.t_mono for e in published)
     # 6 rounds of ~0.12 s requests per worker: streamed records span most of the level
     assert published[-1].t_mono - published[0].t_mono > 0.2, [round(e.t_mono - published[0].t_mono, 3) for e in published]
@@ -328,3 +332,38 @@ def test_cli_run_on_a_full_disk_is_not_completed(server: FakeOpenAIServer, tmp_p
     assert "could not be stored" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     with RunStore(db) as store:
         assert all(run.status != "completed" for run in store.list_runs())
+
+
+def test_each_request_carries_an_id_of_its_own_that_its_record_keeps(tmp_path: Path) -> None:
+    """``X-Request-Id: tb-<run>-L<level>-<index>`` on every request, the same id in its stored
+    record, and ``runs show RUN --request ID`` prints that request's timeline."""
+    from db.store import RunStore
+
+    with FakeOpenAIServer(FakeBehaviour(delay_s=0.003)) as srv:
+        profile = tmp_path / "p.toml"
+        profile.write_text('name = "ids"\n[workload]\nnum_requests = 4\n[workload.output_len]\nmean = 5\n'
+                           '[load]\npattern = "sweep"\nlevels = [1, 2]\n')
+        out = tmp_path / "r.json"
+        db = str(tmp_path / "runs.db")
+        assert main(["run", str(profile), "--endpoint", srv.base_url, "--json", str(out), "--no-telemetry",
+                     "--db", db]) == 0
+        sent = [rid for rid in srv.request_ids if rid is not None]
+    run_uid = json.loads(out.read_text())["run_id"]
+    assert len(sent) == 8 and len(set(sent)) == 8  # two levels of four, each id its own
+    assert set(sent) == {f"tb-{run_uid[:12]}-L{level}-{i}" for level in (0, 1) for i in range(4)}
+    with RunStore(db) as store:
+        records = store.request_records(run_uid)
+    kept = {r["extra"]["request_id"]: r for r in records}
+    assert set(kept) == set(sent)
+    wanted = f"tb-{run_uid[:12]}-L1-2"
+    shown = cli("runs", "show", run_uid, "--db", db, "--request", wanted).check()
+    assert shown.code == 0, shown
+    lines = shown.out.splitlines()
+    assert lines[0] == f"request {wanted} (level 1, the run's request {kept[wanted]['extra']['index']})"
+    ttft = kept[wanted]["ttft_ms"]
+    assert any(line.startswith("  first token  +") and f"(TTFT {ttft:,.1f} ms)" in line for line in lines), lines
+    assert lines[-1] == "  HTTP 200, completed"
+    as_json = json.loads(cli("runs", "show", run_uid, "--db", db, "--request", wanted, "--json").check().out)
+    assert as_json["extra"]["request_id"] == wanted and as_json["ttft_ms"] == ttft
+    unknown = cli("runs", "show", run_uid, "--db", db, "--request", "tb-nope").check()
+    assert unknown.code == 2 and f"has no request 'tb-nope': its 8 ids run from tb-{run_uid[:12]}-L0-0" in unknown.err
