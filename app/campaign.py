@@ -1,6 +1,6 @@
 """Campaigns: a sequence of runs driven headlessly, like ``Runner`` (the CLI and the GUI both
 drive it). Today it runs repeats (``tunebench run --repeat N``, the GUI's Repeats box); the
-acceleration ladder and the tuner (issues 13 and 14) are the same machinery with other steps.
+acceleration ladder and the tuner are the same machinery with other steps.
 
 - **Steps.** A :class:`Step` is a named run configuration repeated ``repeats`` times. Steps run in
   order; one that fails ends the campaign (``stop_on_failure``) or is recorded and skipped.
@@ -18,8 +18,8 @@ acceleration ladder and the tuner (issues 13 and 14) are the same machinery with
 - **Prepared step by step.** A ``prepare`` hook may rebuild a step just before it runs, from the
   outcomes so far (the ladder applies each step's change to the last step that ran), or return
   why it cannot run here: the step is then ``skipped`` with that reason and the campaign goes on.
-  ``on_step_start`` / ``on_step_done`` hooks let the owner publish its own view (the ladder's
-  ``LadderUpdated`` event); each outcome says whether the step reused the previous step's engine.
+  ``on_step_start`` / ``on_step_done`` hooks let the owner publish its own view (the ladder's and
+  the tuner's ``CampaignUpdated`` event); each outcome says whether the step reused the previous step's engine.
 
 Events: everything the runner publishes, plus a ``tunebench:`` log line before each run naming
 the step and repeat.

@@ -21,13 +21,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.config import RunConfig
 from app.ladder.state import LadderState
 from app.load.metrics import LevelSummary, RequestRecord
+from app.tuner.state import TuneState
 from engine_adapters.base import FeatureCheck, Phase
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
@@ -269,21 +270,26 @@ class Notice(EventPayload):
         return mask_text(value) if isinstance(value, str) else value
 
 
-class LadderUpdated(EventPayload):
-    """An acceleration ladder moved (``app.ladder.run``): planned, a step started, skipped or
-    finished, the ladder ended. Carries the whole staircase, so a consumer just redraws it."""
+CampaignState = Annotated[LadderState | TuneState, Field(discriminator="campaign")]
+"""What a campaign is at a moment: a ladder's staircase or a tune's trials (``campaign`` says which)."""
 
-    kind: ClassVar[str] = "ladder"
-    state: LadderState
+
+class CampaignUpdated(EventPayload):
+    """A campaign moved: a ladder (``app.ladder.run``) or a tune (``app.tuner.run``) was planned,
+    a step or trial started or ended, the campaign ended. Carries the whole state, so a consumer
+    just redraws it; not stored with the run it happens in (a campaign stores itself)."""
+
+    kind: ClassVar[str] = "campaign"
+    state: CampaignState
 
 
 AnyEvent = (RunStarted | PhaseChanged | LogLine | EngineReady | LevelStarted | RequestDone | Progress
-            | LevelFinished | RunFinished | TelemetrySupport | Notice | LadderUpdated)
+            | LevelFinished | RunFinished | TelemetrySupport | Notice | CampaignUpdated)
 """Every event kind; ``isinstance`` (or ``match``) on an event's payload narrows it."""
 
 EVENT_TYPES: tuple[type[EventPayload], ...] = (
     RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, RequestDone, Progress, LevelFinished, RunFinished,
-    TelemetrySupport, Notice, LadderUpdated)
+    TelemetrySupport, Notice, CampaignUpdated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QBoxLayout,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
@@ -33,11 +34,79 @@ from app.cost import PriceTable, price_table
 from app.errors import UserError
 from app.gui.workers import run_in_worker
 
+if TYPE_CHECKING:
+    from app.bus import Bus
+    from app.gui.config_panel import ConfigPanel, ConfigState
+    from app.gui.live import PhaseBar
+    from app.gui.presentation import PresentationView
+    from app.gui.session import EngineSession
+    from app.gui.settings import GuiSettings
+    from db.store import RunStore
+    from engine_adapters.base import FlagSet
+    from engine_adapters.hardware import HardwareInfo
+
 Row = TypeVar("Row")
+T = TypeVar("T")
+
+
+class CampaignHost(Protocol):
+    """What a campaign tab needs of the window (``app.gui.main_window.MainWindow`` is one): the
+    configuration being edited, what the window probed, its store, and one running run at a time.
+    A tab asks for nothing else, so a test can host one on a small window of its own."""
+
+    @property
+    def bus(self) -> Bus: ...
+    @property
+    def db_path(self) -> str | None: ...
+    @property
+    def state(self) -> ConfigState: ...
+    @property
+    def settings(self) -> GuiSettings: ...
+    @property
+    def hardware(self) -> HardwareInfo | None: ...
+    @property
+    def flags(self) -> FlagSet | None: ...
+    @property
+    def profile_path(self) -> Path | None: ...
+    @property
+    def session(self) -> EngineSession: ...
+    @property
+    def phase_bar(self) -> PhaseBar: ...
+    @property
+    def presentation(self) -> PresentationView: ...
+    @property
+    def config_panel(self) -> ConfigPanel: ...
+    @property
+    def keep_engine(self) -> QCheckBox: ...
+    @property
+    def running(self) -> bool: ...
+
+    def with_store(self, fn: Callable[[RunStore], T]) -> T:
+        """``fn(store)`` on the window's run database (from a worker)."""
+        ...
+
+    def prices(self) -> PriceTable:
+        """The shipped prices with yours from the settings on top."""
+        ...
+
+    def show_error(self, message: str) -> None: ...
+    def show_banner(self, text: str | None, error: bool = True) -> None: ...
+    def stop_run(self) -> None: ...
+    def open_export(self, run_ids: list[int], comparison: bool = False) -> Any: ...
+    def compare_runs(self, ids: list[int], baseline: int | None = None) -> None: ...
+
+    def start_campaign(self, work: Callable[[], Any], done: Callable[[Any], None], failed: Callable[[str], None],
+                       cancel: threading.Event, name: str, phase_text: str, owner: QWidget) -> None:
+        """``work()`` in a worker as the window's running run (Stop sets ``cancel``)."""
+        ...
+
+    def run_ended(self) -> None:
+        """The running run ended: the window is idle again."""
+        ...
 
 
 class CampaignTab(QWidget):
-    """The shared half of a campaign tab. ``window`` is the :class:`app.gui.main_window.MainWindow`.
+    """The shared half of a campaign tab, hosted by a :class:`CampaignHost` (the window).
     A subclass sets ``noun``/``title``/``tick_ms``, builds its layout with the ``_add_*`` helpers,
     and supplies ``_list_stored``, ``_stored_label``, ``_report_target``, ``_render_report``,
     ``_update_buttons``, ``_done`` and ``tick``."""
@@ -50,7 +119,7 @@ class CampaignTab(QWidget):
     runner_factory: Any = None
     """Tests put a stand-in runner here (the campaign owner's ``runner_factory``)."""
 
-    def __init__(self, window: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, window: CampaignHost, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.main = window
         self.state: Any = None
@@ -147,20 +216,13 @@ class CampaignTab(QWidget):
         """The configuration's problems, said in one message; True when there are any."""
         problems = self.main.config_panel.problems()
         if problems:
-            self.main._error(f"Cannot start the {self.noun}: " + "; ".join(problems))
+            self.main.show_error(f"Cannot start the {self.noun}: " + "; ".join(problems))
         return bool(problems)
 
     def _launch(self, work: Callable[[], Any], cancel: threading.Event, phase_text: str) -> None:
         """``work()`` in the window's run worker, as the window's running run."""
-        w = self.main
-        w.show_banner(None)
-        w._clear_live("")
-        w.log_view.clear()
-        w.cancel = cancel
         self._running = True
-        w.run_worker = run_in_worker(work, self._done, self._failed, name=self.noun, parent=self)
-        w._set_running(True)
-        w.phase_bar.set_text(phase_text, 2)
+        self.main.start_campaign(work, self._done, self._failed, cancel, self.noun, phase_text, self)
         self._update_buttons()
 
     def _done(self, state: Any) -> None:
@@ -169,11 +231,11 @@ class CampaignTab(QWidget):
 
     def _failed(self, message: str) -> None:
         self._finished()
-        self.main._error(f"{self.title} failed: {message}")
+        self.main.show_error(f"{self.title} failed: {message}")
 
     def _finished(self) -> None:
         self._running = False
-        self.main._after_run()
+        self.main.run_ended()
         self._update_buttons()
         self.refresh_stored()
 
@@ -201,7 +263,7 @@ class CampaignTab(QWidget):
         raise NotImplementedError
 
     def refresh_stored(self) -> None:
-        run_in_worker(lambda: self.main._with_store(self._list_stored), self._stored_loaded, self.main._error,
+        run_in_worker(lambda: self.main.with_store(self._list_stored), self._stored_loaded, self.main.show_error,
                       name=self.noun + "s", parent=self)
 
     def _stored_loaded(self, items: list[Any]) -> None:
@@ -248,4 +310,4 @@ class CampaignTab(QWidget):
 
     def _write_in_worker(self, write: Callable[[], Path], said: Callable[[Path], str], name: str) -> None:
         """A file written off the GUI thread; the message says where, an error says why not."""
-        run_in_worker(write, lambda p: self.message.setText(said(p)), self.main._error, name=name, parent=self)
+        run_in_worker(write, lambda p: self.message.setText(said(p)), self.main.show_error, name=name, parent=self)

@@ -35,8 +35,8 @@ from PySide6.QtWidgets import (
 from app.bus import Bus, Event
 from app.config import RunConfig
 from app.cost import sources_text, step_costs, usd_text
-from app.events import LadderUpdated
-from app.gui.campaign_panel import CampaignTab
+from app.events import CampaignUpdated
+from app.gui.campaign_panel import CampaignHost, CampaignTab
 from app.gui.ladder_chart import StaircaseChart
 from app.gui.theme import DARK, LIGHT
 from app.gui.workers import run_in_worker
@@ -80,11 +80,11 @@ def _style_cell(item: QTableWidgetItem, row: StepRow, col: int) -> None:
 
 
 class LadderTab(CampaignTab):
-    """See the module docstring. ``window`` is the :class:`app.gui.main_window.MainWindow`."""
+    """See the module docstring. ``window`` is its :class:`~app.gui.campaign_panel.CampaignHost`."""
 
     noun, title, tick_ms = "ladder", "Ladder", TICK_MS
 
-    def __init__(self, window: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, window: CampaignHost, parent: QWidget | None = None) -> None:
         super().__init__(window, parent)
         self.spec: LadderSpec | None = None
         self.is_default = False
@@ -98,7 +98,7 @@ class LadderTab(CampaignTab):
         self._planned_hardware: Any = None
         self._ladder_ok = False  # the configuration can carry a ladder (a shared-prefix workload, one level)
         self._showing_stored = False  # a stored ladder is open: a new plan does not replace it
-        self.sub = window.bus.subscribe(kinds=(LadderUpdated,))
+        self.sub = window.bus.subscribe(kinds=(CampaignUpdated,))
         self._build()
         self._start_ticking()
         window.state.changed.connect(self._config_changed)
@@ -333,7 +333,8 @@ class LadderTab(CampaignTab):
             self.replan()  # the window's probe arrived: judge the steps on this machine, not the ladder's GPU
         latest = None
         for item in self.sub.drain():
-            if isinstance(item, Event) and isinstance(item.payload, LadderUpdated):
+            if isinstance(item, Event) and isinstance(item.payload, CampaignUpdated) \
+                    and isinstance(item.payload.state, LadderState):
                 latest = item.payload.state
         if latest is not None and self.running_here:
             self.show_state(latest)
@@ -361,7 +362,7 @@ class LadderTab(CampaignTab):
         if key == self._costs_key or not key[1]:
             return
         self._costs_key = key
-        prices = self.main._price_table()
+        prices = self.main.prices()
 
         def price(store: Any) -> tuple[dict[int, str], str, dict[int, str]]:
             costs = step_costs(store, state, prices)
@@ -375,16 +376,14 @@ class LadderTab(CampaignTab):
                     chart.set_costs(*result)
                     chart.set_state(self.state)
 
-        run_in_worker(lambda: self.main._with_store(price), show, None, name="ladder-cost", parent=self)
+        run_in_worker(lambda: self.main.with_store(price), show, None, name="ladder-cost", parent=self)
 
     def _presentation_chart(self) -> StaircaseChart:
         """A large, dark staircase above the presentation's plots (created on first use)."""
         if self.present_chart is None:
             self.present_chart = StaircaseChart(DARK, compact=True)
             self.present_chart.setMinimumHeight(320)
-            plots = self.main.presentation.plots  # on the live page: between the tiles and the plots
-            layout = plots.parentWidget().layout()
-            layout.insertWidget(layout.indexOf(plots), self.present_chart, 3)
+            self.main.presentation.add_above_plots(self.present_chart, 3)
         self.present_chart.setVisible(self.state is not None and bool(self.state.completed_rows or self.running_here))
         return self.present_chart
 
@@ -421,7 +420,7 @@ class LadderTab(CampaignTab):
         from app.export.ladder_report import render_ladder_report
 
         prices = self._quiet_prices()
-        costs = self.main._with_store(lambda store: step_costs(store, state, prices)) if state.run_ids else None
+        costs = self.main.with_store(lambda store: step_costs(store, state, prices)) if state.run_ids else None
         return render_ladder_report(state, costs=costs)
 
     def export_final(self) -> None:

@@ -7,7 +7,7 @@ workers. Runs, engine stops, store queries, profile files and validation all run
 :class:`app.gui.workers.Worker` threads; their errors come back as one-line messages shown in
 the banner, never as tracebacks.
 
-Why one module of ~950 lines: the window is the one place that wires the panels to the bus timer,
+Why one module: the window is the one place that wires the panels to the bus timer,
 the workers and the session (closing included); each panel is its own module, and no figure is
 computed here.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import html
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from PySide6.QtWidgets import (
 
 from app.bus import Bus, Event, Sample
 from app.config import RunConfig
-from app.cost import PriceTable, RunCost, price_table, run_cost, usd_text
+from app.cost import PriceTable, RunCost, live_cost_basis, price_table, run_cost, usd_text
 from app.engines import CheckReport, check_config
 from app.errors import UserError
 from app.events import (
@@ -144,7 +145,7 @@ class MainWindow(QMainWindow):
         self._compare_ids: list[int] = []
         self._previous_config: dict[str, Any] | None = None  # the last run's configuration: the name suggestion
         self._run_config: RunConfig | None = None
-        self._run_plan: Plan | None = None  # what the running run's rates are measured against (issue 12)
+        self._run_plan: Plan | None = None  # what the running run's rates are measured against
         self._run_note = ""
         self._ticks = 0
         self.issues: list[ValidationIssue] = []
@@ -225,14 +226,14 @@ class MainWindow(QMainWindow):
         live_layout.addWidget(live_split, 1)
 
         self.history = HistoryView()
-        self.compare = CompareView(with_store=self._with_store)
+        self.compare = CompareView(with_store=self.with_store)
         self.tabs = QTabWidget()
         self.tabs.addTab(live, "Live")
         self.tabs.addTab(self.history, "History")
         self.tabs.addTab(self.compare, "Compare")
-        self.ladder = LadderTab(self)  # app.gui.ladder_tab: the acceleration ladder (issue 13)
+        self.ladder = LadderTab(self)  # app.gui.ladder_tab: the acceleration ladder
         self.tabs.addTab(self.ladder, "Ladder")
-        self.tune = TuneTab(self)  # app.gui.tune_tab: the tuner (issue 14)
+        self.tune = TuneTab(self)  # app.gui.tune_tab: the tuner
         self.tabs.addTab(self.tune, "Tune")
 
         right = QWidget()
@@ -304,14 +305,14 @@ class MainWindow(QMainWindow):
         self.banner.setVisible(bool(text))
         self.banner_close.setVisible(bool(text))
 
-    def _error(self, message: str) -> None:
+    def show_error(self, message: str) -> None:
         self.show_banner(message)
         self.statusBar().showMessage(mask_text(message), 10_000)
 
     # -- startup: settings, hardware, flags, history ---------------------------------------------
 
     def _startup_checks(self) -> None:
-        run_in_worker(load_settings, self._settings_loaded, self._error, name="settings", parent=self)
+        run_in_worker(load_settings, self._settings_loaded, self.show_error, name="settings", parent=self)
         self.phase_bar.set_text("Checking hardware and the installed engine…")
         self._probe_engine()
         self.refresh_history()
@@ -322,7 +323,7 @@ class MainWindow(QMainWindow):
         engine's --help, ~10 s; then it is cached by version)."""
         config = self.state.config
         self._probed_runtime = config.engine.runtime.model_dump_json() + config.engine.kind
-        run_in_worker(lambda: check_config(config), self._probed, self._error, name="probe", parent=self)
+        run_in_worker(lambda: check_config(config), self._probed, self.show_error, name="probe", parent=self)
 
     def _config_changed(self, path: str) -> None:
         engine = self.state.config.engine
@@ -358,7 +359,7 @@ class MainWindow(QMainWindow):
             return
         config, hardware, flags = self.state.config, self.hardware, self.flags
         run_in_worker(lambda: compute_availability(config, hardware, flags), self._availability_ready,
-                      self._error, name="availability", parent=self)
+                      self.show_error, name="availability", parent=self)
 
     def _availability_ready(self, availability: Availability) -> None:
         self.availability = availability
@@ -395,7 +396,7 @@ class MainWindow(QMainWindow):
 
     def _validation_failed(self, message: str) -> None:
         self._validation_running = False
-        self._error(message)
+        self.show_error(message)
 
     # -- profiles --------------------------------------------------------------------------------
 
@@ -441,7 +442,7 @@ class MainWindow(QMainWindow):
             if not self.running:  # the last run's graphs and figures belong to another profile
                 self._clear_live(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
 
-        run_in_worker(lambda: load_profile(path), loaded, self._error, name="open-profile", parent=self)
+        run_in_worker(lambda: load_profile(path), loaded, self.show_error, name="open-profile", parent=self)
 
     def _save_profile(self, ask: bool = False) -> None:
         path = self.profile_path
@@ -457,7 +458,7 @@ class MainWindow(QMainWindow):
     def save_profile_to(self, path: Path) -> None:
         problems = self.config_panel.problems()
         if problems:
-            self._error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
+            self.show_error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
             return
         config = self.state.config
 
@@ -474,7 +475,7 @@ class MainWindow(QMainWindow):
             except OSError as exc:
                 raise ProfileError(f"{path}: cannot write: {exc.strerror}") from None
 
-        run_in_worker(write, saved, self._error, name="save-profile", parent=self)
+        run_in_worker(write, saved, self.show_error, name="save-profile", parent=self)
 
     def _remember(self, kind: str, value: str) -> None:
         self.settings = self.settings.remember(kind, value)
@@ -482,13 +483,13 @@ class MainWindow(QMainWindow):
         if kind == "recent_models":
             self.config_panel.set_recent_models(self.settings.recent_models)
 
-    def _price_table(self) -> PriceTable:
+    def prices(self) -> PriceTable:
         """The shipped prices with yours from the settings on top (a hand-edited settings file with
         a bad price falls back to the shipped list, and says so)."""
         try:
             return price_table(self.settings.prices)
         except UserError as exc:
-            self._error(f"Your prices in {settings_path()} are not used: {exc}")
+            self.show_error(f"Your prices in {settings_path()} are not used: {exc}")
             return price_table()
 
     def _capacity_boxes(self) -> list[CapacityBox]:
@@ -511,7 +512,7 @@ class MainWindow(QMainWindow):
 
     def _save_settings(self) -> None:
         settings = self.settings
-        run_in_worker(lambda: save_settings(settings), None, self._error, name="save-settings", parent=self)
+        run_in_worker(lambda: save_settings(settings), None, self.show_error, name="save-settings", parent=self)
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -542,14 +543,14 @@ class MainWindow(QMainWindow):
             return
         problems = self.config_panel.problems()
         if problems:
-            self._error("Cannot start: " + "; ".join(problems))
+            self.show_error("Cannot start: " + "; ".join(problems))
             return
         errors = [i for i in self.issues if i.severity == "error"]
         if errors:
             path = self.config_panel.editor_for_issue(errors[0])
             if path is not None:
                 self.config_panel.show_field(path)
-            self._error("Cannot start: " + "; ".join(f"{i.field}: {i.message}" for i in errors))
+            self.show_error("Cannot start: " + "; ".join(f"{i.field}: {i.message}" for i in errors))
             return
         name = self.run_bar.run_name() or self.state.config.name
         config = self.state.config.model_copy(update={"name": name})
@@ -631,10 +632,10 @@ class MainWindow(QMainWindow):
         note = self._run_note
         if note and result.run_id:
             self._store_call(lambda s: s.set_notes(s.resolve(result.run_id), note))
-        self._after_run()
+        self.run_ended()
         self._show_run_summary(result)
         if result.status == "failed":
-            self._error(f"Run failed: {result.reason}")
+            self.show_error(f"Run failed: {result.reason}")
             self.log_view.show_diagnosis(result.reason)
         elif result.status == "cancelled":
             self.show_banner(f"Run cancelled: {result.reason or 'stopped by the user'}", error=False)
@@ -666,7 +667,7 @@ class MainWindow(QMainWindow):
     def _show_run_cost(self, run_id: str, output_tok_per_s: float | None, total_tok_per_s: float | None,
                        unreliable: str | None) -> None:
         """The cost tile, from the stored run (its GPUs and profile prices) at the summary's throughput."""
-        prices = self._price_table()
+        prices = self.prices()
 
         def cost(store: RunStore) -> RunCost:
             run = store.get_run(store.resolve(run_id))
@@ -679,7 +680,7 @@ class MainWindow(QMainWindow):
                 else:
                     row.show_cost(usd_text(c.output.usd), c.price_text(), c.note or "")
 
-        run_in_worker(lambda: self._with_store(cost), show, None, name="run-cost", parent=self)
+        run_in_worker(lambda: self.with_store(cost), show, None, name="run-cost", parent=self)
 
     @staticmethod
     def _result_line(result: RunResult, plan: Plan | None = None) -> str:
@@ -707,12 +708,24 @@ class MainWindow(QMainWindow):
 
     def _run_failed(self, message: str) -> None:
         self.dashboard.startup.set_phase("failed", message)
-        self._after_run()
-        self._error(f"Run failed: {message}")
+        self.run_ended()
+        self.show_error(f"Run failed: {message}")
         self.log_view.show_diagnosis(message)
         self.phase_bar.set_phase("failed", message)
 
-    def _after_run(self) -> None:
+    def start_campaign(self, work: Callable[[], Any], done: Callable[[Any], None], failed: Callable[[str], None],
+                       cancel: threading.Event, name: str, phase_text: str, owner: QWidget) -> None:
+        """``work()`` (a campaign tab's ladder or tune) in the run worker, as the window's running
+        run: Stop sets ``cancel``, closing the window waits for it, and the live view is cleared."""
+        self.show_banner(None)
+        self._clear_live("")
+        self.log_view.clear()
+        self.cancel = cancel
+        self.run_worker = run_in_worker(work, done, failed, name=name, parent=owner)
+        self._set_running(True)
+        self.phase_bar.set_text(phase_text, 2)
+
+    def run_ended(self) -> None:
         self.run_worker = None
         self.cancel = None
         self._set_running(False)
@@ -787,6 +800,9 @@ class MainWindow(QMainWindow):
                 self.dashboard.startup.set_phase(p.phase.value, p.detail)
         elif isinstance(p, RunStarted):
             self.statusBar().showMessage(f"Run {p.name} started ({p.engine_kind} {p.engine_version or ''})")
+            basis = live_cost_basis(p, self.prices())  # in memory: the run's GPUs or cores and price
+            for row in (self.dashboard.tiles, self.presentation.tiles):
+                row.set_cost_basis(basis)
         elif isinstance(p, EngineReady):
             lines = [f"tunebench: engine ready at {p.base_url}" +
                      (f" after {p.startup_s:.1f} s" if p.startup_s is not None else "")]
@@ -863,7 +879,7 @@ class MainWindow(QMainWindow):
             self.toggle_presentation()
 
     def _close_step_failed(self, message: str) -> None:
-        self._error(message)
+        self.show_error(message)
         self._finish_close()
 
     def toggle_presentation(self) -> None:
@@ -891,7 +907,7 @@ class MainWindow(QMainWindow):
         """The compared runs' headline, before and after, in presentation mode."""
         headlines = self.compare.extras.headlines
         if not headlines:
-            self._error("Compare two runs first: the before/after view shows their headline.")
+            self.show_error("Compare two runs first: the before/after view shows their headline.")
             return
         money = self.compare.extras.money_lines
         self.presentation.show_before_after(headlines[0], money[0] if money else "")
@@ -900,7 +916,7 @@ class MainWindow(QMainWindow):
 
     # -- history, compare, export ----------------------------------------------------------------
 
-    def _with_store(self, fn: Any) -> Any:
+    def with_store(self, fn: Any) -> Any:
         """Run ``fn(store)`` (in a worker); the store is opened on first use."""
         with self._store_lock:
             if self.store is None:
@@ -909,14 +925,14 @@ class MainWindow(QMainWindow):
         return fn(store)
 
     def refresh_history(self) -> None:
-        run_in_worker(lambda: self._with_store(lambda s: s.list_runs(limit=5000)), self._history_loaded,
-                      self._error, name="history", parent=self)
+        run_in_worker(lambda: self.with_store(lambda s: s.list_runs(limit=5000)), self._history_loaded,
+                      self.show_error, name="history", parent=self)
 
     def _history_loaded(self, runs: list[RunInfo]) -> None:
         self.history.set_runs(runs)
         if self._previous_config is None and runs:  # a first run this session: suggest against the last stored
             latest = max(runs, key=lambda r: r.started_at)
-            run_in_worker(lambda: self._with_store(lambda s: s.get_run(latest.id).config), self._previous_loaded,
+            run_in_worker(lambda: self.with_store(lambda s: s.get_run(latest.id).config), self._previous_loaded,
                           None, name="last-config", parent=self)
 
     def _previous_loaded(self, config: dict[str, Any]) -> None:
@@ -925,7 +941,7 @@ class MainWindow(QMainWindow):
             self._suggest_name()
 
     def _store_call(self, fn: Any) -> None:
-        run_in_worker(lambda: self._with_store(fn), lambda _r: self.refresh_history(), self._error,
+        run_in_worker(lambda: self.with_store(fn), lambda _r: self.refresh_history(), self.show_error,
                       name="store-edit", parent=self)
 
     def _delete_runs(self, ids: list[int]) -> None:
@@ -936,13 +952,13 @@ class MainWindow(QMainWindow):
 
     def compare_runs(self, ids: list[int], baseline: int | None = None) -> None:
         if len(ids) < 2:
-            self._error("Select at least two runs to compare.")
+            self.show_error("Select at least two runs to compare.")
             return
         self._compare_ids = list(ids)
-        prices = self._price_table()
-        run_in_worker(lambda: self._with_store(lambda s: compare_with_extras(s, ids, baseline, prices)),
+        prices = self.prices()
+        run_in_worker(lambda: self.with_store(lambda s: compare_with_extras(s, ids, baseline, prices)),
                       self._compared,
-                      self._error, name="compare", parent=self)
+                      self.show_error, name="compare", parent=self)
 
     def _compared(self, result: tuple[Comparison, CompareExtras]) -> None:
         comparison, extras = result
@@ -950,7 +966,7 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.compare)
 
     def open_export(self, run_ids: list[int], comparison: bool = False) -> ExportDialog:
-        dialog = ExportDialog(self, run_ids=run_ids, with_store=self._with_store, comparison=comparison)
+        dialog = ExportDialog(self, run_ids=run_ids, with_store=self.with_store, comparison=comparison)
         dialog.show()
         return dialog
 
@@ -980,7 +996,7 @@ class MainWindow(QMainWindow):
     def _finish_close(self) -> None:
         """Closing never waits on the GUI thread: each step finishes in a worker, then retries."""
         if self.running:
-            return  # _after_run calls back
+            return  # run_ended calls back
         if self.session.engine is not None and not self._shutting_engine:
             self._shutting_engine = True
             self.phase_bar.set_text("Stopping the engine…")

@@ -122,6 +122,7 @@ class PresentationView(QWidget):
         live_layout.setContentsMargins(0, 0, 0, 0)
         live_layout.addWidget(self.tiles)
         live_layout.addWidget(self.plots, 1)
+        self._live_layout = live_layout
         self.before_after = BeforeAfterView()
         self.empty = _label("Choose two runs in Compare and press \u201cPresent before/after\u201d.", 18, DARK.muted)
         self.pages = CurrentPageStack()
@@ -171,6 +172,10 @@ class PresentationView(QWidget):
         change = current.change or "Before and after"
         self._apply_heading(change[:1].upper() + change[1:],
                             f"Before: {current.before_label}  \u2192  After: {current.after_label}", "")
+
+    def add_above_plots(self, widget: QWidget, stretch: int) -> None:
+        """A campaign's own chart on the live page, between the tiles and the plots."""
+        self._live_layout.insertWidget(self._live_layout.indexOf(self.plots), widget, stretch)
 
     def refresh(self, store: SeriesStore, latest: dict[SeriesKey, float]) -> int:
         self.tiles.refresh(latest)

@@ -33,10 +33,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.bus import Event
 from app.cost import SECONDS_PER_HOUR, TOKENS_PER_MILLION, RunCost, run_cost, trial_costs, usd_text
+from app.events import CampaignUpdated
 from app.export.launch import SINGLE_NODE_FORMATS
 from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
-from app.gui.campaign_panel import CampaignTab
+from app.gui.campaign_panel import CampaignHost, CampaignTab
 from app.gui.capacity_box import CapacityBox
 from app.gui.theme import LIGHT, Theme
 from app.gui.workers import run_in_worker
@@ -169,13 +171,13 @@ def _style_cell(item: QTableWidgetItem, row: dict[str, str], col: int) -> None:
 
 
 class TuneTab(CampaignTab):
-    """See the module docstring. ``window`` is the :class:`app.gui.main_window.MainWindow`."""
+    """See the module docstring. ``window`` is its :class:`~app.gui.campaign_panel.CampaignHost`."""
 
     noun, title, tick_ms = "tune", "Tune", TICK_MS
     engines: Any = None
     """Tests put a stand-in engine source here (default: the tune's own engine keeper)."""
 
-    def __init__(self, window: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, window: CampaignHost, parent: QWidget | None = None) -> None:
         super().__init__(window, parent)
         self.state: TuneState | None = None
         self._cost_key: tuple[Any, ...] | None = None
@@ -184,7 +186,8 @@ class TuneTab(CampaignTab):
         self._trial_costs_key: tuple[Any, ...] | None = None
         """The tune, its finished trials and the prices the trials' cost cells were priced for."""
         self.stored: list[TuneState] = []
-        self.tuner: Any = None
+        self.sub = window.bus.subscribe(kinds=(CampaignUpdated,))
+        """The running tune's state as it moves (``app.tuner.run`` publishes each change)."""
         self._build()
         self._start_ticking()
 
@@ -255,7 +258,7 @@ class TuneTab(CampaignTab):
         # The trials table and the Capacity box share the place under the chart, as two tabs.
         right = split.widget(split.count() - 1)
         assert isinstance(right, QSplitter)
-        self.capacity = CapacityBox(self.main._with_store, side_by_side=False)
+        self.capacity = CapacityBox(self.main.with_store, side_by_side=False)
         self.results_tabs = QTabWidget()
         self.results_tabs.setDocumentMode(True)
         self.results_tabs.addTab(self.table, "Trials")
@@ -311,11 +314,11 @@ class TuneTab(CampaignTab):
         budget_s = self.budget_min.value() * 60.0 or None
         repeats = self.repeats.value()
         if repeats == 1:
-            w._error("Confirm pick: at least 2 reruns give a confidence interval (or off)")
+            w.show_error("Confirm pick: at least 2 reruns give a confidence interval (or off)")
             return
         cancel = threading.Event()
         bus, db_path, hardware, flags = w.bus, w.db_path, w.hardware, w.flags
-        kwargs: dict[str, Any] = {"telemetry": True, "on_update": None}
+        kwargs: dict[str, Any] = {"telemetry": True}
         if self.runner_factory is not None:
             kwargs["runner_factory"] = self.runner_factory
         if self.engines is not None:
@@ -335,18 +338,18 @@ class TuneTab(CampaignTab):
             try:
                 if chosen is not None:
                     stored = tune_store.find_tune(recorder.store, chosen.tune_id)
-                    self.tuner = Tuner.resume(stored, bus, recorder=recorder, **kwargs)
+                    tuner = Tuner.resume(stored, bus, recorder=recorder, **kwargs)
                 else:
                     raw = read_space_file(space_path) if space_path else None
                     space = build_space(config, hardware, raw, source=space_path or "search space")
                     space.percentile = percentile  # type: ignore[assignment]
-                    self.tuner = Tuner(config, bus, slo=slo, space=space, strategy=strategy, max_candidates=trials,
-                                       budget_s=budget_s, repeats=repeats, profile=stem, recorder=recorder, **kwargs)
-                return self.tuner.run(cancel)
+                    tuner = Tuner(config, bus, slo=slo, space=space, strategy=strategy, max_candidates=trials,
+                                  budget_s=budget_s, repeats=repeats, profile=stem, recorder=recorder, **kwargs)
+                return tuner.run(cancel)
             finally:
                 recorder.close()
 
-        self.tuner = None
+        self.sub.drain()  # what earlier tunes published is not this one's
         self._launch(work, cancel, "Tune starting\u2026")
 
     def _done(self, state: TuneState) -> None:
@@ -357,8 +360,12 @@ class TuneTab(CampaignTab):
 
     def tick(self) -> None:
         self._follow_window()
-        if self._running and self.tuner is not None:
-            state = self.tuner.snapshot()
+        state = None
+        for item in self.sub.drain():
+            if isinstance(item, Event) and isinstance(item.payload, CampaignUpdated) \
+                    and isinstance(item.payload.state, TuneState):
+                state = item.payload.state
+        if self._running and state is not None:
             if self.state is None or state.revision != self.state.revision:
                 self.show_state(state)
                 running = [t for t in state.trials if t.status == "running"]
@@ -407,7 +414,7 @@ class TuneTab(CampaignTab):
                 self._trial_costs = costs
                 self._fill_trials()
 
-        run_in_worker(lambda: self.main._with_store(lambda store: trial_costs(store, state, prices)), shown, None,
+        run_in_worker(lambda: self.main.with_store(lambda store: trial_costs(store, state, prices)), shown, None,
                       name="tune-trial-costs", parent=self)
 
     def _fill_cost_axis(self, state: TuneState | None) -> None:
@@ -424,7 +431,7 @@ class TuneTab(CampaignTab):
         if key == self._cost_key:
             return
         self._cost_key = key
-        prices, run_id, figures = self.main._price_table(), trial.run_id, dict(trial.figures)
+        prices, run_id, figures = self.main.prices(), trial.run_id, dict(trial.figures)
         per_device = float(trial.tok_s_per_gpu or 0.0)
 
         def price(store: Any) -> tuple[float | None, str]:
@@ -433,7 +440,7 @@ class TuneTab(CampaignTab):
                 return None, ""
             return cost.output.usd * per_device * SECONDS_PER_HOUR / TOKENS_PER_MILLION, cost.price.source
 
-        run_in_worker(lambda: self.main._with_store(price), lambda r: self.chart.set_cost(*r), None,
+        run_in_worker(lambda: self.main.with_store(price), lambda r: self.chart.set_cost(*r), None,
                       name="tune-cost", parent=self)
 
     def _fill_capacity(self, state: TuneState | None) -> None:
@@ -476,7 +483,7 @@ class TuneTab(CampaignTab):
         from app.export.tune_report import render_tune_report
 
         prices = self._quiet_prices()
-        costs = self.main._with_store(lambda store: trial_costs(store, state, prices)) if state.measured else None
+        costs = self.main.with_store(lambda store: trial_costs(store, state, prices)) if state.measured else None
         return render_tune_report(state, costs=costs)
 
     def export_pick(self, path: str | None = None, fmt: str | None = None) -> None:
@@ -516,11 +523,11 @@ class TuneTab(CampaignTab):
                 import_into_tune(store, tune_id, path)
                 return load_tune(store, tune_id)
 
-            return self.main._with_store(go)  # type: ignore[no-any-return]
+            return self.main.with_store(go)  # type: ignore[no-any-return]
 
         def done(new: TuneState) -> None:
             self.show_state(new)
             self.message.setText(f"Imported {len(new.imported)} point(s) onto tune {tune_id}")
             self.refresh_stored()
 
-        run_in_worker(work, done, self.main._error, name="tune-import", parent=self)
+        run_in_worker(work, done, self.main.show_error, name="tune-import", parent=self)

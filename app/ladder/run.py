@@ -32,7 +32,7 @@ from app.campaign import Campaign, EngineSource, Recorder, RunnerLike, Step, Ste
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
-from app.events import LadderUpdated
+from app.events import CampaignUpdated
 from app.ladder.spec import (
     LadderError,
     LadderSpec,
@@ -442,7 +442,7 @@ class Ladder:
                     errors = getattr(self.recorder, "errors", None)
                     if isinstance(errors, list):
                         errors.append(f"ladder state not stored in run {run_id}: {exc}")
-        self.bus.emit(LadderUpdated(state=snapshot))
+        self.bus.emit(CampaignUpdated(state=snapshot))
 
 
 def run_ladder(config: RunConfig, bus: Bus, cancel: threading.Event | None = None, *, spec: LadderSpec | None = None,

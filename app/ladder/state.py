@@ -1,7 +1,7 @@
 """What a ladder produced: one :class:`StepRow` per planned step and the ladder around them.
 
-The same object travels on the bus (``app.events.LadderUpdated``: the CLI's live line, the GUI's
-staircase), is written into the summary of every stored run of the ladder (``summary["ladder"]``,
+The same object travels on the bus (``app.events.CampaignUpdated``: the CLI's live line, the
+GUI's staircase), is written into the summary of every stored run of the ladder (``summary["ladder"]``,
 so a ladder is read back from the store without a table of its own) and feeds the HTML report.
 The factors are computed here once (:func:`compute_factors`), so every face shows the same.
 """
@@ -97,6 +97,8 @@ class StepRow(BaseModel):
 class LadderState(BaseModel):
     """A whole ladder: its rows, where it ran, and how it ended."""
 
+    campaign: Literal["ladder"] = "ladder"
+    """Which campaign this is (``app.events.CampaignUpdated`` carries a ladder's or a tune's state)."""
     ladder_id: str
     name: str
     profile: str = ""

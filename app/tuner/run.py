@@ -21,7 +21,7 @@ yields the most output tok/s per GPU while meeting the SLO, driving :class:`app.
 - **Processes.** Engines come from an :class:`~app.campaign.EngineKeeper` (own process group,
   watchdog, registry), closed when the tune ends however it ends; nothing is killed by name.
 
-Why one module of ~680 lines: the search loop, its resume from the store and its stopping rules
+Why one module: the search loop, its resume from the store and its stopping rules
 share one state object and one cancel path; the space, the SLO judge, the state and its stored
 form are their own modules (``space``, ``slo``, ``state``, ``stored``).
 """
@@ -50,7 +50,7 @@ from app.campaign import (
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
-from app.events import LogLine
+from app.events import CampaignUpdated, LogLine
 from app.runner import Runner, RunResult
 from app.slo import SloError, parse_slo
 from app.tuner.slo import judge, per_gpu, per_user
@@ -97,7 +97,7 @@ class Tuner:
                  engines: EngineSource | None = None, runner_factory: Callable[..., RunnerLike] | None = None,
                  telemetry: bool = True, hardware: HardwareInfo | None = None, flags: FlagSet | None = None,
                  discover_flags: bool = True, plan_gpu: str | None = None, tune_id: str | None = None,
-                 on_update: Callable[[TuneState], None] | None = None, seed: int = 0,
+                 seed: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if strategy not in ("grid", "bayes"):
             raise UserError(f"unknown strategy '{strategy}' (grid or bayes)")
@@ -121,13 +121,11 @@ class Tuner:
         self.runner_factory: Callable[..., RunnerLike] = runner_factory or Runner
         self.telemetry = telemetry
         self.plan_gpu = plan_gpu
-        self.on_update = on_update
         self.clock = clock
         self._hardware = hardware
         self._flags = flags
         self._discover = discover_flags
         self._checked = False
-        self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self.seed = seed
         self._keeper: EngineSource | None = None
@@ -138,7 +136,6 @@ class Tuner:
         self._launches_before = 0
         self._resumed = False
         self._stale: dict[tuple[int, float], int] = {}
-        self._latest: TuneState | None = None
         self.state = TuneState(
             tune_id=tune_id or uuid.uuid4().hex[:12], name=name or f"{profile or config.name}: tune under {slo}",
             profile=profile, slo=slo, percentile=space.percentile, strategy=strategy, started_wall_s=time.time(),
@@ -590,12 +587,6 @@ class Tuner:
 
     # -- store and publishing ---------------------------------------------------------------------
 
-    def snapshot(self) -> TuneState:
-        """The state as last published (safe from any thread: copied where it changes)."""
-        with self._lock:
-            latest = self._latest
-        return latest if latest is not None else self.state.model_copy(deep=True)
-
     def _note(self, line: str) -> None:
         self.bus.emit(LogLine(line=f"tunebench: {line}"))
 
@@ -646,13 +637,9 @@ class Tuner:
             self._publish()
 
     def _publish(self) -> None:
-        """A copy of the state for other threads (the GUI polls :meth:`snapshot`), and ``on_update``."""
+        """The state on the bus (a copy: the tune goes on changing its own)."""
         self.state.revision += 1
-        copy = self.state.model_copy(deep=True)
-        with self._lock:
-            self._latest = copy
-        if self.on_update is not None:
-            self.on_update(copy)
+        self.bus.emit(CampaignUpdated(state=self.state.model_copy(deep=True)))
 
     def _end(self, status: Any, reason: str | None) -> None:
         st = self.state

@@ -1,5 +1,5 @@
-"""What a tune produced, as the store keeps it (``db.tune_store``) and the CLI, the GUI and the
-report show it: the engine configurations (candidates), one trial per configuration and load, the
+"""What a tune produced, as the store keeps it (``db.tune_store``), the bus carries it
+(``app.events.CampaignUpdated``) and the CLI, the GUI and the report show it: the engine configurations (candidates), one trial per configuration and load, the
 pick under the SLO with the constraint that bound it, and the Pareto front.
 
 Axes of the trade-off (as ``vllm bench sweep plot_pareto`` and AIConfigurator draw it): output
@@ -122,6 +122,8 @@ class Pick(BaseModel):
 
 
 class TuneState(BaseModel):
+    campaign: Literal["tune"] = "tune"
+    """Which campaign this is (``app.events.CampaignUpdated`` carries a ladder's or a tune's state)."""
     tune_id: str
     name: str = ""
     profile: str = ""

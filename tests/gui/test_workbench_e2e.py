@@ -104,7 +104,7 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     # the cost tile: the stored run's cores x the default per-core-hour price over its output tokens per hour
     cost_tile = window.dashboard.tiles.cost_tile
     qtbot.waitUntil(lambda: cost_tile.text().startswith("$"), timeout=20_000)
-    deployment = run_deployment(window._with_store(lambda store: store.get_run(completed.id)))
+    deployment = run_deployment(window.with_store(lambda store: store.get_run(completed.id)))
     core_hour_usd = default_prices().cpu_core_hour_usd
     assert core_hour_usd is not None and deployment.kind == "cpu"
     expected = deployment.units_measured * core_hour_usd / (completed.metrics["output_tok_per_s"] * 3600) * 1e6

@@ -18,7 +18,7 @@ import pytest
 from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
-from app.events import LadderUpdated
+from app.events import CampaignUpdated
 from app.ladder.run import Ladder, skip_reason
 from app.ladder.spec import LadderError, LadderSpec, LadderStepSpec, apply_step, default_ladder, ladder_base
 from app.ladder.state import LadderState, StepRow, compute_factors, limit_text
@@ -175,7 +175,7 @@ def test_the_default_order_follows_the_seeds_and_skips_what_a_cpu_build_cannot_d
 
 def test_a_ladder_reuses_the_engine_for_load_steps_and_stores_one_group(store: RunStore) -> None:
     bus = Bus()
-    updates = bus.subscribe(kinds=(LadderUpdated,))
+    updates = bus.subscribe(kinds=(CampaignUpdated,))
     state, engines, _ = run_ladder(store, bus=bus)
     assert state.status == "completed" and state.reason is None
     assert [r.status for r in state.rows] == ["completed"] * 4
@@ -253,7 +253,7 @@ def test_a_failed_step_is_shown_and_the_ladder_goes_on_from_the_last_step_that_r
 def test_a_cancelled_ladder_says_so_and_leaves_the_rest_unrun(store: RunStore) -> None:
     cancel = threading.Event()
     bus = Bus()
-    sub = bus.subscribe(kinds=(LadderUpdated,))
+    sub = bus.subscribe(kinds=(CampaignUpdated,))
 
     def cancel_on_second_step() -> None:
         while not cancel.is_set():

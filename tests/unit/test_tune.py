@@ -68,9 +68,9 @@ def expected_verdict(seqs: int, prefix: bool, c: int) -> bool:
 
 
 def tune(store: RunStore | None, raw: dict[str, Any] | None = None, *, hardware: HardwareInfo = AVX512,
-         engines: FakeEngines | None = None, cancel: threading.Event | None = None, **kwargs: Any
-         ) -> tuple[TuneState, FakeEngines, Tuner]:
-    bus = Bus()
+         engines: FakeEngines | None = None, cancel: threading.Event | None = None, bus: Bus | None = None,
+         **kwargs: Any) -> tuple[TuneState, FakeEngines, Tuner]:
+    bus = bus or Bus()
     recorder = RunRecorder(bus, store) if store is not None else None
     engines = engines or FakeEngines()
     space = build_space(demo(), hardware, raw or SPACE)
@@ -437,3 +437,21 @@ def test_cli_resume_and_user_errors(tmp_path: Path, fake_cli: FakeEngines, capsy
     assert "no unfinished tune of profile 'cpu-demo'" in capsys.readouterr().err
     assert main(["tune", "cpu-demo", "--slo", SLO, "--dry-run"]) == 0
     assert "ready" in capsys.readouterr().out
+
+
+def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store: RunStore) -> None:
+    """One event for every campaign: each change of the tune is a ``CampaignUpdated`` carrying a
+    copy of its whole state, in order; the recorder stores the runs, not the campaign's updates."""
+    from app.events import CampaignUpdated
+
+    bus = Bus()
+    updates = bus.subscribe(kinds=(CampaignUpdated,))
+    state, _engines, _tuner = tune(store, bus=bus)
+    seen = [item.payload.state for item in updates.drain()]  # type: ignore[union-attr]
+    assert seen and all(isinstance(s, TuneState) and s.tune_id == state.tune_id for s in seen)
+    revisions = [s.revision for s in seen]
+    assert revisions == sorted(set(revisions)) and revisions[-1] == state.revision
+    assert seen[-1].model_dump() == state.model_dump() and seen[-1] is not state  # a copy: the tune keeps its own
+    assert any(t.status == "running" for s in seen for t in s.trials)  # a trial was seen under way
+    kinds = {e["kind"] for run in store.list_runs() for e in store.get_run(run.id).events}
+    assert kinds and "campaign" not in kinds

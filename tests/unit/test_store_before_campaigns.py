@@ -1,0 +1,82 @@
+"""A run database made by the code before campaigns had a stored form of their own
+(``tests/data/store-before-campaigns.db``, made by ``tests/data/make_store_before_campaigns.py``)
+still shows what that code showed of it (``store-before-campaigns.expected.json``): its ladders, its
+tunes and its repeat set, every figure and status. A migration of the stored form must keep this
+test passing unchanged. Keys the code has added since are allowed; a value changed or lost is not.
+Costs are left out: they follow the dated default price list, not the stored form."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fuzz.hostile import cli
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+EXPECTED = json.loads((DATA / "store-before-campaigns.expected.json").read_text())
+LEFT_OUT = {"cost"}
+
+
+def _kept(expected: Any, actual: Any, where: str = "") -> list[str]:
+    """Where ``actual`` does not keep ``expected`` (new keys in ``actual`` are fine)."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{where}: {actual!r} is not an object"]
+        return [p for key, value in expected.items() if key not in LEFT_OUT
+                for p in ([f"{where}.{key}: missing"] if key not in actual else _kept(value, actual[key], f"{where}.{key}"))]
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return [f"{where}: {actual!r} instead of {expected!r}"]
+        return [p for i, (e, a) in enumerate(zip(expected, actual, strict=True)) for p in _kept(e, a, f"{where}[{i}]")]
+    if isinstance(expected, float) and isinstance(actual, int | float) and not isinstance(actual, bool):
+        return [] if math.isclose(expected, actual, rel_tol=1e-12, abs_tol=1e-12) else [f"{where}: {actual} != {expected}"]
+    return [] if expected == actual else [f"{where}: {actual!r} != {expected!r}"]
+
+
+@pytest.fixture(scope="module")
+def old_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("old") / "runs.db"
+    shutil.copyfile(DATA / "store-before-campaigns.db", path)  # the kept file is never written
+    return path
+
+
+def _json(*argv: str) -> Any:
+    out = cli(*argv).check()
+    assert out.code == 0, out
+    return json.loads(out.out)
+
+
+def test_the_fixture_holds_each_kind_of_campaign() -> None:
+    ladders, tunes = EXPECTED["ladders"].values(), EXPECTED["tunes"].values()
+    assert EXPECTED["runs"] == 28 and len(EXPECTED["repeat_set"]["runs"]) == 3
+    assert any(r["status"] == "skipped" for s in ladders for r in s["rows"])
+    assert any(r["runs"] == 2 for s in ladders for r in s["rows"])
+    assert {t["status"] for t in tunes} == {"completed", "cancelled"}
+
+
+@pytest.mark.parametrize("ladder_id", sorted(EXPECTED["ladders"]))
+def test_a_stored_ladder_shows_what_it_showed(old_db: Path, ladder_id: str) -> None:
+    shown = _json("ladders", "show", ladder_id, "--db", str(old_db), "--json")
+    assert not (lost := _kept(EXPECTED["ladders"][ladder_id], shown)), lost[:10]
+
+
+@pytest.mark.parametrize("tune_id", sorted(EXPECTED["tunes"]))
+def test_a_stored_tune_shows_what_it_showed(old_db: Path, tune_id: str) -> None:
+    shown = _json("tunes", "show", tune_id, "--db", str(old_db), "--json")
+    assert not (lost := _kept(EXPECTED["tunes"][tune_id], shown)), lost[:10]
+
+
+def test_a_stored_repeat_set_compares_as_it_did(old_db: Path) -> None:
+    runs = [str(r) for r in EXPECTED["repeat_set"]["runs"]]
+    shown = _json("compare", *runs, "--db", str(old_db), "--json", "--no-series")
+    assert not (lost := _kept(EXPECTED["repeat_set"]["compare"], shown)), lost[:10]
+
+
+def test_the_runs_are_all_there(old_db: Path) -> None:
+    listed = _json("runs", "list", "--db", str(old_db), "--json")
+    assert len(listed) == EXPECTED["runs"]
