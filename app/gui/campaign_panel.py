@@ -8,6 +8,7 @@ own controls and keeps its own wording (``noun``, ``title``) and object names.
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -120,6 +121,11 @@ class CampaignTab(QWidget):
     """Tests put a stand-in runner here (the campaign owner's ``runner_factory``)."""
 
     def __init__(self, window: CampaignHost, parent: QWidget | None = None) -> None:
+        # Qt's metaclass cannot be mixed with ABCMeta, so the hooks' @abstractmethod is checked here:
+        # a tab that lacks one fails when it is built, not when the user first reaches it.
+        if missing := sorted(name for name in dir(type(self))
+                             if getattr(getattr(type(self), name, None), "__isabstractmethod__", False)):
+            raise TypeError(f"{type(self).__name__} does not define the campaign tab's {', '.join(missing)}")
         super().__init__(parent)
         self.main = window
         self.state: Any = None
@@ -225,9 +231,9 @@ class CampaignTab(QWidget):
         self.main.start_campaign(work, self._done, self._failed, cancel, self.noun, phase_text, self)
         self._update_buttons()
 
+    @abstractmethod
     def _done(self, state: Any) -> None:
-        """Hook, defined by each tab (LadderTab, TuneTab): The run's final state, on the GUI thread: each tab shows it its own way."""
-        raise NotImplementedError
+        """The run's final state, on the GUI thread: each tab shows it its own way."""
 
     def _failed(self, message: str) -> None:
         self._finished()
@@ -248,19 +254,19 @@ class CampaignTab(QWidget):
     def tick(self) -> None:
         self._follow_window()
 
+    @abstractmethod
     def _update_buttons(self) -> None:
-        """Hook, defined by each tab (LadderTab, TuneTab): Which buttons the tab's state allows."""
-        raise NotImplementedError
+        """Which buttons the tab's state allows."""
 
     # -- stored campaigns --------------------------------------------------------------------------
 
+    @abstractmethod
     def _list_stored(self, store: Any) -> list[Any]:
-        """Hook, defined by each tab (LadderTab, TuneTab): The tab's stored campaigns (in a worker, from the store)."""
-        raise NotImplementedError
+        """The tab's stored campaigns (in a worker, from the store)."""
 
+    @abstractmethod
     def _stored_label(self, item: Any) -> str:
-        """Hook, defined by each tab (LadderTab, TuneTab): One stored campaign as the picker lists it."""
-        raise NotImplementedError
+        """One stored campaign as the picker lists it."""
 
     def refresh_stored(self) -> None:
         run_in_worker(lambda: self.main.with_store(self._list_stored), self._stored_loaded, self.main.show_error,
@@ -279,14 +285,14 @@ class CampaignTab(QWidget):
         i = self.stored_picker.currentIndex()
         return self.stored[i] if 0 <= i < len(self.stored) else None
 
+    @abstractmethod
     def _report_target(self) -> tuple[Any, str] | None:
-        """Hook, defined by each tab (LadderTab, TuneTab): the state the report is of, and its id
+        """the state the report is of, and its id
         (for the file name)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _render_report(self, state: Any) -> str:
-        """Hook, defined by each tab (LadderTab, TuneTab): The HTML report of one state."""
-        raise NotImplementedError
+        """The HTML report of one state."""
 
     def save_report(self, path: str | None = None) -> None:
         target = self._report_target()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, ClassVar
@@ -68,7 +69,7 @@ class FakeEngines:
             self.engine.stop()
 
 
-class FakeRunner:
+class FakeRunner(ABC):
     """Runs nothing: publishes RunStarted, EngineReady, one level and RunFinished. A face says how
     the run begins (:meth:`begin`: may raise, a crash; returns a failure reason), which features
     it verifies and what its one level measures (:meth:`measure`)."""
@@ -88,9 +89,9 @@ class FakeRunner:
     def feature_checks(self) -> list[FeatureCheck]:
         return []
 
+    @abstractmethod
     def measure(self, run_id: str, t0: float, cancel: threading.Event | None) -> LevelSummary:
-        """Hook, defined by each fake (FakeLadderRunner, FakeTuneRunner): what its one level measures."""
-        raise NotImplementedError
+        """What its one level measures: each face (FakeLadderRunner, FakeTuneRunner) its own way."""
 
     def run(self, cancel: threading.Event | None = None) -> RunResult:
         failure = self.begin()

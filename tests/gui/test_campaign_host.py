@@ -127,3 +127,17 @@ def test_both_tabs_run_on_a_host_of_their_own(qtbot, tmp_path: Path, monkeypatch
     assert host.store_calls > before
     qtbot.waitUntil(lambda: not busy_workers(), timeout=10_000)  # nothing of the tabs outlives the test
     qtbot.wait(100)  # and what the last workers said is delivered while the tabs still exist
+
+
+def test_a_campaign_tab_that_lacks_a_hook_is_refused_when_it_is_built(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``CampaignTab``'s hooks are abstract: a third tab that forgets one fails at construction,
+    naming it, instead of when the user first reaches it."""
+    from app.gui.campaign_panel import CampaignTab
+
+    class HalfTab(CampaignTab):
+        def _done(self, state: Any) -> None: ...
+
+    host = SmallHost(tmp_path / "runs.db")
+    qtbot.addWidget(host)
+    with pytest.raises(TypeError, match="_render_report"):
+        HalfTab(host)  # type: ignore[abstract]
