@@ -125,7 +125,14 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
     mid = (idle_end + 0.5, load_end - 0.5)
     mid_kv = _engine_series(items, "kv_cache_usage_pct", *mid)
     if not mid_kv:
-        assert stats["errors"] > 0, ("no scrape landed during the load, yet none failed", load_kv, stats)
+        # None is dated inside it: one failed (and was counted), or one was in flight across it. A
+        # scrape slowed by the load is dated at its midpoint, so two in a row can sit either side
+        # of a short middle; they are still at most a time-out and an interval apart (with slack).
+        dated = sorted(s.t_mono for s in items if isinstance(s, Sample) and s.source == "engine")
+        spans = [(a, b) for a, b in zip(dated, dated[1:], strict=False) if a <= mid[0] and b >= mid[1]]
+        straddled = bool(spans) and all(b - a <= 3.0 + 0.25 + 1.0 for a, b in spans)
+        assert stats["errors"] > 0 or straddled, ("no scrape landed during the load, yet none failed", load_kv,
+                                                  stats, spans)
     assert all(0 <= n <= CONCURRENCY for n in running), running
     assert all(0 <= v <= 100 for v in load_kv), load_kv
     every_rate = [v for s in items if isinstance(s, Sample) and s.source == "engine"
