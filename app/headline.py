@@ -97,13 +97,23 @@ def factor_words(key: str, before: float | None, after: float | None) -> str:
     return f"{abs(pct):.0f}% {up if pct > 0 else down}"
 
 
+def _steady_first(comparison: Comparison, key: str, base: int, column: int) -> str:
+    """The figure's steady-window twin (``catalog.STEADY_OF``) when both runs have it: a headline
+    compares what the engine did at its target load, not the ramp-up and drain (its name says so)."""
+    twin = catalog.STEADY_OF.get(key)
+    row = comparison.metric(twin) if twin else None
+    if twin and row is not None and row.values[base] is not None and row.values[column] is not None:
+        return twin
+    return key
+
+
 def headline(comparison: Comparison, column: int, *, keys: Sequence[str] = HEADLINE_KEYS,
              engine_defaults: Mapping[str, Any] | None = None) -> Headline:
     """The headline of column ``column`` against the comparison's baseline."""
     base = comparison.baseline
     labels = comparison.labels()
     figures: list[HeadlineFigure] = []
-    for key in dict.fromkeys(comparison.reliable_key(k) for k in keys):
+    for key in dict.fromkeys(comparison.reliable_key(_steady_first(comparison, k, base, column)) for k in keys):
         row = comparison.metric(key)
         if row is None:
             continue

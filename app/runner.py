@@ -47,7 +47,7 @@ from app.load.aggregate import LevelAccumulator
 from app.load.cache import CachePlan
 from app.load.client import ClientOptions
 from app.load.datasets import BuildCancelled, Dataset, build_dataset
-from app.load.executor import LevelOutcome, LiveStats, StopRule
+from app.load.executor import LevelOutcome, LiveStats, StopRule, planned_conversations
 from app.load.metrics import (
     EngineDeltas,
     LevelSummary,
@@ -518,7 +518,8 @@ class Runner:
                     deltas = engine_deltas(before, after)
             summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
                                   lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
-                                  client_lag_ms=outcome.client_lag_ms)
+                                  client_lag_ms=outcome.client_lag_ms, target=plan.target,
+                                  planned_requests=planned_conversations(dataset, rule))
             level = LevelResult(index=plan.index, label=plan.label, mode=plan.mode, concurrency=plan.concurrency,
                                 rate_rps=plan.rate_rps, started_wall_s=started_wall, summary=summary,
                                 requests=outcome.records)

@@ -107,6 +107,8 @@ class LoadConfig(StrictModel):
     ramp_start_rps: float = Field(0.5, gt=0, le=MAX_RATE_RPS)
     max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY,
                                         description="Open loop: cap on requests in flight.")
+    ramp_up_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+                             description="Closed loop: start the concurrent streams evenly over this long.")
     levels: list[float] = Field(default_factory=list, max_length=MAX_LEVELS)
     sweep_of: Literal["concurrency", "rate"] = "concurrency"
     duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
@@ -132,6 +134,8 @@ class LoadConfig(StrictModel):
     def _pattern_needs(self) -> LoadConfig:
         if self.pattern in ("constant", "poisson", "gamma", "ramp") and self.rate_rps is None:
             raise ValueError(f"load pattern '{self.pattern}' needs rate_rps")
+        if self.ramp_up_s and not (self.pattern == "closed" or (self.pattern == "sweep" and self.sweep_of == "concurrency")):
+            raise ValueError("ramp_up_s staggers a closed loop's streams; an open loop ramps with pattern 'ramp'")
         if self.pattern == "sweep" and not self.levels:
             raise ValueError("load pattern 'sweep' needs levels (concurrencies or rates)")
         if self.pattern == "sweep" and self.sweep_of == "concurrency" and any(

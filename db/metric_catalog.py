@@ -135,17 +135,48 @@ def _catalogue() -> tuple[Metric, ...]:
                description="launch -> ready; dominated by this machine's caches"),
         Metric("kv_cache_tokens", "KV cache capacity", "tokens", "higher", "engine", digits=0,
                description="tokens the engine's KV cache can hold"),
+        # What the client delivered of the load (app.load.delivery): the proof the figures are the engine's.
+        Metric("send_lag_ms_p99", "Send lag p99", "ms", "lower", "client", digits=1,
+               description="due -> sent, apart from waiting for the in-flight cap: how late the client sent",
+               short="send lag p99"),
+        Metric("intended_rate_rps", "Rate asked", "req/s", "neutral", "client", digits=2,
+               description="open loop: the arrival rate the level was told to send"),
+        Metric("achieved_rate_rps", "Rate sent", "req/s", "neutral", "client", digits=2,
+               description="open loop: the rate the requests really went out at"),
+        Metric("intended_concurrency", "Concurrency asked", "", "neutral", "client", digits=0,
+               description="closed loop: requests to keep in flight (open loop: the cap)"),
+        Metric("achieved_concurrency", "Concurrency held", "", "neutral", "client", digits=1,
+               description="closed loop: requests in flight, time-averaged while sending at the target"),
+        # The level's steady window (app.load.delivery): ramp-up and drain left out.
+        Metric("steady_output_tok_per_s", "Output throughput (steady)", "tok/s", "higher", "throughput", "tokens",
+               "engine_output_tok_per_s", digits=1,
+               description="output tokens that arrived inside the steady window / its length",
+               short="out tok/s steady"),
+        Metric("steady_requests_per_s", "Request throughput (steady)", "req/s", "higher", "throughput", digits=2,
+               description="requests completed inside the steady window / its length", short="req/s steady"),
+        Metric("steady_duration_s", "Steady window", "s", "neutral", "run", digits=1,
+               description="how long the load held its target"),
         # How late the client's loop woke: a measure of the measurement, not of the engine.
         Metric("client_lag_ms_p99", "Client loop lag p99", "ms", "neutral", "client", digits=1,
                description="how late the load client's event loop woke (starved client when high)",
                short="lag p99"),
     ]
+    for base, short, digits, what in (("ttft_ms", "TTFT", 1, "due -> first token, the stall a cap held back included"),
+                                      ("e2e_ms", "E2E", 1, "due -> last token")):
+        for stat in ("p50", "p99"):  # open loop, from the time each request was due (app.load.delivery)
+            out.append(Metric(f"{base[:-3]}_intended_ms_{stat}", f"{short} {stat} from due", "ms", "lower", "latency",
+                              "client_timing", digits=digits, description=f"open loop: {what}"))
+    for base, short, digits in (("ttft_ms", "TTFT", 1), ("tpot_ms", "TPOT", 2), ("e2e_ms", "E2E", 1)):
+        for stat in ("p50", "p99"):  # over the level's steady window
+            out.append(Metric(f"steady_{base}_{stat}", f"{short} {stat} (steady)", "ms", "lower", "latency",
+                              "client_timing", digits=digits))
     return tuple(out)
 
 
 CATALOGUE: tuple[Metric, ...] = _catalogue()
-NOT_SHOWN = frozenset({"tokens_match_engine"})
-"""Recorded to judge reliability (1 = the client's token count equals the engine's), not a figure."""
+NOT_SHOWN = frozenset({"tokens_match_engine", "client_fell_behind"})
+"""Recorded to judge reliability (1 = the client's token count equals the engine's; 1 = the
+client fell behind the load it was told to send), not figures."""
 BY_KEY: dict[str, Metric] = {m.key: m for m in CATALOGUE}
 
 HEADLINE: tuple[str, ...] = (
@@ -153,6 +184,13 @@ HEADLINE: tuple[str, ...] = (
     "e2e_ms_p50", "e2e_ms_p99", "error_rate_pct",
 )
 """The figures a comparison leads with, in this order (before engine-side substitutes are applied)."""
+STEADY_OF: dict[str, str] = {
+    "output_tok_per_s": "steady_output_tok_per_s", "requests_per_s": "steady_requests_per_s",
+    "ttft_ms_p50": "steady_ttft_ms_p50", "ttft_ms_p99": "steady_ttft_ms_p99",
+    "e2e_ms_p50": "steady_e2e_ms_p50", "e2e_ms_p99": "steady_e2e_ms_p99",
+}
+"""A headline figure's steady-window twin (``app.load.delivery``): where the runs have one, a
+comparison leads with it (its name says "(steady)"), the whole-level figure right after."""
 
 _FIRST = (*HEADLINE, "goodput_rps", "total_tok_per_s", "engine_output_tok_per_s", "engine_ttft_ms_mean",
           "engine_itl_ms_mean", "engine_e2e_ms_mean", "engine_queue_ms_mean", "prefix_cache_hit_rate",
@@ -237,12 +275,17 @@ def unreliable_figures(figures: Mapping[str, float | None], *, level_label: str 
     starved = client_starved(lag, itl_p50)
     bunched = itl_p50 is not None and itl_p50 == 0 and (figures.get("output_tokens_total") or 2) > 1
     tokens_differ = figures.get("tokens_match_engine") == 0
+    behind, send_lag = figures.get("client_fell_behind") == 1, figures.get("send_lag_ms_p99")
     out: dict[str, str] = {}
     for key in (figures.keys() if keys is None else keys):
         m = BY_KEY.get(key)
         if m is None:
             continue
-        if m.reliability in ("client_timing", "client_itl") and starved:
+        if behind and (m.reliability in ("client_timing", "client_itl") or m.group == "throughput"):
+            late = f" (send lag p99 {send_lag:,.0f} ms)" if send_lag is not None else ""
+            out[key] = (f"the client fell behind{where}{late}: it did not deliver the load it was told to, so this "
+                        "is the client's limit, not the engine's")
+        elif m.reliability in ("client_timing", "client_itl") and starved:
             out[key] = (f"client starved of CPU{where} (loop lag p99 {lag:,.0f} ms): its times are late and "
                         "bunched; the engine-side figure is the one to trust")
         elif m.reliability == "client_itl" and bunched:
@@ -254,18 +297,22 @@ def unreliable_figures(figures: Mapping[str, float | None], *, level_label: str 
 
 
 def headline_keys(available: Iterable[str], unreliable: Iterable[str], *, level: str | None = None) -> list[str]:
-    """The figures to lead with, in order: each headline figure, except that one flagged
+    """The figures to lead with, in order: each headline figure (its steady-window twin first,
+    where there is one: ``STEADY_OF``), except that one flagged
     unreliable is preceded by its engine-side substitute (when the engine gave one). The
     unreliable client figure stays in the list (it is shown greyed, with its reason)."""
     have, bad = set(available), set(unreliable)
     prefix = f"{level}." if level else ""
     out: list[str] = []
     for base in HEADLINE:
-        key = prefix + base
-        alt = BY_KEY[base].engine_alternative
-        alt_key = prefix + alt if alt else None
-        if key in bad and alt_key and alt_key in have and alt_key not in out:
-            out.append(alt_key)
-        if key in have and key not in out:
-            out.append(key)
+        for name in (STEADY_OF.get(base), base):
+            if name is None:
+                continue
+            key = prefix + name
+            alt = BY_KEY[name].engine_alternative
+            alt_key = prefix + alt if alt else None
+            if key in bad and alt_key and alt_key in have and alt_key not in out:
+                out.append(alt_key)
+            if key in have and key not in out:
+                out.append(key)
     return out

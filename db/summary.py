@@ -223,6 +223,7 @@ def level_summary_figures(summary: Mapping[str, Any] | None) -> dict[str, float]
     lag = summary.get("client_lag_ms")
     if isinstance(lag, Mapping) and (v := _num(lag.get("p99"))) is not None:
         out["client_lag_ms_p99"] = v
+    out.update(_delivery_figures(summary))
     engine = summary.get("engine")
     if isinstance(engine, Mapping):
         for key in _ENGINE_KEYS:
@@ -231,6 +232,42 @@ def level_summary_figures(summary: Mapping[str, Any] | None) -> dict[str, float]
         tokens, duration = _num(engine.get("generation_tokens")), out.get("duration_s")
         if tokens is not None and duration:
             out["engine_output_tok_per_s"] = tokens / duration
+    return out
+
+
+def _delivery_figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    """What the client delivered of a level's load, and its steady window (``app.load.delivery``)."""
+    out: dict[str, float] = {}
+    delivered = summary.get("delivered")
+    if isinstance(delivered, Mapping):
+        for src, dst in (("fell_behind", "client_fell_behind"), ("intended_rate_rps", "intended_rate_rps"),
+                         ("achieved_rate_rps", "achieved_rate_rps"),
+                         ("intended_concurrency", "intended_concurrency"),
+                         ("achieved_concurrency", "achieved_concurrency")):
+            if (v := _num(delivered.get(src))) is not None:
+                out[dst] = v
+        for name, stats_of in (("send_lag_ms", ("p99",)), ("ttft_intended_ms", ("p50", "p99")),
+                               ("e2e_intended_ms", ("p50", "p99"))):
+            stats = delivered.get(name)
+            if isinstance(stats, Mapping):
+                for stat in stats_of:
+                    if (v := _num(stats.get("median" if stat == "p50" else stat))) is not None:
+                        out[f"{name}_{stat}"] = v
+    steady = summary.get("steady")
+    if isinstance(steady, Mapping):
+        for src, dst in (("output_tok_per_s", "steady_output_tok_per_s"),
+                         ("request_throughput_rps", "steady_requests_per_s")):
+            if (v := _num(steady.get(src))) is not None:
+                out[dst] = v
+        start, end = _num(steady.get("start_s")), _num(steady.get("end_s"))
+        if start is not None and end is not None:
+            out["steady_duration_s"] = end - start
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            stats = steady.get(name)
+            if isinstance(stats, Mapping):
+                for stat in ("p50", "p99"):
+                    if (v := _num(stats.get("median" if stat == "p50" else stat))) is not None:
+                        out[f"steady_{name}_{stat}"] = v
     return out
 
 
@@ -293,6 +330,20 @@ def _pooled_level_figures(summaries: Sequence[Mapping[str, Any]], duration_s: fl
     matches = [_num(s.get("tokens_match_engine")) for s in summaries]
     if matches and all(m is not None for m in matches):
         out["tokens_match_engine"] = float(all(matches))
+    delivery = [_delivery_figures(s) for s in summaries]
+    behind = [d["client_fell_behind"] for d in delivery if "client_fell_behind" in d]
+    if behind:
+        out["client_fell_behind"] = max(behind)  # one level the client could not deliver taints the run's figures
+    send_lags = [d["send_lag_ms_p99"] for d in delivery if "send_lag_ms_p99" in d]
+    if send_lags:
+        out["send_lag_ms_p99"] = max(send_lags)
+    windows = [(d["steady_output_tok_per_s"], d["steady_requests_per_s"], d["steady_duration_s"]) for d in delivery
+               if {"steady_output_tok_per_s", "steady_requests_per_s", "steady_duration_s"} <= d.keys()]
+    if delivery and len(windows) == len(delivery) and (steady_s := sum(w[2] for w in windows)) > 0:
+        # Every level was steady for a while: the run's steady rates pool the windows.
+        out["steady_output_tok_per_s"] = sum(w[0] * w[2] for w in windows) / steady_s
+        out["steady_requests_per_s"] = sum(w[1] * w[2] for w in windows) / steady_s
+        out["steady_duration_s"] = steady_s
     return out
 
 

@@ -151,11 +151,13 @@ class StreamClient:
 
     async def send(self, conv: Conversation, turn: int, replies: list[str], *, level: int, index: int,
                    level_t0: float, scheduled: float, on_tokens: OnTokens | None = None,
-                   on_first: Callable[[float], None] | None = None) -> tuple[RequestRecord, str]:
+                   on_first: Callable[[float], None] | None = None, cap_wait_ms: float = 0.0
+                   ) -> tuple[RequestRecord, str]:
         """Send one turn; returns its record and (when ``keep_text``) the reply text.
 
         ``scheduled`` and ``level_t0`` are ``time.perf_counter()`` values; ``on_tokens`` is called
-        with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms."""
+        with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms;
+        ``cap_wait_ms`` is how long it waited for the level's in-flight cap."""
         body = json.dumps(build_payload(self.opts, conv, turn, replies)).encode()
         rid = request_id(self.opts.request_ids, level, index) if self.opts.request_ids else None
         headers = self.headers if rid is None else {**self.headers, REQUEST_ID_HEADER: rid}
@@ -168,7 +170,8 @@ class StreamClient:
             ttft_ms=None, itl_ms=[], tpot_ms=None, e2e_ms=None, input_tokens=None,
             input_tokens_counted=t.input_tokens + (conv.system_tokens if turn == 0 else 0),
             output_tokens=0, expected_output_tokens=t.output_tokens, chunks=0, tokens_source="usage",
-            finish_reason=None, ok=False, error=None, error_kind=None, http_status=None, request_id=rid)
+            finish_reason=None, ok=False, error=None, error_kind=None, http_status=None, request_id=rid,
+            cap_wait_ms=cap_wait_ms)
         state = _StreamState(start, self._chat, self.opts.keep_text, on_tokens, on_first)
         try:
             async with asyncio.timeout(self.opts.request_timeout_s):

@@ -134,7 +134,7 @@ class LiveStats:
         return values
 
 
-def _conversations(dataset: Dataset, rule: StopRule) -> int | None:
+def planned_conversations(dataset: Dataset, rule: StopRule) -> int | None:
     """Conversations a level sends (None: until its duration is up)."""
     if rule.max_requests is not None:
         return rule.max_requests
@@ -143,7 +143,7 @@ def _conversations(dataset: Dataset, rule: StopRule) -> int | None:
 
 def planned_requests(dataset: Dataset, rule: StopRule) -> int | None:
     """Requests (turns) a level sends, for progress; None when it runs for a duration."""
-    convs, total = dataset.conversations, _conversations(dataset, rule)
+    convs, total = dataset.conversations, planned_conversations(dataset, rule)
     if total is None or not convs:
         return total
     if all(len(c.turns) == 1 for c in convs):
@@ -159,7 +159,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     Each record goes to ``on_record`` as it completes; ``keep_records=False`` (the client process)
     keeps none in the outcome, so a long level holds no per-request objects."""
     convs = dataset.conversations
-    total = _conversations(dataset, rule)
+    total = planned_conversations(dataset, rule)
     live.start_level(plan.index, planned_requests(dataset, rule))
     records: list[RequestRecord] = []
     stop = asyncio.Event()
@@ -202,7 +202,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     async with make_session(limit, opts.keep_alive) as session:
         client = StreamClient(session, opts)
 
-        async def run_conversation(conv: Conversation, scheduled: float) -> None:
+        async def run_conversation(conv: Conversation, scheduled: float, cap_wait_ms: float = 0.0) -> None:
             replies: list[str] = []
             for turn in range(len(conv.turns)):
                 if turn > 0 and stop.is_set():
@@ -213,7 +213,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 try:
                     rec, text = await client.send(conv, turn, replies, level=plan.index, index=next(request_index),
                                                   level_t0=t0, scheduled=scheduled, on_tokens=live.on_tokens,
-                                                  on_first=live.on_first)
+                                                  on_first=live.on_first, cap_wait_ms=cap_wait_ms)
                 except Cancelled as exc:
                     record(exc.record)
                     return
@@ -224,7 +224,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 if not rec.ok:
                     return
                 replies.append(text)
-                scheduled = time.perf_counter()
+                scheduled, cap_wait_ms = time.perf_counter(), 0.0
 
         def due(i: int, when: float) -> bool:
             if stop.is_set() or (total is not None and i >= total):
@@ -269,7 +269,13 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
             if plan.mode == "closed":
                 counter = itertools.count()
 
-                async def worker() -> None:
+                async def worker(delay_s: float) -> None:
+                    if delay_s > 0:  # a ramp-up: the workers start evenly over ramp_up_s
+                        try:
+                            await asyncio.wait_for(stop.wait(), delay_s)
+                            return  # stopped before it started
+                        except TimeoutError:
+                            pass
                     while True:
                         i = next(counter)
                         now = time.perf_counter()
@@ -277,7 +283,8 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                             return
                         await run_conversation(convs[i % len(convs)], now)
 
-                tasks.update(asyncio.create_task(worker()) for _ in range(plan.concurrency or 1))
+                workers = plan.concurrency or 1
+                tasks.update(asyncio.create_task(worker(k * plan.ramp_up_s / workers)) for k in range(workers))
             else:
                 n = total if total is not None else int(math.ceil((plan.rate_rps or 1) * (rule.duration_s or 0) * 1.5)) + 16
                 offsets = arrival_offsets_s(plan, n, seed)
@@ -287,9 +294,10 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                     if gate is None:
                         await run_conversation(conv, scheduled)
                         return
+                    entered = time.perf_counter()
                     async with gate:
-                        if not stop.is_set():
-                            await run_conversation(conv, scheduled)
+                        if not stop.is_set():  # the wait for a slot is the cap's, not the client's lateness
+                            await run_conversation(conv, scheduled, (time.perf_counter() - entered) * 1e3)
 
                 for i in range(n):
                     when = t0 + float(offsets[i])

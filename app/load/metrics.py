@@ -50,6 +50,9 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     request_id: str | None = None
     """The ``X-Request-Id`` it was sent with (``app.load.client.request_id``), to find it in the engine's logs."""
+    cap_wait_ms: float = 0.0
+    """Of ``queue_ms``, the time it waited for the level's in-flight cap (open loop with
+    ``max_concurrency``): held back by the engine's slowness, not by the client."""
 
 
 class Stats(BaseModel):
@@ -101,6 +104,58 @@ class EngineDeltas(BaseModel):
     engine_tokens_per_step_mean: float | None = None
 
 
+class LoadDelivered(BaseModel):
+    """What the client delivered of the load it was told to send (``app.load.delivery``): the
+    proof that a level's figures are the engine's, not the client's limit."""
+
+    mode: str = "closed"  # closed | open
+    intended_rate_rps: float | None = None
+    """Open loop: the rate asked for."""
+    scheduled_rate_rps: float | None = None
+    """Open loop: the rate of the seeded schedule itself over the requests sent (random arrivals
+    differ from the asked rate by chance, not by the client's fault)."""
+    achieved_rate_rps: float | None = None
+    """Open loop: the rate the requests really went out at."""
+    intended_concurrency: int | None = None
+    """Closed loop: the concurrency asked for (or the level's request count, when smaller)."""
+    achieved_concurrency: float | None = None
+    """Closed loop: requests in flight, averaged over time while the level was sending at its target."""
+    send_lag_ms: Stats = Field(default_factory=Stats)
+    """Due -> sent, apart from waiting for the in-flight cap: the client's own lateness."""
+    cap_wait_ms: Stats = Field(default_factory=Stats)
+    """Open loop with a cap: the time requests waited for a free slot."""
+    ttft_intended_ms: Stats = Field(default_factory=Stats)
+    """Open loop: TTFT from the time each request was due, not from when it was sent (no coordinated omission)."""
+    e2e_intended_ms: Stats = Field(default_factory=Stats)
+    """Open loop: E2E from the time each request was due."""
+    lag_bound_ms: float = 0.0
+    fell_behind: bool = False
+    reason: str | None = None
+    """Why the client fell behind, in words."""
+
+
+class SteadyWindow(BaseModel):
+    """The part of a level where the load was at its target (``app.load.delivery.steady_window``),
+    and the level's figures over it: ramp-up and drain left out."""
+
+    start_s: float
+    end_s: float
+    rule: str
+    """How the window was found, in words."""
+    requests: int = 0
+    """Completed requests that started inside the window (their latencies are the window's)."""
+    mean_in_flight: float = 0.0
+    output_tok_per_s: float = 0.0
+    request_throughput_rps: float = 0.0
+    ttft_ms: Stats = Field(default_factory=Stats)
+    tpot_ms: Stats = Field(default_factory=Stats)
+    e2e_ms: Stats = Field(default_factory=Stats)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
 class LevelSummary(BaseModel):
     """Figures of one load level (warm-up excluded)."""
 
@@ -131,6 +186,10 @@ class LevelSummary(BaseModel):
     engine: EngineDeltas = Field(default_factory=EngineDeltas)
     tokens_match_engine: bool | None = None
     stop_reason: str = "completed"
+    delivered: LoadDelivered | None = None
+    steady: SteadyWindow | None = None
+    steady_note: str | None = None
+    """Why the level has no steady window, when it has none."""
 
     def figures(self) -> dict[str, float]:
         """The level's figures under their catalogue keys (``ttft_ms_p50``, ``requests_per_s``,
@@ -245,6 +304,7 @@ def level_notes(s: LevelSummary) -> list[str]:
     if client_starved(s):
         notes.append(f"client starved of CPU (loop lag p99 {s.client_lag_ms.p99:.0f} ms > ITL p50 "
                      f"{format_figure(s.itl_ms.median)} ms): client TTFT/ITL are late and bunched; trust the engine-side means")
+    notes += delivery_notes(s)
     if s.engine.engine_itl_ms_mean is not None:
         notes.append(f"engine-side means: TTFT {format_figure(s.engine.engine_ttft_ms_mean)}, ITL "
                      f"{format_figure(s.engine.engine_itl_ms_mean, 2)}")
@@ -254,4 +314,31 @@ def level_notes(s: LevelSummary) -> list[str]:
         notes.append("errors: " + "; ".join(s.error_examples[:3]))
     if s.stop_reason != "completed":
         notes.append(f"stopped: {s.stop_reason}")
+    return notes
+
+
+def delivery_notes(s: LevelSummary) -> list[str]:
+    """What the client delivered of the level's load, and its steady window, in words."""
+    notes: list[str] = []
+    d = s.delivered
+    if d is not None:
+        if d.fell_behind and d.reason:
+            notes.append(f"{d.reason}: its figures are the client's limit, not the engine's")
+        elif d.mode == "open" and d.achieved_rate_rps is not None:
+            asked = f" of {d.scheduled_rate_rps:,.2f} scheduled" if d.scheduled_rate_rps else ""
+            notes.append(f"load delivered: {d.achieved_rate_rps:,.2f} req/s sent{asked}, send lag p99 "
+                         f"{format_figure(d.send_lag_ms.p99)} ms")
+        elif d.mode == "closed" and d.achieved_concurrency is not None:
+            notes.append(f"load delivered: {d.achieved_concurrency:,.1f} of {d.intended_concurrency} in flight")
+        if d.mode == "open" and d.ttft_intended_ms.p99 is not None:
+            held = (f": the cap of {d.intended_concurrency} held requests back"
+                    if (d.cap_wait_ms.p99 or 0.0) > 1.0 else "")
+            notes.append(f"TTFT from due p50/p99 {format_figure(d.ttft_intended_ms.median)}/"
+                         f"{format_figure(d.ttft_intended_ms.p99)} ms, as sent {format_figure(s.ttft_ms.median)}/"
+                         f"{format_figure(s.ttft_ms.p99)} ms{held}")
+    if s.steady is not None:
+        notes.append(f"steady {s.steady.start_s:,.1f}-{s.steady.end_s:,.1f} s: {s.steady.output_tok_per_s:,.1f} out tok/s "
+                     f"(whole level {s.output_tok_per_s:,.1f})")
+    elif s.steady_note:
+        notes.append(f"no steady window: {s.steady_note}")
     return notes

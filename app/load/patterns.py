@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from app.events import LevelStarted
+from app.load.delivery import LevelTarget
 from app.workload import LoadConfig
 
 
@@ -28,6 +29,12 @@ class LevelPlan:
     arrival: Literal["constant", "poisson", "gamma", "ramp"] = "poisson"
     burstiness: float = 1.0
     ramp_start_rps: float | None = None
+    ramp_up_s: float = 0.0  # closed: the workers start evenly over this long
+
+    @property
+    def target(self) -> LevelTarget:
+        """What the level must deliver, to prove it did (``app.load.delivery``)."""
+        return LevelTarget(self.mode, self.concurrency, self.rate_rps, self.arrival, self.ramp_up_s)
 
     def started_event(self, run_id: str, started_wall_s: float, num_requests: int | None) -> LevelStarted:
         """The ``level_started`` event of this level (arrival and burstiness only for an open loop)."""
@@ -40,12 +47,14 @@ class LevelPlan:
 
 def plan_levels(load: LoadConfig) -> list[LevelPlan]:
     if load.pattern == "closed":
-        return [LevelPlan(0, f"concurrency {load.concurrency}", "closed", concurrency=load.concurrency)]
+        return [LevelPlan(0, f"concurrency {load.concurrency}", "closed", concurrency=load.concurrency,
+                          ramp_up_s=load.ramp_up_s)]
     if load.pattern == "sweep":
         plans = []
         for i, value in enumerate(load.levels):
             if load.sweep_of == "concurrency":
-                plans.append(LevelPlan(i, f"concurrency {int(value)}", "closed", concurrency=int(value)))
+                plans.append(LevelPlan(i, f"concurrency {int(value)}", "closed", concurrency=int(value),
+                                       ramp_up_s=load.ramp_up_s))
             else:
                 arrival: Literal["poisson", "gamma"] = "poisson" if load.burstiness == 1.0 else "gamma"
                 plans.append(LevelPlan(i, f"{value:g} req/s", "open", concurrency=load.max_concurrency,

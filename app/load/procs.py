@@ -214,7 +214,7 @@ def split_plan(plan: LevelPlan, dataset: Dataset, rule: StopRule, workers: int,
     rate = plan.rate_rps / workers if plan.rate_rps is not None else None
     start = plan.ramp_start_rps / workers if plan.ramp_start_rps is not None else None
     sub = LevelPlan(plan.index, plan.label, plan.mode, concurrency=conc, rate_rps=rate, arrival=plan.arrival,
-                    burstiness=plan.burstiness, ramp_start_rps=start)
+                    burstiness=plan.burstiness, ramp_start_rps=start, ramp_up_s=plan.ramp_up_s)
     if rule.max_requests is not None:
         max_req: int | None = rule.max_requests // workers + (1 if k < rule.max_requests % workers else 0)
     elif rule.duration_s is None:

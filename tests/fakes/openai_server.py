@@ -7,7 +7,10 @@ Modes: ``ok`` (vLLM-like chunks with continuous usage), ``multi`` (``tokens_per_
 per chunk, like speculative decoding), ``no_usage`` (no per-chunk usage; one closing usage chunk),
 ``http_500`` / ``http_400``, ``error_midstream`` (an SSE error object after a few tokens),
 ``malformed`` (a non-JSON data line), ``disconnect`` (the connection drops mid-stream),
-``slow`` (``delay_s`` between chunks).
+``slow`` (``delay_s`` between chunks), ``paced`` (each stream at ``stream_tok_per_s``, by the
+clock: token k (from 1) is written k / rate seconds after the request arrived, so a slow wake-up does not
+add up). ``stall_after_requests`` and ``stall_s`` stop the whole server for a while: when that
+many requests have arrived, nothing is written for ``stall_s`` (the times are in ``stalls``).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
-MODES = ("ok", "multi", "no_usage", "http_500", "http_400", "error_midstream", "malformed", "disconnect", "slow")
+MODES = ("ok", "multi", "no_usage", "http_500", "http_400", "error_midstream", "malformed", "disconnect", "slow",
+         "paced")
 
 
 @dataclass
@@ -29,6 +34,9 @@ class FakeBehaviour:
     delay_s: float = 0.0
     prompt_tokens: int = 8
     api_key: str | None = None
+    stream_tok_per_s: float = 20.0
+    stall_after_requests: int | None = None
+    stall_s: float = 0.0
 
 
 def _chunk(text: str, completion: int | None, prompt: int, chat: bool, finish: str | None = None) -> bytes:
@@ -84,6 +92,9 @@ class FakeOpenAIServer:
         self.generated = 0
         self.request_ids: list[str | None] = []
         """The ``X-Request-Id`` of each completion request, in arrival order (None: sent without)."""
+        self.stalls: list[tuple[float, float]] = []
+        """Each stall's start and end, ``time.time()`` (wall clock: the client's records date theirs so)."""
+        self._resume_at = 0.0  # time.monotonic() before which nothing is written
         self._cache: dict[tuple[int, str, bool], bytes] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -124,6 +135,11 @@ class FakeOpenAIServer:
             return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
         self.requests += 1
         self.request_ids.append(request.headers.get("X-Request-Id"))
+        arrived = time.monotonic()
+        if self.requests == self.behaviour.stall_after_requests and self.behaviour.stall_s > 0:
+            self._resume_at = arrived + self.behaviour.stall_s
+            self.stalls.append((time.time(), time.time() + self.behaviour.stall_s))
+        await self._hold()
         body = await request.json()
         chat = "messages" in body
         prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
@@ -141,8 +157,16 @@ class FakeOpenAIServer:
         chunks = encode_stream(n, mode, chat, self.behaviour.tokens_per_chunk, self.behaviour.prompt_tokens, usage)
         if mode == "slow":
             for c in chunks:
+                await self._hold()
                 await resp.write(c)
                 await asyncio.sleep(self.behaviour.delay_s)
+        elif mode == "paced":
+            for k, c in enumerate(chunks):
+                if k < n:  # the token chunks; the closing usage chunk and [DONE] follow the last at once
+                    await asyncio.sleep(max(0.0, arrived + (k + 1) / self.behaviour.stream_tok_per_s
+                                            - time.monotonic()))
+                await self._hold()
+                await resp.write(c)
         elif mode == "disconnect":
             for c in chunks:
                 await resp.write(c)
@@ -157,10 +181,17 @@ class FakeOpenAIServer:
             # Several writes so the client sees a stream, not one read.
             step = max(1, len(blob) // 8)
             for i in range(0, len(blob), step):
+                await self._hold()
                 await resp.write(blob[i:i + step])
-        self.generated += n if mode in ("ok", "multi", "no_usage", "slow") else min(3, n)
+        self.generated += n if mode in ("ok", "multi", "no_usage", "slow", "paced") else min(3, n)
         await resp.write_eof()
         return resp
+
+    async def _hold(self) -> None:
+        """Wait out a stall of the whole server, if one is on."""
+        wait_s = self._resume_at - time.monotonic()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
 
     # -- background thread ------------------------------------------------------------------------
 
