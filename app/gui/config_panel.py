@@ -73,15 +73,15 @@ WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.num_reque
                    "workload.ignore_eos", "workload.temperature", "workload.seed", "workload.cache")
 LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.burstiness", "load.ramp_start_rps",
                "load.sweep_of", "load.levels", "load.max_concurrency", "load.duration_s", "load.max_requests",
-               "load.warmup_requests", "load.slo", "load.max_error_fraction", "load.request_timeout_s",
-               "load.workers")
+               "load.ramp_up_s", "load.warmup_requests", "load.slo", "load.max_error_fraction",
+               "load.request_timeout_s", "load.workers")
 ADVANCED = frozenset({
     "engine.kind", "engine.port",
     "workload.input_len.distribution", "workload.input_len.spread", "workload.output_len.distribution",
     "workload.output_len.spread", "workload.api", "workload.ignore_eos", "workload.temperature", "workload.seed",
     "workload.cache", "workload.shared_prefix_fraction",
     "load.warmup_requests", "load.slo", "load.max_error_fraction", "load.request_timeout_s", "load.workers",
-    "load.duration_s", "load.max_requests",
+    "load.duration_s", "load.max_requests", "load.ramp_up_s",
 })
 """Settings behind each group's "More settings" (shown at once when one of them has a message)."""
 CHOICES_OVERRIDE = {"engine.runtime.managed": tuple(sorted(MANAGED_RUNTIMES))}
@@ -112,6 +112,7 @@ VISIBLE_WHEN: dict[str, Condition] = {
     "load.sweep_of": ("load.pattern", _one_of("sweep")),
     "load.levels": ("load.pattern", _one_of("sweep")),
     "load.max_concurrency": ("load.pattern", _one_of(*OPEN_LOOP)),
+    "load.ramp_up_s": ("load.pattern", _one_of("closed", "sweep")),
     # Speculative decoding's own settings only while it is on, and only those its method reads.
     "features.speculative.num_speculative_tokens": ("features.speculative.method", _one_of(*SPEC_ON)),
     "features.speculative.draft_model": ("features.speculative.method", _one_of("eagle", "eagle3", "draft_model")),

@@ -339,6 +339,8 @@ class PlotPanel(pg.PlotWidget):
         self.ceiling: float | None = None
         """The decode ceiling drawn dashed (the "tokens" plot; ``set_ceiling``)."""
         self._ceiling_line: pg.InfiniteLine | None = None
+        self._windows: list[pg.LinearRegionItem] = []
+        """The levels' steady windows, shaded (``mark_window``)."""
         self._set_title()
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
@@ -487,7 +489,22 @@ class PlotPanel(pg.PlotWidget):
             if self.ceiling is not None:
                 self._set_title()  # "off the scale" or not
 
+    def mark_window(self, start_s: float, end_s: float, label: str) -> None:
+        """Shade a level's steady window (``app.load.delivery``): the span its steady figures are of."""
+        colour = pg.mkColor(self.theme.good)
+        colour.setAlpha(28)
+        region = pg.LinearRegionItem(values=(start_s, end_s), movable=False, brush=pg.mkBrush(colour),
+                                     pen=pg.mkPen(self.theme.good, width=1, style=Qt.PenStyle.DotLine))
+        region.setZValue(-10)  # under the curves
+        pg.InfLineLabel(region.lines[0], text=label, position=0.92, anchor=(0, 0.5),
+                        color=self.theme.good)
+        self.getPlotItem().addItem(region)
+        self._windows.append(region)
+
     def reset(self) -> None:
+        for region in self._windows:
+            self.getPlotItem().removeItem(region)
+        self._windows.clear()
         for curve, _, _ in self.curves.values():
             self.getPlotItem().removeItem(curve)
         self._legend.clear()
@@ -549,6 +566,10 @@ class PlotGrid(QWidget):
 
     def refresh(self, store: SeriesStore) -> int:
         return sum(panel.refresh(store) for panel in self.panels.values())
+
+    def mark_window(self, start_s: float, end_s: float, label: str) -> None:
+        for panel in self.panels.values():
+            panel.mark_window(start_s, end_s, label)
 
     def reset(self) -> None:
         for panel in self.panels.values():

@@ -75,7 +75,7 @@ from app.gui.settings import GuiSettings, load_settings, save_settings, settings
 from app.gui.tune_tab import TuneTab
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.labels import engine_defaults, features_on, suggest_run_name
-from app.load.metrics import level_notes
+from app.load.metrics import LevelSummary, level_notes
 from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, save_profile, shipped_profiles
@@ -125,6 +125,7 @@ class MainWindow(QMainWindow):
             Sample, PhaseChanged, LogLine, RunStarted, EngineReady, LevelStarted, LevelFinished, Progress,
             TelemetrySupport, Notice, RunFinished))
         self.series = SeriesStore()
+        self._level_started_wall: dict[int, float] = {}
         self.latest: dict[SeriesKey, float] = {}
         self.session = EngineSession()
         self.cancel: threading.Event | None = None
@@ -530,6 +531,7 @@ class MainWindow(QMainWindow):
     def _clear_live(self, idle_text: str) -> None:
         """Forget the last run's graphs and figures (a new profile, a new run)."""
         self.series.clear()
+        self._level_started_wall.clear()
         self.latest.clear()
         self.dashboard.reset()
         self.presentation.reset()
@@ -811,6 +813,7 @@ class MainWindow(QMainWindow):
             self.phase_bar.set_phase("ready", "running the load")
             self.show_feature_checks(p.feature_checks)
             self.series.clear()
+            self._level_started_wall.clear()
             self.dashboard.plots.reset()
             self.presentation.plots.reset()
             self.dashboard.show_plots()
@@ -818,6 +821,7 @@ class MainWindow(QMainWindow):
                 self.settings = self.settings.with_startup(startup_key(self._run_config), p.startup_s)
                 self._save_settings()
         elif isinstance(p, LevelStarted):
+            self._level_started_wall[p.index] = p.started_wall_s
             self.statusBar().showMessage(f"Level {p.index}: {p.label}")
             duration = self._run_config.load.duration_s if self._run_config is not None else None
             self.phase_bar.level_started(p.index, p.label, p.num_requests, duration)
@@ -834,6 +838,7 @@ class MainWindow(QMainWindow):
             if limit is not None:
                 self.log_view.append([f"tunebench: level {p.label}: {limit.text()} ({limit.detail()})"])
             self.dashboard.roofline.add_level(p.label, limit)
+            self._mark_steady(p.index, p.label, summary)
             flagged = summary.unreliable()  # the run flagged these: live tiles switch to the engine's own
             for row in (self.dashboard.tiles, self.presentation.tiles):
                 row.flagged.update(flagged)
@@ -859,6 +864,16 @@ class MainWindow(QMainWindow):
                          f"{html.escape(label)} = {html.escape(check.requested)}: {word}</span>")
         self.checks_label.setText("Features: " + " · ".join(parts) if parts else "")
         self.checks_label.setVisible(bool(parts))
+
+    def _mark_steady(self, index: int, label: str, summary: LevelSummary) -> None:
+        """Shade the level's steady window on the live plots, placed by the wall clock (the
+        plots count from their first sample, the level from its own start)."""
+        started, t0_wall = self._level_started_wall.get(index), self.series.t0_wall
+        if summary.steady is None or started is None or t0_wall is None:
+            return
+        start_s, end_s = started + summary.steady.start_s - t0_wall, started + summary.steady.end_s - t0_wall
+        for plots in (self.dashboard.plots, self.presentation.plots):
+            plots.mark_window(start_s, end_s, f"steady: {label}")
 
     def _apply_support(self) -> None:
         if self.has_gpu:

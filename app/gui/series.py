@@ -161,12 +161,14 @@ class SeriesStore:
         self.capacity = capacity
         self.series: dict[SeriesKey, Ring] = {}
         self.t0: float | None = None
+        self.t0_wall: float | None = None
+        """The wall clock at ``t0``: events dated by the wall clock (a level's start) are placed by it."""
 
     def ingest(self, samples: Iterable[Sample]) -> int:
         n = 0
         for sample in samples:
             if self.t0 is None:
-                self.t0 = sample.t_mono
+                self.t0, self.t0_wall = sample.t_mono, sample.t_wall
             t = sample.t_mono - self.t0
             for name, value in sample.values.items():
                 try:
@@ -186,7 +188,7 @@ class SeriesStore:
 
     def clear(self) -> None:
         self.series.clear()
-        self.t0 = None
+        self.t0 = self.t0_wall = None
 
     def gpu_sources(self) -> list[str]:
         return sorted({s for s, _ in self.series if GPU_SOURCE.fullmatch(s)})

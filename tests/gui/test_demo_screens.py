@@ -281,3 +281,25 @@ def test_compare_leads_with_a_headline_in_words(qtbot, make_window, tmp_path: Pa
     run_name.setFocus()
     qtbot.keyClicks(run_name, "LB")  # on the desk the letters are text, not page switches
     assert run_name.text().endswith("LB")
+
+
+def test_a_levels_steady_window_is_shaded_on_the_live_plots(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    """The span a level's steady figures are of, placed on the plots' time axis by the wall
+    clock: the level began 3 s after the plots' first sample, its window 2 s to 8 s into it."""
+    from app.load.metrics import LevelSummary, SteadyWindow
+
+    first_wall = time.time() - 20.0
+    window.bus.sample("engine", {"generation_tok_per_s": 1.0}, t=(time.monotonic(), first_wall))
+    qtbot.waitUntil(lambda: window.series.t0_wall is not None, timeout=5000)
+    window.bus.emit(LevelStarted(run_id="r", index=0, label="concurrency 8", mode="closed", concurrency=8,
+                                 started_wall_s=first_wall + 3.0, num_requests=None))
+    steady = SteadyWindow(start_s=2.0, end_s=8.0, rule="while at least 8 of the 8 requests asked were in flight",
+                          output_tok_per_s=80.0)
+    window.bus.emit(LevelFinished(run_id="r", index=0, label="concurrency 8",
+                                  summary=LevelSummary(completed=10, steady=steady)))
+    panel = window.dashboard.plots.panels["tokens"]
+    qtbot.waitUntil(lambda: len(panel._windows) == 1, timeout=5000)
+    assert panel._windows[0].getRegion() == pytest.approx((5.0, 11.0), abs=1e-6)
+    assert all(len(p._windows) == 1 for p in window.presentation.plots.panels.values())
+    window.dashboard.plots.reset()  # a new run's plots start clean
+    assert not panel._windows
