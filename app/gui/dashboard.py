@@ -339,8 +339,11 @@ class PlotPanel(pg.PlotWidget):
         self.ceiling: float | None = None
         """The decode ceiling drawn dashed (the "tokens" plot; ``set_ceiling``)."""
         self._ceiling_line: pg.InfiniteLine | None = None
-        self._windows: list[pg.LinearRegionItem] = []
-        """The levels' steady windows, shaded (``mark_window``)."""
+        self._windows: list[tuple[pg.LinearRegionItem, pg.InfLineLabel]] = []
+        """The shaded steady windows (``mark_window``), made once and reused for the panel's life:
+        a labelled item dropped on reset is left in a line <-> label cycle still wired to the
+        scene's paint signal, and the cyclic GC freed it at any moment, even inside a paint."""
+        self._windows_shown = 0
         self._set_title()
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
@@ -491,20 +494,29 @@ class PlotPanel(pg.PlotWidget):
 
     def mark_window(self, start_s: float, end_s: float, label: str) -> None:
         """Shade a level's steady window (``app.load.delivery``): the span its steady figures are of."""
-        colour = pg.mkColor(self.theme.good)
-        colour.setAlpha(28)
-        region = pg.LinearRegionItem(values=(start_s, end_s), movable=False, brush=pg.mkBrush(colour),
-                                     pen=pg.mkPen(self.theme.good, width=1, style=Qt.PenStyle.DotLine))
-        region.setZValue(-10)  # under the curves
-        pg.InfLineLabel(region.lines[0], text=label, position=0.92, anchor=(0, 0.5),
-                        color=self.theme.good)
-        self.getPlotItem().addItem(region)
-        self._windows.append(region)
+        if self._windows_shown == len(self._windows):
+            colour = pg.mkColor(self.theme.good)
+            colour.setAlpha(28)
+            region = pg.LinearRegionItem(movable=False, brush=pg.mkBrush(colour),
+                                         pen=pg.mkPen(self.theme.good, width=1, style=Qt.PenStyle.DotLine))
+            region.setZValue(-10)  # under the curves
+            text = pg.InfLineLabel(region.lines[0], position=0.92, anchor=(0, 0.5), color=self.theme.good)
+            self.getPlotItem().addItem(region, ignoreBounds=True)
+            self._windows.append((region, text))
+        region, text = self._windows[self._windows_shown]
+        region.setRegion((start_s, end_s))
+        text.setFormat(label.replace("{", "{{").replace("}", "}}"))  # a format string: braces are literal
+        region.show()
+        self._windows_shown += 1
+
+    def steady_windows(self) -> list[tuple[float, float]]:
+        """The windows shaded now, as (start, end) seconds on the plot's time axis."""
+        return [tuple(region.getRegion()) for region, _ in self._windows[:self._windows_shown]]  # type: ignore[misc]
 
     def reset(self) -> None:
-        for region in self._windows:
-            self.getPlotItem().removeItem(region)
-        self._windows.clear()
+        for region, _ in self._windows:
+            region.hide()  # kept for the next run's windows (see ``_windows``)
+        self._windows_shown = 0
         for curve, _, _ in self.curves.values():
             self.getPlotItem().removeItem(curve)
         self._legend.clear()

@@ -298,8 +298,43 @@ def test_a_levels_steady_window_is_shaded_on_the_live_plots(qtbot, window: MainW
     window.bus.emit(LevelFinished(run_id="r", index=0, label="concurrency 8",
                                   summary=LevelSummary(completed=10, steady=steady)))
     panel = window.dashboard.plots.panels["tokens"]
-    qtbot.waitUntil(lambda: len(panel._windows) == 1, timeout=5000)
-    assert panel._windows[0].getRegion() == pytest.approx((5.0, 11.0), abs=1e-6)
-    assert all(len(p._windows) == 1 for p in window.presentation.plots.panels.values())
+    qtbot.waitUntil(lambda: len(panel.steady_windows()) == 1, timeout=5000)
+    assert panel.steady_windows()[0] == pytest.approx((5.0, 11.0), abs=1e-6)
+    assert all(len(p.steady_windows()) == 1 for p in window.presentation.plots.panels.values())
     window.dashboard.plots.reset()  # a new run's plots start clean
-    assert not panel._windows
+    assert not panel.steady_windows()
+
+
+def test_steady_windows_are_reused_run_after_run_never_deleted(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Run after run, the shaded windows are the same items, hidden and shown again: a labelled
+    region removed on reset was deleted under its label, still wired to the scene's paint signal,
+    and the suite crashed (a segfault in the customer demo, whose runs follow one another)."""
+    import pyqtgraph as pg
+    import shiboken6
+
+    from app.gui.dashboard import PlotPanel
+    from app.gui.series import plots_for
+
+    panel = PlotPanel(plots_for(False)[0])
+    qtbot.addWidget(panel)
+    panel.resize(600, 300)
+    panel.show()
+    panel.getPlotItem().getViewBox().setRange(xRange=(0.0, 30.0), yRange=(0.0, 1.0), padding=0)  # labels painted
+
+    def regions() -> list[pg.LinearRegionItem]:
+        return [item for item in panel.getPlotItem().items if isinstance(item, pg.LinearRegionItem)]
+
+    first: list[int] = []
+    for run in range(5):
+        for level in range(3 if run % 2 == 0 else 2):
+            panel.mark_window(10.0 * level, 10.0 * level + 8.0, f"steady: {{level}} {level}")
+        panel.repaint()
+        qtbot.wait(20)
+        assert panel.steady_windows()[:2] == [(0.0, 8.0), (10.0, 18.0)], run
+        first = first or [id(item) for item in regions()]
+        assert [id(item) for item in regions()] == first, f"run {run} made new regions"
+        assert all(shiboken6.isValid(item) for item in regions())
+        assert sum(item.isVisible() for item in regions()) == len(panel.steady_windows()), run
+        panel.reset()
+        assert panel.steady_windows() == [] and not any(item.isVisible() for item in regions())
+    assert len(first) == 3
