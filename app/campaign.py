@@ -39,7 +39,7 @@ from app.config import RunConfig
 from app.engines import launch_engine
 from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
-from app.load.tokens import named_tokenizer
+from app.load.datasets import read_inputs
 from app.runner import Runner, RunResult
 from db.compare import CAMPAIGN_TAG, REPEAT_TAG
 from db.stats import Aggregate, aggregate
@@ -276,8 +276,8 @@ class Campaign:
 
     def _run_step(self, index: int, step: Step, cancel: threading.Event) -> StepResult:
         out = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}")
-        try:  # a named tokenizer that does not load refuses the step before its engine starts
-            named_tokenizer(step.config.workload.tokenizer)
+        try:  # a named tokenizer that does not load, or a bad trace, refuses the step before its engine starts
+            read_inputs(step.config.workload)
         except UserError as exc:
             out.status, out.reason = "failed", str(exc)
             return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.errors import UserError
 from app.ladder.spec import LadderSpec
@@ -48,3 +48,9 @@ class RunConfig(StrictModel):
             except UserError as exc:
                 raise ValueError(str(exc)) from None
         return out
+
+    @model_validator(mode="after")
+    def _trace_arrivals_need_a_trace(self) -> RunConfig:
+        if self.load.pattern == "trace" and self.workload.kind != "trace":
+            raise ValueError("load pattern 'trace' sends at a trace's arrival times: it needs workload kind 'trace'")
+        return self

@@ -46,7 +46,7 @@ from app.events import (
 from app.load.aggregate import LevelAccumulator
 from app.load.cache import CachePlan
 from app.load.client import ClientOptions
-from app.load.datasets import BuildCancelled, Dataset, build_dataset
+from app.load.datasets import BuildCancelled, Dataset, build_dataset, cancel_check, read_inputs
 from app.load.executor import LevelOutcome, LiveStats, StopRule, planned_conversations
 from app.load.metrics import (
     EngineDeltas,
@@ -56,7 +56,8 @@ from app.load.metrics import (
 )
 from app.load.patterns import LevelPlan, plan_levels
 from app.load.procs import ClientPool, ClientProcessError
-from app.load.tokens import TokenCounter, choose_token_counter, named_tokenizer
+from app.load.tokens import TokenCounter, choose_token_counter
+from app.load.traces import Trace
 from app.planner.plan import kv_plan_check
 from app.verification import RunEffects
 from app.workload import WorkloadConfig
@@ -201,6 +202,7 @@ class Runner:
         self._pool = ClientPool(config.load.workers, on_note=self._note)
         self._effects = RunEffects(bus)  # what the run shows of features (max_num_seqs held under load)
         self._named_counter: TokenCounter | None = None  # workload.tokenizer, loaded before anything starts
+        self._trace: Trace | None = None  # a trace workload's trace, read and checked before anything starts
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -216,7 +218,11 @@ class Runner:
         result.started_wall_s = time.time()
         try:
             # A tokenizer the user named must load: refused here, before a process or an engine starts.
-            self._named_counter = named_tokenizer(self.config.workload.tokenizer)
+            # So must a trace, every line of it.
+            try:
+                self._named_counter, self._trace = read_inputs(self.config.workload, cancel_check(cancel.is_set))
+            except BuildCancelled:
+                raise _Stop("cancelled", "cancelled while the trace was read") from None
             self._pool.start()  # spawning the client overlaps the engine's start
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)
@@ -516,6 +522,8 @@ class Runner:
                                "no engine figures for this level")
                 elif after is not None:
                     deltas = engine_deltas(before, after)
+            if self._trace is not None and dataset.arrivals_s is not None:
+                self._note(self._trace_reuse_note(plan.label, deltas))
             summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
                                   lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
                                   client_lag_ms=outcome.client_lag_ms, target=plan.target,
@@ -539,12 +547,22 @@ class Runner:
         r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note)
 
+    def _trace_reuse_note(self, label: str, deltas: EngineDeltas | None) -> str:
+        """The prefix reuse the replayed trace implies, beside the hit rate the engine measured."""
+        assert self._trace is not None
+        implied = self._trace.reuse().prefix_token_reuse
+        said = f"{implied:.1%} of prompt tokens" if implied is not None else "no reuse (it names no blocks)"
+        measured = deltas.prefix_cache_hit_rate if deltas is not None else None
+        engine = (f"the engine measured {measured:.1%} prefix-cache hits" if measured is not None
+                  else "the engine reported no prefix-cache counters")
+        return f"level {label}: {engine}; the trace implies {said}"
+
     def _build(self, workload: WorkloadConfig, counter: TokenCounter, variant: int,
                cancel: threading.Event) -> Dataset:
         """A level's (or the warm-up's) prompts. Generating a large workload takes long, so the
         build asks ``cancel`` between prompts; a cancel ends the run there, before any request."""
         try:
-            dataset = build_dataset(workload, counter, variant=variant, cancelled=cancel.is_set)
+            dataset = build_dataset(workload, counter, variant=variant, cancelled=cancel.is_set, trace=self._trace)
         except BuildCancelled:
             raise _Stop("cancelled", "cancelled while the workload was built") from None
         _stop_if(cancel, "cancelled while the workload was built")

@@ -46,7 +46,9 @@ class LengthSpec(StrictModel):
         return self
 
 
-WorkloadKind = Literal["random", "shared_prefix", "multi_turn", "long_context", "code", "sharegpt", "jsonl"]
+WorkloadKind = Literal["random", "shared_prefix", "multi_turn", "long_context", "code", "sharegpt", "jsonl", "trace"]
+FILE_KINDS = ("sharegpt", "jsonl", "trace")
+"""Workload kinds read from ``dataset_path`` (their prompts are not generated up front from lengths)."""
 
 
 class WorkloadConfig(StrictModel):
@@ -61,7 +63,16 @@ class WorkloadConfig(StrictModel):
     shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="Length of the system prompt shared by requests.")
     shared_prefix_fraction: float = Field(1.0, ge=0, le=1, description="Fraction of requests that carry it.")
     turns: int = Field(1, ge=1, le=MAX_TURNS, description="multi_turn: user turns per conversation (history is resent).")
-    dataset_path: str | None = Field(None, description="sharegpt: a ShareGPT JSON file; jsonl: one prompt per line.")
+    dataset_path: str | None = Field(None, description="sharegpt: a ShareGPT JSON file; jsonl: one prompt per line; "
+                                                        "trace: a Mooncake, Azure or tunebench trace (docs/workloads.md).")
+    trace_format: Literal["auto", "mooncake", "azure", "tunebench"] = Field(
+        "auto", description="trace: the trace's format (auto: from its first line).")
+    trace_block_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description=(
+        "trace: prompt tokens per block id (hash_ids; Mooncake's traces use 512)."))
+    trace_start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description=(
+        "trace: replay the requests from this long after the trace's first."))
+    trace_end_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, description=(
+        "trace: ... until this long after its first (none: to its end); num_requests caps them too."))
     api: Literal["completions", "chat"] = "completions"
     ignore_eos: bool = Field(True, description="Ask the engine to ignore EOS so outputs have the asked length.")
     temperature: float = Field(0.0, ge=0, le=100)
@@ -74,19 +85,21 @@ class WorkloadConfig(StrictModel):
 
     @model_validator(mode="after")
     def _dataset_when_needed(self) -> WorkloadConfig:
-        if self.kind in ("sharegpt", "jsonl") and not self.dataset_path:
+        if self.kind in FILE_KINDS and not self.dataset_path:
             raise ValueError(f"workload kind '{self.kind}' needs dataset_path")
         if self.kind == "shared_prefix" and self.shared_prefix_tokens == 0:
             raise ValueError("workload kind 'shared_prefix' needs shared_prefix_tokens > 0")
+        if self.trace_end_s is not None and self.trace_end_s <= self.trace_start_s:
+            raise ValueError("trace_end_s must be after trace_start_s")
         turns = self.turns if self.kind == "multi_turn" else 1
         planned = self.num_requests * turns * self.input_len.mean
-        if self.kind not in ("sharegpt", "jsonl") and planned > MAX_LEVEL_PROMPT_TOKENS:
+        if self.kind not in FILE_KINDS and planned > MAX_LEVEL_PROMPT_TOKENS:
             raise ValueError(f"num_requests x turns x input_len.mean = {planned:,} prompt tokens per level; "
                              f"at most {MAX_LEVEL_PROMPT_TOKENS:,} (prompts are generated in memory)")
         return self
 
 
-LoadPattern = Literal["closed", "constant", "poisson", "gamma", "ramp", "sweep"]
+LoadPattern = Literal["closed", "constant", "poisson", "gamma", "ramp", "sweep", "trace"]
 
 
 class LoadConfig(StrictModel):
@@ -98,6 +111,8 @@ class LoadConfig(StrictModel):
     - ``ramp``: open loop, rate rising linearly from ``ramp_start_rps`` to ``rate_rps``.
     - ``sweep``: one level per entry of ``levels``, a concurrency (``sweep_of="concurrency"``) or a
       Poisson/gamma rate (``sweep_of="rate"``), run one after another.
+    - ``trace``: open loop at a trace's own arrival times (workload kind ``trace``), ``speedup``
+      times faster, optionally capped at ``max_concurrency``.
     """
 
     pattern: LoadPattern = "closed"
@@ -109,6 +124,8 @@ class LoadConfig(StrictModel):
                                         description="Open loop: cap on requests in flight.")
     ramp_up_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
                              description="Closed loop: start the concurrent streams evenly over this long.")
+    speedup: float = Field(1.0, gt=0, le=MAX_RATE_RPS,
+                           description="trace: replay the arrivals this many times faster (2 = twice as fast).")
     levels: list[float] = Field(default_factory=list, max_length=MAX_LEVELS)
     sweep_of: Literal["concurrency", "rate"] = "concurrency"
     duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,

@@ -52,6 +52,7 @@ from app.gui.availability import Availability
 from app.gui.fields import FieldSpec, field_spec, get_path
 from app.gui.plan_box import PlanBox
 from app.labels import ENGINE_DEFAULT, in_field_words, label_for, no_value_text, value_text
+from app.workload import FILE_KINDS
 from engine_adapters.base import ValidationIssue
 from engine_adapters.features import FEATURES, FEATURES_BY_KEY, Family
 from engine_adapters.runtimes import MANAGED_RUNTIMES
@@ -66,12 +67,13 @@ COMPANIONS: dict[str, tuple[str, ...]] = {
 }
 ENGINE_FIELDS = ("engine.model", "engine.runtime.kind", "engine.runtime.managed", "engine.runtime.python",
                  "engine.runtime.executable", "engine.runtime.docker_image", "engine.kind", "engine.port")
-WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.num_requests", "workload.input_len.mean",
+WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.trace_format", "workload.trace_start_s",
+                   "workload.trace_end_s", "workload.trace_block_tokens", "workload.num_requests", "workload.input_len.mean",
                    "workload.output_len.mean", "workload.shared_prefix_tokens", "workload.shared_prefix_fraction",
                    "workload.turns", "workload.input_len.distribution", "workload.input_len.spread",
                    "workload.output_len.distribution", "workload.output_len.spread", "workload.api",
                    "workload.ignore_eos", "workload.temperature", "workload.seed", "workload.cache")
-LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.burstiness", "load.ramp_start_rps",
+LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.speedup", "load.burstiness", "load.ramp_start_rps",
                "load.sweep_of", "load.levels", "load.max_concurrency", "load.duration_s", "load.max_requests",
                "load.ramp_up_s", "load.warmup_requests", "load.slo", "load.max_error_fraction",
                "load.request_timeout_s", "load.workers")
@@ -79,13 +81,14 @@ ADVANCED = frozenset({
     "engine.kind", "engine.port",
     "workload.input_len.distribution", "workload.input_len.spread", "workload.output_len.distribution",
     "workload.output_len.spread", "workload.api", "workload.ignore_eos", "workload.temperature", "workload.seed",
-    "workload.cache", "workload.shared_prefix_fraction",
+    "workload.cache", "workload.shared_prefix_fraction", "workload.trace_format", "workload.trace_block_tokens",
     "load.warmup_requests", "load.slo", "load.max_error_fraction", "load.request_timeout_s", "load.workers",
     "load.duration_s", "load.max_requests", "load.ramp_up_s",
 })
 """Settings behind each group's "More settings" (shown at once when one of them has a message)."""
 CHOICES_OVERRIDE = {"engine.runtime.managed": tuple(sorted(MANAGED_RUNTIMES))}
-OPEN_LOOP = ("constant", "poisson", "gamma", "ramp", "sweep")
+OPEN_LOOP = ("constant", "poisson", "gamma", "ramp", "sweep", "trace")
+TRACE = ("trace",)
 SPEC_ON = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 Condition = tuple[str, Callable[[Any], bool]]
 
@@ -99,7 +102,12 @@ VISIBLE_WHEN: dict[str, Condition] = {
     "engine.runtime.python": ("engine.runtime.kind", _one_of("python")),
     "engine.runtime.executable": ("engine.runtime.kind", _one_of("executable")),
     "engine.runtime.docker_image": ("engine.runtime.kind", _one_of("docker")),
-    "workload.dataset_path": ("workload.kind", _one_of("sharegpt", "jsonl")),
+    "workload.dataset_path": ("workload.kind", _one_of(*FILE_KINDS)),
+    "workload.trace_format": ("workload.kind", _one_of(*TRACE)),
+    "workload.trace_start_s": ("workload.kind", _one_of(*TRACE)),
+    "workload.trace_end_s": ("workload.kind", _one_of(*TRACE)),
+    "workload.trace_block_tokens": ("workload.kind", _one_of(*TRACE)),
+    "load.speedup": ("load.pattern", _one_of(*TRACE)),
     "workload.shared_prefix_tokens": ("workload.kind", _one_of("shared_prefix", "multi_turn", "random")),
     "workload.shared_prefix_fraction": ("workload.kind", _one_of("shared_prefix", "multi_turn", "random")),
     "workload.input_len.spread": ("workload.input_len.distribution", _one_of("uniform", "normal")),

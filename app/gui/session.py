@@ -12,7 +12,7 @@ import threading
 from app.bus import Bus
 from app.campaign import EngineKeeper
 from app.config import RunConfig
-from app.load.tokens import named_tokenizer
+from app.load.datasets import read_inputs
 from app.recording import record_to_default_store
 from app.runner import Runner, RunResult
 from engine_adapters.launcher import EngineProcess
@@ -33,7 +33,7 @@ class EngineSession:
     def run(self, config: RunConfig, bus: Bus, cancel: threading.Event, *, keep_engine: bool,
             db_path: str | None = None) -> RunResult:
         """Blocking: the whole run, recorded. Raises UserError/EngineFailed with a plain message."""
-        named_tokenizer(config.workload.tokenizer)  # one that does not load: refused before an engine starts
+        read_inputs(config.workload)  # a tokenizer that does not load, a bad trace: refused before an engine starts
         recorder = record_to_default_store(bus, db_path)
         try:
             engine = self.engine_for(config, bus, cancel) if keep_engine else None

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.errors import UserError, read_user_text
-from app.load.tokens import TokenCounter
+from app.load.tokens import TokenCounter, named_tokenizer
+from app.load.traces import Trace, block_token_ids, prompt_ids, read_trace
 from app.workload import LengthSpec, WorkloadConfig
 
 _WORDS = (
@@ -105,6 +106,9 @@ class Dataset:
     lengths_exact: bool
     length_source: str
     notes: list[str] = field(default_factory=list)  # e.g. lines skipped while importing
+    arrivals_s: list[float] | None = None
+    """A trace's arrival times (seconds from its first request, one per conversation), for the
+    load pattern that replays them (``app.load.traces``)."""
 
     @property
     def num_requests(self) -> int:
@@ -340,15 +344,50 @@ def load_jsonl(path: Path, workload: WorkloadConfig, counter: TokenCounter,
     return conversations, notes
 
 
+def workload_trace(workload: WorkloadConfig, check: Check = _never) -> Trace:
+    """The trace a ``trace`` workload replays: its window, at most ``num_requests`` of it."""
+    return read_trace(Path(workload.dataset_path or "").expanduser(), workload.trace_format,
+                      block_tokens=workload.trace_block_tokens, start_s=workload.trace_start_s,
+                      end_s=workload.trace_end_s, max_requests=workload.num_requests, check=check)
+
+
+def read_inputs(workload: WorkloadConfig, check: Check = _never) -> tuple[TokenCounter | None, Trace | None]:
+    """The files a workload names, read and checked before anything starts (an engine, a client,
+    a campaign's first run): its named tokenizer and its trace. Raises a UserError saying which."""
+    return named_tokenizer(workload.tokenizer), workload_trace(workload, check) if workload.kind == "trace" else None
+
+
+def trace_dataset(trace: Trace, counter: TokenCounter, rng: np.random.Generator, check: Check = _never) -> Dataset:
+    """A trace's requests as prompts of their lengths: equal block ids become equal token blocks
+    (made from the seeded words), the rest of each prompt its own."""
+    blocks: dict[int, list[int]] = {}
+
+    def fresh(n_tokens: int) -> list[int]:
+        return block_token_ids(counter.encode, lambda m: _words(rng, m), n_tokens, check)
+
+    conversations = []
+    for i, request in enumerate(trace.requests):
+        check()
+        text = counter.decode(prompt_ids(request, trace.block_tokens, blocks, fresh))
+        conversations.append(Conversation(i, [Turn(text, request.output_tokens, counter.count(text))]))
+    span = f"{trace.duration_s:,.1f} s" + (f" of its {trace.span_s:,.1f} s" if trace.duration_s < trace.span_s else "")
+    note = (f"trace {trace.path.name} ({trace.format}): {len(trace.requests):,} requests over {span}; "
+            + trace.reuse().text(trace.block_tokens))
+    return Dataset(conversations, counter.exact, counter.source, [note], [r.at_s for r in trace.requests])
+
+
 def build_dataset(workload: WorkloadConfig, counter: TokenCounter, variant: int = 0, *,
-                  cancelled: Callable[[], bool] | None = None) -> Dataset:
+                  cancelled: Callable[[], bool] | None = None, trace: Trace | None = None) -> Dataset:
     """The conversations of one load level. ``variant`` (the level index) changes the seed so
     levels do not hit each other's prefix cache, while keeping the same distributions.
     ``cancelled`` is asked between prompts (and file chunks, JSON entries): once it is true the
-    build raises BuildCancelled, so a cancelled run stops here instead of after every prompt."""
+    build raises BuildCancelled, so a cancelled run stops here instead of after every prompt.
+    ``trace``: the ``trace`` workload's trace, when already read (a run reads it before it starts)."""
     check = cancel_check(cancelled)
     rng = np.random.default_rng([workload.seed, variant])
     notes: list[str] = []
+    if workload.kind == "trace":
+        return trace_dataset(trace or workload_trace(workload, check), counter, rng, check)
     if workload.kind == "sharegpt":
         conversations, notes = load_sharegpt(Path(workload.dataset_path or "").expanduser(), workload, counter, rng,
                                              check)

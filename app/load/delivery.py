@@ -11,7 +11,7 @@ or a closed loop's workers still starting) and the drain (the last requests fini
 The steady window leaves both out: a closed loop's is where the requests in flight are within
 ``STEADY_TOLERANCE`` of the target; an open loop's runs from one median E2E after the first send
 (the first replies are back) to the last send, while arrivals keep their rate. A ramp of rates
-has none.
+has none, nor has a trace's replay (its arrivals are the trace's).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LevelTarget:
     mode: str  # closed | open
     concurrency: int | None = None  # closed: in flight; open: the cap, if any
     rate_rps: float | None = None
-    arrival: str = "poisson"  # open: constant | poisson | gamma | ramp
+    arrival: str = "poisson"  # open: constant | poisson | gamma | ramp | trace
     ramp_up_s: float = 0.0  # closed: the workers start evenly over this long
 
 
@@ -176,6 +176,8 @@ def steady_window(times: LevelTimes, target: LevelTarget, duration_s: float,
     if target.mode == "open":
         if target.arrival == "ramp":
             return None, "a ramp of arrival rates has no steady state"
+        if target.arrival == "trace":
+            return None, "a trace's arrivals follow the trace, not a steady rate"
         settle_s = float(np.nanmedian(e2e)) / 1e3 if np.isfinite(e2e).any() else 0.0
         t0, t1 = float(starts.min()) + settle_s, float(starts.max())
         rule = "from one median E2E after the first send (the first replies back) to the last send"

@@ -287,7 +287,8 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 tasks.update(asyncio.create_task(worker(k * plan.ramp_up_s / workers)) for k in range(workers))
             else:
                 n = total if total is not None else int(math.ceil((plan.rate_rps or 1) * (rule.duration_s or 0) * 1.5)) + 16
-                offsets = arrival_offsets_s(plan, n, seed)
+                offsets = arrival_offsets_s(plan, n, seed, dataset.arrivals_s)
+                n = min(n, len(offsets))  # a trace ends with its last arrival
                 gate = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
 
                 async def open_conversation(conv: Conversation, scheduled: float) -> None:

@@ -26,10 +26,11 @@ class LevelPlan:
     mode: Literal["closed", "open"]
     concurrency: int | None = None  # closed: in flight; open: optional cap
     rate_rps: float | None = None
-    arrival: Literal["constant", "poisson", "gamma", "ramp"] = "poisson"
+    arrival: Literal["constant", "poisson", "gamma", "ramp", "trace"] = "poisson"
     burstiness: float = 1.0
     ramp_start_rps: float | None = None
     ramp_up_s: float = 0.0  # closed: the workers start evenly over this long
+    speedup: float = 1.0  # trace: the trace's arrivals this many times faster
 
     @property
     def target(self) -> LevelTarget:
@@ -60,6 +61,9 @@ def plan_levels(load: LoadConfig) -> list[LevelPlan]:
                 plans.append(LevelPlan(i, f"{value:g} req/s", "open", concurrency=load.max_concurrency,
                                        rate_rps=value, arrival=arrival, burstiness=load.burstiness))
         return plans
+    if load.pattern == "trace":
+        return [LevelPlan(0, f"trace x{load.speedup:g}", "open", concurrency=load.max_concurrency, arrival="trace",
+                          speedup=load.speedup)]
     assert load.rate_rps is not None
     if load.pattern == "ramp":
         return [LevelPlan(0, f"ramp {load.ramp_start_rps:g}->{load.rate_rps:g} req/s", "open",
@@ -72,8 +76,13 @@ def plan_levels(load: LoadConfig) -> list[LevelPlan]:
                       rate_rps=load.rate_rps, arrival=arrival2, burstiness=load.burstiness)]
 
 
-def arrival_offsets_s(plan: LevelPlan, n: int, seed: int) -> np.ndarray:
-    """Send times (seconds from the level start) of ``n`` requests; the first is at 0."""
+def arrival_offsets_s(plan: LevelPlan, n: int, seed: int, trace_s: list[float] | None = None) -> np.ndarray:
+    """Send times (seconds from the level start) of ``n`` requests; the first is at 0. A trace's
+    are its own (``trace_s``, the dataset's arrivals), ``speedup`` times faster: at most its length."""
+    if plan.arrival == "trace":
+        if trace_s is None:
+            raise ValueError("a trace's arrivals need its dataset's arrival times")
+        return np.asarray(trace_s[:max(n, 0)], dtype=np.float64) / plan.speedup
     assert plan.rate_rps is not None
     if n <= 0:
         return np.zeros(0)

@@ -207,18 +207,20 @@ def split_plan(plan: LevelPlan, dataset: Dataset, rule: StopRule, workers: int,
     if workers == 1:
         return plan, dataset, rule
     share = Dataset(dataset.conversations[k::workers] or dataset.conversations[:1], dataset.lengths_exact,
-                    dataset.length_source)
+                    dataset.length_source,
+                    arrivals_s=(dataset.arrivals_s[k::workers] or dataset.arrivals_s[:1])
+                    if dataset.arrivals_s is not None else None)
     conc = plan.concurrency
     if conc is not None:
         conc = max(1, conc // workers + (1 if k < conc % workers else 0))
     rate = plan.rate_rps / workers if plan.rate_rps is not None else None
     start = plan.ramp_start_rps / workers if plan.ramp_start_rps is not None else None
     sub = LevelPlan(plan.index, plan.label, plan.mode, concurrency=conc, rate_rps=rate, arrival=plan.arrival,
-                    burstiness=plan.burstiness, ramp_start_rps=start, ramp_up_s=plan.ramp_up_s)
+                    burstiness=plan.burstiness, ramp_start_rps=start, ramp_up_s=plan.ramp_up_s, speedup=plan.speedup)
     if rule.max_requests is not None:
         max_req: int | None = rule.max_requests // workers + (1 if k < rule.max_requests % workers else 0)
-    elif rule.duration_s is None:
-        max_req = len(share.conversations)
+    elif rule.duration_s is None:  # the dataset once: a worker whose share is empty sends nothing
+        max_req = len(dataset.conversations[k::workers])
     else:
         max_req = None
     return sub, share, StopRule(max_req, rule.duration_s, rule.max_error_fraction)
