@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 
-SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms")
+SLO_METRICS = ("ttft_ms", "ttfat_ms", "tpot_ms", "e2e_ms", "queue_ms")
+"""What a request is held to: ``ttfat_ms`` is the time to its first answer token (a reasoning
+model's TTFT; a request that never answered misses it)."""
 _SLO_RE = re.compile(r"^\s*(?P<key>[a-z0-9_]+)\s*(?P<op><=|<)\s*(?P<value>[0-9]*\.?[0-9]+)\s*$")
 
 Slo = tuple[str, str, float]

@@ -166,6 +166,24 @@ def _catalogue() -> tuple[Metric, ...]:
         for stat in ("p50", "p99"):  # open loop, from the time each request was due (app.load.delivery)
             out.append(Metric(f"{base[:-3]}_intended_ms_{stat}", f"{short} {stat} from due", "ms", "lower", "latency",
                               "client_timing", digits=digits, description=f"open loop: {what}"))
+    # Reasoning models (docs/metrics.md, "Reasoning models"): the answer's first token, and each
+    # phase's tokens and gaps. TTFAT equals TTFT for a model that does not reason.
+    for base, short, digits, what in (
+            ("ttfat_ms", "TTFAT", 1, "send -> first answer token (after the reasoning), as the client saw it"),
+            ("reasoning_itl_ms", "Reasoning ITL", 2, "gap between reasoning tokens, per token"),
+            ("answer_itl_ms", "Answer ITL", 2, "gap between answer tokens, per token")):
+        for stat, word in _STATS:
+            reliability = "client_itl" if "itl" in base and stat != "mean" else "client_timing"
+            out.append(Metric(f"{base}_{stat}", f"{short} {word}", "ms", "lower", "latency", reliability,
+                              digits=digits, description=what))
+    out += [
+        Metric("reasoning_tokens_total", "Reasoning tokens", "tokens", "neutral", "run", digits=0,
+               description="output tokens of completed requests spent reasoning"),
+        Metric("answer_tokens_total", "Answer tokens", "tokens", "neutral", "run", digits=0,
+               description="output tokens of completed requests that were the answer"),
+        Metric("requests_reasoning_unfinished", "Reasoning unfinished", "", "lower", "errors", digits=0,
+               description="requests that reasoned to max_tokens and never answered"),
+    ]
     for base, short, digits in (("ttft_ms", "TTFT", 1), ("tpot_ms", "TPOT", 2), ("e2e_ms", "E2E", 1)):
         for stat in ("p50", "p99"):  # over the level's steady window
             out.append(Metric(f"steady_{base}_{stat}", f"{short} {stat} (steady)", "ms", "lower", "latency",

@@ -194,7 +194,8 @@ def _num(value: Any) -> float | None:
 _ENGINE_KEYS = ("engine_ttft_ms_mean", "engine_itl_ms_mean", "engine_e2e_ms_mean", "engine_queue_ms_mean",
                 "prefix_cache_hit_rate", "spec_acceptance_rate", "spec_mean_acceptance_length",
                 "engine_tokens_per_step_mean", "preemptions")
-_NESTED = {"ttft_ms": "ttft_ms", "itl_ms": "itl_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms", "queue_ms": "queue_ms"}
+_NESTED = {"ttft_ms": "ttft_ms", "itl_ms": "itl_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms", "queue_ms": "queue_ms",
+           "ttfat_ms": "ttfat_ms", "reasoning_itl_ms": "reasoning_itl_ms", "answer_itl_ms": "answer_itl_ms"}
 _STAT_NAMES = {"mean": "mean", "median": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
@@ -211,6 +212,7 @@ def level_summary_figures(summary: Mapping[str, Any] | None) -> dict[str, float]
                      ("duration_s", "duration_s"), ("requests", "requests_total"), ("errors", "requests_failed"),
                      ("cancelled", "requests_cancelled"), ("completed", "requests_completed"),
                      ("input_tokens", "input_tokens_total"),
+                     ("reasoning_tokens", "reasoning_tokens_total"), ("answer_tokens", "answer_tokens_total"),
                      ("tokens_match_engine", "tokens_match_engine")):
         if (v := _num(summary.get(src))) is not None:
             out[dst] = v
@@ -220,6 +222,8 @@ def level_summary_figures(summary: Mapping[str, Any] | None) -> dict[str, float]
             for stat, suffix in _STAT_NAMES.items():
                 if (v := _num(stats.get(stat))) is not None:
                     out[f"{base}_{suffix}"] = v
+    if summary.get("reasoning_tokens") is not None and (v := _num(summary.get("reasoning_unfinished"))) is not None:
+        out["requests_reasoning_unfinished"] = v
     lag = summary.get("client_lag_ms")
     if isinstance(lag, Mapping) and (v := _num(lag.get("p99"))) is not None:
         out["client_lag_ms_p99"] = v

@@ -161,6 +161,11 @@ class LevelAccumulator:
         self.tpot_ms = Distribution()
         self.e2e_ms = Distribution()
         self.queue_ms = Distribution()
+        self.ttfat_ms = Distribution()
+        self.reasoning_itl_ms = Distribution(EXACT_PER_TOKEN)
+        self.answer_itl_ms = Distribution(EXACT_PER_TOKEN)
+        self.reasoning_tokens: int | None = None  # of completed requests; None: none reasoned
+        self.reasoning_unfinished = 0
         self.times = LevelTimes()
 
     def add(self, r: RequestRecord) -> None:
@@ -192,8 +197,26 @@ class LevelAccumulator:
             self.e2e_ms.add(r.e2e_ms)
         if len(r.itl_ms):
             self.itl_ms.extend(r.itl_ms)
+        if r.ttfat_ms is not None:
+            self.ttfat_ms.add(r.ttfat_ms)
+        if r.reasoning_tokens is not None:
+            self._add_reasoning(r)
         if self._slos is not None and meets_slo(r, self._slos):
             self.good += 1
+
+    def _add_reasoning(self, r: RequestRecord) -> None:
+        """A reasoning request's tokens and ITLs by phase: ``itl_ms[i]`` is the gap before token
+        ``i + 1``, so the reasoning's are those before its last token, the answer's those after
+        its first (the gap between the two phases is in neither)."""
+        reasoning = r.reasoning_tokens or 0
+        self.reasoning_tokens = (self.reasoning_tokens or 0) + reasoning
+        if r.reasoning_unfinished:
+            self.reasoning_unfinished += 1
+        itl = r.itl_ms
+        if reasoning > 1:
+            self.reasoning_itl_ms.extend(itl[:reasoning - 1])
+        if not r.reasoning_unfinished and len(itl) > reasoning:
+            self.answer_itl_ms.extend(itl[reasoning:])
 
     def summary(self, duration_s: float, *, peak_concurrency: int = 0, lengths_exact: bool = True,
                 engine: EngineDeltas | None = None, stop_reason: str = "completed",
@@ -214,6 +237,12 @@ class LevelAccumulator:
             client_lag_ms=Stats.of(np.asarray(client_lag_ms, dtype=float)),
             tokens_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage"),
             lengths_exact=lengths_exact, engine=engine or EngineDeltas(), stop_reason=stop_reason)
+        if self.reasoning_tokens is not None:  # TTFAT is TTFT where nothing reasoned: not shown twice
+            out.ttfat_ms = self.ttfat_ms.stats()
+            out.reasoning_tokens = self.reasoning_tokens
+            out.answer_tokens = self.completed_output_tokens - self.reasoning_tokens
+            out.reasoning_unfinished = self.reasoning_unfinished
+            out.reasoning_itl_ms, out.answer_itl_ms = self.reasoning_itl_ms.stats(), self.answer_itl_ms.stats()
         if self.slo:
             out.slo, out.good_requests, out.goodput_rps = self.slo, self.good, self.good / dur
         if engine is not None and engine.generation_tokens is not None:

@@ -225,7 +225,7 @@ class _StreamState:
 
     __slots__ = ("start", "chat", "keep_text", "on_tokens", "on_first", "tokens", "chunks", "first_t", "last_t",
                  "itl", "done", "error", "error_kind", "text", "finish_reason", "prompt_tokens", "usage_tokens",
-                 "chunk_counted")
+                 "chunk_counted", "answer_t", "answer_at", "reasoning_seen", "usage_reasoning")
 
     def __init__(self, start: float, chat: bool, keep_text: bool, on_tokens: OnTokens | None,
                  on_first: Callable[[float], None] | None) -> None:
@@ -244,6 +244,10 @@ class _StreamState:
         self.prompt_tokens: int | None = None
         self.usage_tokens: int | None = None  # last usage.completion_tokens seen
         self.chunk_counted = False
+        self.answer_t: float | None = None  # when the first answer token (content, not reasoning) arrived
+        self.answer_at = 0  # tokens before it: the reasoning, as the deltas split it
+        self.reasoning_seen = False
+        self.usage_reasoning: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when reported
 
     async def consume(self, content: aiohttp.StreamReader) -> None:
         buf = b""
@@ -279,6 +283,8 @@ class _StreamState:
                                     self.finish_reason = finish
                                 new = ct - self.tokens
                                 self.usage_tokens = ct
+                                if self.answer_t is None and new > 0:
+                                    self._phase(choices[0], now)
                                 if new == 1:
                                     itl_append((now - self.last_t) * 1e3)
                                 elif new > 1:
@@ -324,6 +330,18 @@ class _StreamState:
             self._chunk(obj, now)
         return True
 
+    def _phase(self, choice: dict[str, Any], now: float) -> None:
+        """Before the answer: whether this token-carrying chunk is reasoning or the first of the
+        answer (a chunk that carries both starts the answer: its tokens are counted there)."""
+        if not self.chat:
+            self.answer_t, self.answer_at = now, self.tokens  # completions carry no reasoning
+            return
+        delta = choice.get("delta") or {}
+        if delta.get("reasoning_content") or delta.get("reasoning"):
+            self.reasoning_seen = True
+        if delta.get("content"):
+            self.answer_t, self.answer_at = now, self.tokens
+
     def _chunk(self, obj: dict[str, Any], now: float) -> None:
         usage = obj.get("usage")
         ct = None
@@ -332,6 +350,9 @@ class _StreamState:
             pt = usage.get("prompt_tokens")
             if pt is not None:
                 self.prompt_tokens = pt
+            details = usage.get("completion_tokens_details")
+            if isinstance(details, dict) and type(details.get("reasoning_tokens")) is int:
+                self.usage_reasoning = details["reasoning_tokens"]
         choices = obj.get("choices")
         if not choices:
             if ct is not None:
@@ -344,7 +365,7 @@ class _StreamState:
             self.finish_reason = finish
         if self.chat:
             delta = choice.get("delta") or {}
-            text = delta.get("content") or delta.get("reasoning_content") or ""
+            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
         else:
             text = choice.get("text") or ""
         if self.keep_text and text:
@@ -357,6 +378,8 @@ class _StreamState:
             new = 1 if text else 0
         if new <= 0:
             return
+        if self.answer_t is None:
+            self._phase(choice, now)
         if self.first_t is None:
             self.first_t = now
             if self.on_first is not None:
@@ -391,6 +414,12 @@ class _StreamState:
             rec.e2e_ms = (self.last_t - self.start) * 1e3
             if self.tokens > 1:
                 rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (self.tokens - 1)
+        if self.answer_t is not None:
+            rec.ttfat_ms = (self.answer_t - self.start) * 1e3
+        if self.reasoning_seen or self.usage_reasoning:
+            counted = self.answer_at if self.answer_t is not None else self.tokens
+            rec.reasoning_tokens = self.usage_reasoning if self.usage_reasoning is not None else counted
+            rec.reasoning_unfinished = self.answer_t is None and self.tokens > 0
         elif rec.error is not None:
             rec.e2e_ms = (time.perf_counter() - self.start) * 1e3
         rec.ok = rec.error is None

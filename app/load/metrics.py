@@ -53,6 +53,19 @@ class RequestRecord(BaseModel):
     cap_wait_ms: float = 0.0
     """Of ``queue_ms``, the time it waited for the level's in-flight cap (open loop with
     ``max_concurrency``): held back by the engine's slowness, not by the client."""
+    ttfat_ms: float | None = None
+    """Send -> the first answer token: the first ``content`` delta, after any reasoning deltas
+    (``reasoning_content`` or ``reasoning``). Equal to TTFT for a model that does not reason; none
+    when no answer came."""
+    reasoning_tokens: int | None = None
+    """Output tokens spent reasoning: the engine's ``completion_tokens_details.reasoning_tokens``
+    where it reports them, else counted from the deltas. None: no reasoning seen."""
+    reasoning_unfinished: bool = False
+    """It reasoned and never answered within its ``max_tokens``: counted as such, not as an answer."""
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.output_tokens - (self.reasoning_tokens or 0)
 
 
 class Stats(BaseModel):
@@ -176,6 +189,16 @@ class LevelSummary(BaseModel):
     tpot_ms: Stats = Field(default_factory=Stats)
     e2e_ms: Stats = Field(default_factory=Stats)
     queue_ms: Stats = Field(default_factory=Stats)
+    ttfat_ms: Stats = Field(default_factory=Stats)
+    """Time to the first answer token (``RequestRecord.ttfat_ms``): TTFT's match for a reasoning model."""
+    reasoning_tokens: int | None = None
+    """Output tokens of completed requests spent reasoning (None: no request reasoned)."""
+    answer_tokens: int | None = None
+    """Output tokens of completed requests that were the answer (with ``reasoning_tokens``)."""
+    reasoning_unfinished: int = 0
+    """Requests that reasoned to their ``max_tokens`` and never answered."""
+    reasoning_itl_ms: Stats = Field(default_factory=Stats)
+    answer_itl_ms: Stats = Field(default_factory=Stats)
     slo: str | None = None
     good_requests: int | None = None
     goodput_rps: float | None = None

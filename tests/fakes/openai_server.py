@@ -37,11 +37,20 @@ class FakeBehaviour:
     stream_tok_per_s: float = 20.0
     stall_after_requests: int | None = None
     stall_s: float = 0.0
+    reasoning_tokens: int = 0
+    """Chat: the first this many tokens of each reply are reasoning deltas, the rest the answer."""
+    reasoning_field: str = "reasoning_content"  # vLLM's; "reasoning" as newer servers name it
+    both_in_one_chunk: bool = False
+    """The last reasoning token and the first answer token in one chunk (two tokens)."""
+    reasoning_usage: bool = False
+    """The closing usage says ``completion_tokens_details.reasoning_tokens``."""
 
 
-def _chunk(text: str, completion: int | None, prompt: int, chat: bool, finish: str | None = None) -> bytes:
+def _chunk(text: str, completion: int | None, prompt: int, chat: bool, finish: str | None = None,
+           reasoning: str = "", field: str = "reasoning_content") -> bytes:
     if chat:
-        choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        delta = {field: reasoning, "content": text or None} if reasoning else {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         obj: dict[str, object] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
                                   "model": "fake", "choices": [choice]}
     else:
@@ -52,22 +61,31 @@ def _chunk(text: str, completion: int | None, prompt: int, chat: bool, finish: s
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _usage_chunk(completion: int, prompt: int) -> bytes:
+def _usage_chunk(completion: int, prompt: int, reasoning: int | None = None) -> bytes:
+    usage: dict[str, object] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                "completion_tokens": completion}
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     obj = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake", "choices": [],
-           "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}}
+           "usage": usage}
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def encode_stream(n_tokens: int, mode: str, chat: bool, tokens_per_chunk: int = 1, prompt_tokens: int = 8,
-                  usage: bool = True) -> list[bytes]:
-    """The SSE chunks of one response, pre-encoded."""
+                  usage: bool = True, behaviour: FakeBehaviour | None = None) -> list[bytes]:
+    """The SSE chunks of one response, pre-encoded (reasoning first, when the behaviour asks)."""
     per = tokens_per_chunk if mode == "multi" else 1
+    reasoning = behaviour.reasoning_tokens if behaviour is not None and chat else 0
     out, done = [], 0
     while done < n_tokens:
         k = min(per, n_tokens - done)
+        if behaviour is not None and behaviour.both_in_one_chunk and done + 1 == reasoning < n_tokens:
+            k = 2  # the last reasoning token and the first answer token together
+        think = max(0, min(done + k, reasoning) - done)
         done += k
         finish = "length" if done == n_tokens else None
-        out.append(_chunk(" tok" * k, done if usage and mode != "no_usage" else None, prompt_tokens, chat, finish))
+        out.append(_chunk(" tok" * (k - think), done if usage and mode != "no_usage" else None, prompt_tokens, chat,
+                          finish, " hmm" * think, behaviour.reasoning_field if behaviour is not None else ""))
     if mode in ("error_midstream", "malformed", "disconnect"):
         cut = min(3, len(out))
         out = out[:cut]
@@ -77,7 +95,8 @@ def encode_stream(n_tokens: int, mode: str, chat: bool, tokens_per_chunk: int = 
         elif mode == "malformed":
             out.append(b"data: {this is not json\n\n")
         return out
-    out.append(_usage_chunk(n_tokens, prompt_tokens))
+    details = min(reasoning, n_tokens) if behaviour is not None and behaviour.reasoning_usage and reasoning else None
+    out.append(_usage_chunk(n_tokens, prompt_tokens, details))
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -154,7 +173,8 @@ class FakeOpenAIServer:
         usage = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        chunks = encode_stream(n, mode, chat, self.behaviour.tokens_per_chunk, self.behaviour.prompt_tokens, usage)
+        chunks = encode_stream(n, mode, chat, self.behaviour.tokens_per_chunk, self.behaviour.prompt_tokens, usage,
+                               self.behaviour)
         if mode == "slow":
             for c in chunks:
                 await self._hold()
@@ -162,7 +182,7 @@ class FakeOpenAIServer:
                 await asyncio.sleep(self.behaviour.delay_s)
         elif mode == "paced":
             for k, c in enumerate(chunks):
-                if k < n:  # the token chunks; the closing usage chunk and [DONE] follow the last at once
+                if k < len(chunks) - 2:  # the token chunks; the closing usage chunk and [DONE] follow at once
                     await asyncio.sleep(max(0.0, arrived + (k + 1) / self.behaviour.stream_tok_per_s
                                             - time.monotonic()))
                 await self._hold()
