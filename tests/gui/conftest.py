@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QThread  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
+from app.gui.gc_guard import guard_garbage_collection  # noqa: E402
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.gui.workers import busy_workers  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
@@ -74,6 +75,16 @@ def _name(pid: int) -> str:
 
 
 _ASK = QMessageBox.question  # the real box, before any test patches it
+
+
+@pytest.fixture(autouse=True)
+def _garbage_collected_on_the_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """As in the workbench (``app.gui.main``): cycles are collected on the GUI thread between
+    events. At the end, what the test left is collected here, on this thread, at once: never later
+    inside another test's paint, or on one of its worker threads."""
+    guard = guard_garbage_collection(qapp)
+    yield
+    guard.stop()
 
 
 def close_window(qtbot, window: MainWindow, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:  # type: ignore[no-untyped-def]
