@@ -544,8 +544,11 @@ class Runner:
             if summary.completed == 0:  # however few were sent: a run with no success is no success
                 first = f"; first error: {summary.error_examples[0]}" if summary.error_examples else ""
                 raise _Stop("failed", f"level '{plan.label}': no request succeeded ({summary.errors} failed){first}")
+        replies = (cfg.workload.api, sum(lv.summary.completed for lv in r.levels),
+                   sum(lv.summary.reasoning_tokens or 0 for lv in r.levels))
         r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
-                                                max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note)
+                                                max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note,
+                                                replies=replies)
 
     def _trace_reuse_note(self, label: str, deltas: EngineDeltas | None) -> str:
         """The prefix reuse the replayed trace implies, beside the hit rate the engine measured."""

@@ -33,6 +33,8 @@ def _no_nul(value: str) -> str:
 
 
 ArgStr = Annotated[str, AfterValidator(_no_nul)]
+ReasoningParser = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+"""A reasoning parser's name as the engine spells it (vLLM ``deepseek_r1``, SGLang ``deepseek-r1``)."""
 """A string that ends up in an engine's argv or environment."""
 
 
@@ -146,6 +148,9 @@ class Features(StrictModel):
     distributed_executor_backend: DistributedBackend | None = None
     nodes: int = Field(1, ge=1, le=MAX_PARALLEL,
                        description="Machines the GPUs span: an export-only topology (a local launch is one machine).")
+    reasoning_parser: ReasoningParser | None = Field(
+        None, description="The engine's parser that streams a reasoning model's thinking apart from its answer "
+                          "(vLLM and SGLang --reasoning-parser: qwen3, deepseek_r1, ...).")
     extra_args: list[ArgStr] = Field(default_factory=list)
 
     @property

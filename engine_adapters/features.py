@@ -186,6 +186,13 @@ FEATURES: tuple[FeatureInfo, ...] = (
         "GPU memory", engines=("vllm",),
     ),
     FeatureInfo(
+        "reasoning_parser", "Reasoning parser", Family.SCALE_AND_LIMITS,
+        "A reasoning model thinks before it answers; the engine's parser streams the thinking apart "
+        "from the answer, so the time to the first answer token (TTFAT) and each phase's tokens can be "
+        "measured. Verified by effect: reasoning deltas seen in the replies.",
+        "nothing: it measures", engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
         "extra_args", "Extra engine arguments", Family.SCALE_AND_LIMITS,
         "Free-form flags passed to the engine as given (checked against the installed version).",
         "anything",

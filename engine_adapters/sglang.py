@@ -205,6 +205,7 @@ FLAG_RULES: tuple[FlagRule, ...] = (
              ["--tp-size", str(f.tensor_parallel_size)]),
     FlagRule("pipeline_parallel_size", lambda f: [] if f.pipeline_parallel_size == 1 else
              ["--pp-size", str(f.pipeline_parallel_size)]),
+    FlagRule("reasoning_parser", lambda f: [] if f.reasoning_parser is None else ["--reasoning-parser", f.reasoning_parser]),
     FlagRule("extra_args", lambda f: list(f.extra_args)),
 )
 """``chunked_prefill`` has no rule of its own: it shapes ``max_num_batched_tokens``'s flags."""

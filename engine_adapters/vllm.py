@@ -131,6 +131,7 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     # Export-only: the launch recipes (app.export) place the GPUs on machines; validate refuses
     # nodes > 1 for a local launch, so no flag is ever rendered for it.
     FlagRule("nodes", lambda f: []),
+    FlagRule("reasoning_parser", lambda f: [] if f.reasoning_parser is None else ["--reasoning-parser", f.reasoning_parser]),
     FlagRule("extra_args", lambda f: list(f.extra_args)),
 )
 
@@ -524,6 +525,7 @@ class VllmAdapter:
             ("chunked_prefill", "enable_chunked_prefill", None),
             ("cpu_offload_gib", "cpu_offload_gb", 0.0),
             ("kv_offload_gib", "kv_offloading_size", 0.0),
+            ("reasoning_parser", "reasoning_parser", None),  # verified by the run's replies (app.verification)
         )
         for key, arg, unset in echoed:
             wanted = getattr(features, key)

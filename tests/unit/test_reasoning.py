@@ -93,3 +93,38 @@ def test_the_slo_grammar_knows_ttfat() -> None:
     assert parse_slo("ttfat_ms<=2000,tpot_ms<50") == [("ttfat_ms", "<=", 2000.0), ("tpot_ms", "<", 50.0)]
     with pytest.raises(SloError, match="ttfat_ms"):
         parse_slo("ttfa_ms<=2000")
+
+
+def test_the_reasoning_parser_is_passed_and_judged_by_the_replies() -> None:
+    """vLLM and SGLang take the flag (llama.cpp and TensorRT-LLM refuse it: not theirs); after a
+    run the check is verified by reasoning deltas, NOT ACTIVE when chat replies had none, and left
+    as it was when the workload sent completions (which carry no reasoning)."""
+    from app.verification import RunEffects
+    from engine_adapters.config import Features
+    from engine_adapters.features import not_offered
+    from engine_adapters.sglang import feature_flags as sglang_flags
+    from engine_adapters.vllm import feature_flags as vllm_flags
+
+    features = Features(reasoning_parser="qwen3")
+    assert vllm_flags(features)["reasoning_parser"] == ["--reasoning-parser", "qwen3"]
+    assert sglang_flags(features)["reasoning_parser"] == ["--reasoning-parser", "qwen3"]
+    assert [i.key for i in not_offered("llamacpp", features)] == ["reasoning_parser"]
+    assert [i.key for i in not_offered("trtllm", features)] == ["reasoning_parser"]
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        Features(reasoning_parser="qwen3 --evil")
+
+    echoed = {"key": "reasoning_parser", "requested": "qwen3", "status": "accepted",
+              "evidence": "engine parsed reasoning_parser=qwen3"}
+    effects = RunEffects(Bus())
+    try:
+        verified, = effects.refine([echoed], features, 4, replies=("chat", 6, 60))
+        assert verified["status"] == "verified" and "60 reasoning tokens in 6 replies" in verified["evidence"]
+        silent, = effects.refine([echoed], features, 4, replies=("chat", 6, 0))
+        assert silent["status"] == "not active" and "parser 'qwen3' does not know its markers" in silent["evidence"]
+        unjudged, = effects.refine([echoed], features, 4, replies=("completions", 6, 0))
+        assert unjudged["status"] == "accepted" and "completions, which carry no reasoning" in unjudged["evidence"]
+        added, = effects.refine([], features, 4, replies=("chat", 6, 12))  # an engine that echoes nothing
+        assert added["key"] == "reasoning_parser" and added["status"] == "verified"
+        assert effects.refine([], Features(), 4, replies=("chat", 6, 12)) == []
+    finally:
+        effects.close()

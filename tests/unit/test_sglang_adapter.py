@@ -156,6 +156,7 @@ def test_every_catalogued_feature_is_mapped_or_refused(tmp_path: Path) -> None:
         "flash_attention": Features(flash_attention=True), "extra_args": Features(extra_args=["--attention-backend", "fa3"]),
         "data_parallel_size": Features(data_parallel_size=2),
         "distributed_executor_backend": Features(distributed_executor_backend="ray"), "nodes": Features(nodes=2),
+        "reasoning_parser": Features(reasoning_parser="qwen3"),
     }
     assert set(changed) == {f.key for f in FEATURES}
     base = [tok for toks in feature_flags(Features()).values() for tok in toks]
