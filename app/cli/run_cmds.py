@@ -38,14 +38,21 @@ TABLE_KEYS = ("requests_per_s", "output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99"
               "e2e_ms_p50", "queue_ms_p50", "goodput_rps", "prefix_cache_hit_rate", "spec_acceptance_rate",
               "client_lag_ms_p99")
 """The per-level table's figures (catalogue keys: the same names and values as Compare)."""
+REASONING_KEYS = ("ttfat_ms_p50", "ttfat_ms_p99", "reasoning_tokens_total", "requests_reasoning_unfinished")
+"""After TTFT, where some level reasoned (a level that did not has none: its TTFAT is its TTFT)."""
 
 
 def table_columns(levels: list[dict[str, float]], flagged: set[str]) -> list[str]:
     """``TABLE_KEYS``, with each client figure some level flagged unreliable preceded by the
-    engine's own figure (the headline switches to it, labelled "(engine)")."""
+    engine's own figure (the headline switches to it, labelled "(engine)"), and the reasoning
+    figures after TTFT where a level has them."""
     have = set().union(*levels) if levels else set()
+    keys = list(TABLE_KEYS)
+    if "ttfat_ms_p50" in have:
+        at = keys.index("ttft_ms_p99") + 1
+        keys[at:at] = REASONING_KEYS
     out: list[str] = []
-    for key in TABLE_KEYS:
+    for key in keys:
         alt = catalog.metric(key).engine_alternative
         if key in flagged and alt and alt in have and alt not in out:
             out.append(alt)

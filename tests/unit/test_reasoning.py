@@ -53,6 +53,11 @@ def test_reasoning_then_answer_gives_ttfat_and_each_phases_tokens() -> None:
                 "requests_reasoning_unfinished", "reasoning_itl_ms_p50", "answer_itl_ms_p99"):
         assert key in figures and key in BY_KEY, key
     assert figures["reasoning_tokens_total"] == 60 and figures["requests_reasoning_unfinished"] == 0
+    from app.cli.run_cmds import format_table
+    header = format_table(result).splitlines()[0]
+    for name in ("TTFT p99", "TTFAT p50", "TTFAT p99", "Reasoning tokens", "Reasoning unfinished"):
+        assert name in header, header
+    assert header.index("TTFT p99") < header.index("TTFAT p50") < header.index("ITL")
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
@@ -87,6 +92,8 @@ def test_a_model_that_does_not_reason_has_ttfat_equal_to_ttft_and_no_reasoning_f
     assert all(r.ttfat_ms == r.ttft_ms and r.reasoning_tokens is None for r in result.levels[0].requests)
     assert summary.reasoning_tokens is None and summary.ttfat_ms.count == 0 and summary.good_requests == REQUESTS
     assert not any(key.startswith(("ttfat", "reasoning", "answer")) for key in summary.figures())
+    from app.cli.run_cmds import format_table
+    assert "TTFAT" not in format_table(result)
 
 
 def test_the_slo_grammar_knows_ttfat() -> None:
