@@ -75,6 +75,14 @@ _CLIENT_LATENCY = (
 )
 
 
+def _client_latency(base: str, short: str, digits: int, what: str, alt: str | None = None) -> list[Metric]:
+    """A latency the client measures, at each statistic (an ITL's percentiles need a client that
+    kept up with every token: ``client_itl``)."""
+    return [Metric(f"{base}_{stat}", f"{short} {word}", "ms", "lower", "latency",
+                   "client_itl" if base.endswith("itl_ms") and stat != "mean" else "client_timing", alt,
+                   digits=digits, description=what) for stat, word in _STATS]
+
+
 def _catalogue() -> tuple[Metric, ...]:
     out: list[Metric] = [
         Metric("output_tok_per_s", "Output throughput", "tok/s", "higher", "throughput", "tokens",
@@ -91,10 +99,7 @@ def _catalogue() -> tuple[Metric, ...]:
                short="out tok/s (engine)"),
     ]
     for base, short, alt, what in _CLIENT_LATENCY:
-        for stat, word in _STATS:
-            reliability: Reliability = "client_itl" if base == "itl_ms" and stat != "mean" else "client_timing"
-            out.append(Metric(f"{base}_{stat}", f"{short} {word}", "ms", "lower", "latency", reliability, alt,
-                              digits=2 if base in ("itl_ms", "tpot_ms") else 1, description=what))
+        out += _client_latency(base, short, 2 if base in ("itl_ms", "tpot_ms") else 1, what, alt)
     for stat, word in _STATS:
         out.append(Metric(f"queue_ms_{stat}", f"Client queue {word}", "ms", "lower", "latency", "client_timing",
                           digits=2, description="due -> sent: waiting in the client, apart from TTFT",
@@ -172,10 +177,7 @@ def _catalogue() -> tuple[Metric, ...]:
             ("ttfat_ms", "TTFAT", 1, "send -> first answer token (after the reasoning), as the client saw it"),
             ("reasoning_itl_ms", "Reasoning ITL", 2, "gap between reasoning tokens, per token"),
             ("answer_itl_ms", "Answer ITL", 2, "gap between answer tokens, per token")):
-        for stat, word in _STATS:
-            reliability = "client_itl" if "itl" in base and stat != "mean" else "client_timing"
-            out.append(Metric(f"{base}_{stat}", f"{short} {word}", "ms", "lower", "latency", reliability,
-                              digits=digits, description=what))
+        out += _client_latency(base, short, digits, what)
     out += [
         Metric("reasoning_tokens_total", "Reasoning tokens", "tokens", "neutral", "run", digits=0,
                description="output tokens of completed requests spent reasoning"),

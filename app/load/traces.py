@@ -194,34 +194,40 @@ def _json_lines(text: str, path: Path, check: Check) -> list[tuple[int, dict[str
     return out
 
 
-def _mooncake(text: str, path: Path, block_tokens: int, check: Check) -> list[TraceRequest]:
-    out = []
-    for number, obj in _json_lines(text, path, check):
-        for key in ("timestamp", "input_length", "output_length"):
-            if key not in obj:
-                raise _bad(path, number, f"no '{key}' (a Mooncake line has timestamp, input_length, "
-                                         "output_length and hash_ids)")
-        tokens = _count(obj["input_length"], "input_length", path, number)
-        out.append(TraceRequest(number, _time(obj["timestamp"], "timestamp", path, number, 1e-3), tokens,
-                                _count(obj["output_length"], "output_length", path, number),
-                                _blocks(obj.get("hash_ids"), "hash_ids", path, number, tokens, block_tokens)))
-    return out
+@dataclass(frozen=True)
+class _JsonFormat:
+    """A JSONL trace format: its keys, and its time unit in seconds."""
+
+    name: str
+    at: str
+    seconds_per_unit: float
+    input: str
+    output: str
+    blocks: str
+    only_these_keys: bool  # tunebench's own format: a key it does not know is a mistake
+
+    def keys(self) -> tuple[str, ...]:
+        return self.at, self.input, self.output, self.blocks
 
 
-def _tunebench(text: str, path: Path, block_tokens: int, check: Check) -> list[TraceRequest]:
+_MOONCAKE = _JsonFormat("Mooncake", "timestamp", 1e-3, "input_length", "output_length", "hash_ids", False)
+_TUNEBENCH = _JsonFormat("tunebench trace", "at_s", 1.0, "input_tokens", "output_tokens", "blocks", True)
+
+
+def _json_trace(text: str, path: Path, block_tokens: int, fmt: _JsonFormat, check: Check) -> list[TraceRequest]:
     out = []
     for number, obj in _json_lines(text, path, check):
-        for key in ("at_s", "input_tokens", "output_tokens"):
+        for key in fmt.keys()[:3]:
             if key not in obj:
-                raise _bad(path, number, f"no '{key}' (a tunebench trace line has at_s, input_tokens, output_tokens "
-                                         "and optionally blocks)")
-        unknown = sorted(set(obj) - {"at_s", "input_tokens", "output_tokens", "blocks"})
+                raise _bad(path, number, f"no '{key}' (a {fmt.name} line has {', '.join(fmt.keys()[:3])} and "
+                                         f"{'optionally ' if fmt.only_these_keys else ''}{fmt.blocks})")
+        unknown = sorted(set(obj) - set(fmt.keys())) if fmt.only_these_keys else []
         if unknown:
             raise _bad(path, number, f"unknown key(s) {', '.join(map(repr, unknown[:5]))}")
-        tokens = _count(obj["input_tokens"], "input_tokens", path, number)
-        out.append(TraceRequest(number, _time(obj["at_s"], "at_s", path, number, 1.0), tokens,
-                                _count(obj["output_tokens"], "output_tokens", path, number),
-                                _blocks(obj.get("blocks"), "blocks", path, number, tokens, block_tokens)))
+        tokens = _count(obj[fmt.input], fmt.input, path, number)
+        out.append(TraceRequest(number, _time(obj[fmt.at], fmt.at, path, number, fmt.seconds_per_unit), tokens,
+                                _count(obj[fmt.output], fmt.output, path, number),
+                                _blocks(obj.get(fmt.blocks), fmt.blocks, path, number, tokens, block_tokens)))
     return out
 
 
@@ -294,10 +300,8 @@ def read_trace(path: Path, fmt: str = "auto", *, block_tokens: int = 512, start_
     line is checked, in the window or not: one bad line refuses the trace."""
     text = read_user_text(path, "trace", TraceError, max_bytes=MAX_TRACE_BYTES, between_chunks=check)
     kind = detect_format(path, text) if fmt == "auto" else fmt
-    if kind == "mooncake":
-        requests = _mooncake(text, path, block_tokens, check)
-    elif kind == "tunebench":
-        requests = _tunebench(text, path, block_tokens, check)
+    if kind in ("mooncake", "tunebench"):
+        requests = _json_trace(text, path, block_tokens, _MOONCAKE if kind == "mooncake" else _TUNEBENCH, check)
     elif kind == "azure":
         requests = _azure(text, path, check)
     else:
