@@ -103,6 +103,11 @@ VISIBLE_WHEN: dict[str, Condition] = {
     "engine.runtime.executable": ("engine.runtime.kind", _one_of("executable")),
     "engine.runtime.docker_image": ("engine.runtime.kind", _one_of("docker")),
     "workload.dataset_path": ("workload.kind", _one_of(*FILE_KINDS)),
+    # A trace gives every request's lengths: the generated ones' settings do not apply.
+    "workload.input_len.mean": ("workload.kind", lambda kind: kind not in TRACE),
+    "workload.output_len.mean": ("workload.kind", lambda kind: kind not in TRACE),
+    "workload.input_len.distribution": ("workload.kind", lambda kind: kind not in TRACE),
+    "workload.output_len.distribution": ("workload.kind", lambda kind: kind not in TRACE),
     "workload.trace_format": ("workload.kind", _one_of(*TRACE)),
     "workload.trace_start_s": ("workload.kind", _one_of(*TRACE)),
     "workload.trace_end_s": ("workload.kind", _one_of(*TRACE)),

@@ -75,6 +75,35 @@ def test_greyed_features_claim_nothing_and_settings_that_do_not_apply_are_hidden
     assert labels == {"API", "Requests"}
 
 
+def test_a_trace_workload_shows_its_settings_and_hides_the_generated_lengths(window: MainWindow) -> None:
+    """A trace gives every request's lengths and times: its file, format, window and speedup show,
+    the generated prompts' lengths do not; and a trace set in the form is the profile's."""
+    panel = window.config_panel
+    panel.tabs.setCurrentIndex(1)
+    panel.show_advanced()
+    trace_rows = ("workload.dataset_path", "workload.trace_format", "workload.trace_start_s", "workload.trace_end_s",
+                  "workload.trace_block_tokens")
+    lengths = ("workload.input_len.mean", "workload.output_len.mean", "workload.input_len.distribution")
+
+    def shown(path: str) -> bool:
+        form, _ = panel._rows[path]
+        return form.isRowVisible(panel._rows[path][1])
+
+    assert not any(shown(p) for p in trace_rows) and all(shown(p) for p in lengths)
+    sample = str(Path(__file__).resolve().parent.parent.parent / "assets" / "traces" / "mooncake-sample.jsonl")
+    panel.editor("workload.dataset_path").widget.setText(sample)  # type: ignore[attr-defined]
+    for path, value in (("workload.kind", "trace"), ("load.pattern", "trace")):
+        combo = panel.editor(path).widget
+        assert isinstance(combo, QComboBox)
+        combo.setCurrentIndex(combo.findData(value))
+        combo.activated.emit(combo.currentIndex())
+    panel.editor("workload.dataset_path").widget.editingFinished.emit()  # type: ignore[attr-defined]
+    assert all(shown(p) for p in trace_rows) and not any(shown(p) for p in lengths)
+    assert shown("load.speedup") and shown("load.max_concurrency") and not shown("load.concurrency")
+    config = window.state.config
+    assert (config.workload.kind, config.load.pattern, config.workload.dataset_path) == ("trace", "trace", sample)
+
+
 def test_bad_values_are_explained_by_their_field_in_its_words(qtbot, window: MainWindow) -> None:
     panel = window.config_panel
     panel.tabs.setCurrentIndex(1)
