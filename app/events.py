@@ -192,6 +192,7 @@ class Progress(EventPayload):
     output_tok_per_s: float
     ttft_ms_p50: float | None = None  # over the last few seconds
     itl_ms_p50: float | None = None
+    ttfat_ms_p50: float | None = None  # reasoning models only: the first answer token, over the last few seconds
 
     def series(self) -> dict[str, float]:
         """The plotted values (names as the ``client`` sample source has them)."""
@@ -201,6 +202,8 @@ class Progress(EventPayload):
             values["ttft_ms_p50"] = self.ttft_ms_p50
         if self.itl_ms_p50 is not None:
             values["itl_ms_p50"] = self.itl_ms_p50
+        if self.ttfat_ms_p50 is not None:
+            values["ttfat_ms_p50"] = self.ttfat_ms_p50
         return values
 
     def sample(self, t_mono: float, t_wall: float) -> Sample:

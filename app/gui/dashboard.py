@@ -171,6 +171,7 @@ class TileRow(QWidget):
         self.tiles = {spec.key: Tile(spec) for spec in TILES}
         for tile in self.tiles.values():
             row.addWidget(tile)
+            tile.setVisible(not tile.spec.only_when_measured)
         # "% of limit": not a catalogue figure, so beside the tiles rather than among them (app.planner.live).
         self.limit_tile = Tile(LIMIT_TILE)
         row.addWidget(self.limit_tile)
@@ -219,6 +220,10 @@ class TileRow(QWidget):
         for tile in self.tiles.values():
             spec = tile.spec
             value = latest.get((spec.source, spec.name))
+            if spec.only_when_measured:
+                if value is None and tile.isHidden():
+                    continue
+                tile.setVisible(True)
             engine = latest.get(("engine", spec.engine_name)) if spec.engine_name else None
             figures = {spec.figure: value} if value is not None and spec.figure else {}
             reason = self.flagged.get(spec.figure) or catalog.unreliable_figures(figures).get(spec.figure)
@@ -261,6 +266,8 @@ class TileRow(QWidget):
             key = tile.spec.figure
             m = catalog.metric(key)
             value = figures.get(key)
+            if tile.spec.only_when_measured:
+                tile.setVisible(value is not None)
             alt = m.engine_alternative
             reason = unreliable.get(key)
             if reason and alt and figures.get(alt) is not None:
@@ -284,6 +291,7 @@ class TileRow(QWidget):
         self.set_header(header)
         for tile in self.tiles.values():
             tile.show("–", tile.spec.label)
+            tile.setVisible(not tile.spec.only_when_measured)
         self.show_limit(None)
         self.cost_basis = None
         self.cost_tile.show("–", COST_TILE.label, "once the run starts", COST_TILE_TIP)

@@ -295,12 +295,15 @@ class TileSpec:
     figure: str = ""
     engine_name: str = ""
     engine_fmt: str = "{:,.0f}"
+    only_when_measured: bool = False
+    """Hidden until the run has the figure (TTFAT: only a model that reasons has one of its own)."""
 
 
 TILES: tuple[TileSpec, ...] = (
     TileSpec("tok_s", "Output tok/s", "client", "output_tok_per_s", "{:,.0f}", "output_tok_per_s",
              "generation_tok_per_s"),
     TileSpec("ttft", "TTFT p50 (ms)", "client", "ttft_ms_p50", "{:,.0f}", "ttft_ms_p50", "ttft_mean_ms"),
+    TileSpec("ttfat", "TTFAT p50 (ms)", "client", "ttfat_ms_p50", "{:,.0f}", "ttfat_ms_p50", only_when_measured=True),
     TileSpec("itl", "ITL p50 (ms)", "client", "itl_ms_p50", "{:,.1f}", "itl_ms_p50", "itl_mean_ms", "{:,.1f}"),
     TileSpec("done", "Requests done", "client", "requests_done", "{:,.0f}", "requests_completed"),
     TileSpec("errors", "Errors", "client", "errors", "{:,.0f}", "requests_failed"),

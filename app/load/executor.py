@@ -77,6 +77,8 @@ class LiveStats:
     _token_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
     _ttfts: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_REQUESTS))
     _itls: deque[tuple[float, np.ndarray]] = field(default_factory=lambda: deque(maxlen=WINDOW_REQUESTS))
+    _answers: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_REQUESTS))
+    """Of requests that reasoned: the time to their first answer token."""
 
     def start_level(self, index: int, planned: int | None) -> None:
         self.level, self.planned, self.done, self.errors, self.in_flight = index, planned, 0, 0, 0
@@ -100,6 +102,9 @@ class LiveStats:
             self.errors += 1
         elif len(rec.itl_ms):
             now = time.perf_counter()
+            if rec.reasoning_tokens is not None and rec.ttfat_ms is not None:
+                self._answers.append((now, rec.ttfat_ms))
+                _prune(self._answers, now - self.window_s)
             # A window's median needs no more than its last WINDOW_ITLS values per request.
             self._itls.append((now, np.asarray(rec.itl_ms[-WINDOW_ITLS:], dtype=np.float32)))
             _prune(self._itls, now - self.window_s)
@@ -121,6 +126,9 @@ class LiveStats:
         itls = [v for t, v in self._itls if now - t <= self.window_s]
         if itls:
             values["itl_ms_p50"] = float(np.median(np.concatenate(itls)))
+        answers = [v for t, v in self._answers if now - t <= self.window_s]
+        if answers:
+            values["ttfat_ms_p50"] = float(np.median(answers))
         return values
 
     def publish(self) -> dict[str, float]:
@@ -130,7 +138,8 @@ class LiveStats:
                 run_id=self.run_id, level=self.level, planned=self.planned, requests_done=self.done,
                 errors=self.errors, requests_in_flight=self.in_flight, output_tokens=self.tokens,
                 elapsed_s=time.perf_counter() - self.level_started, output_tok_per_s=values["output_tok_per_s"],
-                ttft_ms_p50=values.get("ttft_ms_p50"), itl_ms_p50=values.get("itl_ms_p50")))
+                ttft_ms_p50=values.get("ttft_ms_p50"), itl_ms_p50=values.get("itl_ms_p50"),
+                ttfat_ms_p50=values.get("ttfat_ms_p50")))
         return values
 
 

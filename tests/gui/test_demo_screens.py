@@ -367,3 +367,24 @@ def test_steady_windows_are_reused_run_after_run_never_deleted(qtbot) -> None:  
         panel.reset()
         assert panel.steady_windows() == [] and not any(item.isVisible() for item in regions())
     assert len(first) == 3
+
+
+def test_the_ttfat_tile_shows_only_for_a_model_that_reasons(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """A model that does not reason has no TTFAT of its own (it is its TTFT): no tile. Once a
+    request reasoned, the live TTFAT p50 shows beside TTFT, and the run's summary keeps it."""
+    from app.gui.dashboard import TileRow
+
+    row = TileRow()
+    qtbot.addWidget(row)
+    row.show()
+    ttfat = row.tiles["ttfat"]
+    row.refresh({("client", "ttft_ms_p50"): 20.0})
+    assert ttfat.isHidden()
+    row.refresh({("client", "ttft_ms_p50"): 20.0, ("client", "ttfat_ms_p50"): 420.0})
+    assert not ttfat.isHidden() and ttfat.text() == "420" and ttfat.caption.text() == "TTFAT p50 (ms)"
+    row.show_summary({"ttft_ms_p50": 21.0, "ttfat_ms_p50": 433.0}, {}, "Run summary")
+    assert not ttfat.isHidden() and ttfat.text() == "433.0"
+    row.live()
+    assert ttfat.isHidden()
+    row.show_summary({"ttft_ms_p50": 21.0}, {}, "Run summary")  # nothing reasoned
+    assert ttfat.isHidden()

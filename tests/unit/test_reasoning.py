@@ -135,3 +135,26 @@ def test_the_reasoning_parser_is_passed_and_judged_by_the_replies() -> None:
         assert effects.refine([], Features(), 4, replies=("chat", 6, 12)) == []
     finally:
         effects.close()
+
+
+def test_the_live_figures_carry_ttfat_once_a_request_reasoned() -> None:
+    from app.events import Progress
+    from app.load.executor import LiveStats
+    from app.load.metrics import RequestRecord
+
+    bus = Bus()
+    sub = bus.subscribe(kinds=[Progress])
+    live = LiveStats(bus, "r")
+
+    def record(reasoning: int | None, ttfat: float) -> RequestRecord:
+        return RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0, ok=True,
+                             ttft_ms=20.0, ttfat_ms=ttfat, itl_ms=[1.0, 1.0], output_tokens=3, reasoning_tokens=reasoning)
+
+    live.on_record(record(None, 20.0))  # a model that does not reason: its TTFAT is its TTFT
+    assert "ttfat_ms_p50" not in live.publish()
+    live.on_record(record(2, 400.0))
+    live.on_record(record(2, 500.0))
+    assert live.publish()["ttfat_ms_p50"] == 450.0
+    events = [e.payload for e in sub.drain()]
+    assert events[-1].ttfat_ms_p50 == 450.0 and events[-1].series()["ttfat_ms_p50"] == 450.0
+    assert events[0].ttfat_ms_p50 is None and "ttfat_ms_p50" not in events[0].series()
