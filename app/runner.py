@@ -522,12 +522,13 @@ class Runner:
                                "no engine figures for this level")
                 elif after is not None:
                     deltas = engine_deltas(before, after)
-            if self._trace is not None and dataset.arrivals_s is not None:
-                self._note(self._trace_reuse_note(plan.label, deltas))
             summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
                                   lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
                                   client_lag_ms=outcome.client_lag_ms, target=plan.target,
                                   planned_requests=planned_conversations(dataset, rule))
+            if self._trace is not None:  # what the trace implies, beside what the engine measured
+                summary.trace_prefix_reuse = self._trace.reuse().prefix_token_reuse
+                self._note(self._trace_reuse_note(plan.label, deltas))
             level = LevelResult(index=plan.index, label=plan.label, mode=plan.mode, concurrency=plan.concurrency,
                                 rate_rps=plan.rate_rps, started_wall_s=started_wall, summary=summary,
                                 requests=outcome.records)

@@ -115,6 +115,10 @@ def _catalogue() -> tuple[Metric, ...]:
                description="time requests waited in the engine's scheduler"),
         Metric("prefix_cache_hit_rate", "Prefix cache hit rate", "%", "higher", "engine", scale=100.0, digits=1,
                description="prefix-cache hits / queries (tokens)", short="cache hit %"),
+        Metric("trace_prefix_reuse", "Prefix reuse the trace implies", "%", "neutral", "run", scale=100.0, digits=1,
+               description="a replayed trace: prompt tokens in whole blocks whose whole prefix came before, over all "
+                           "prompt tokens (a cache that never evicts); read beside the prefix cache hit rate",
+               short="trace reuse %"),
         Metric("spec_acceptance_rate", "Draft acceptance rate", "%", "higher", "engine", scale=100.0, digits=1,
                description="accepted / proposed draft tokens", short="spec acc %"),
         Metric("spec_mean_acceptance_length", "Acceptance length", "tokens", "higher", "engine", digits=2,
@@ -213,7 +217,7 @@ STEADY_OF: dict[str, str] = {
 comparison leads with it (its name says "(steady)"), the whole-level figure right after."""
 
 _FIRST = (*HEADLINE, "goodput_rps", "total_tok_per_s", "engine_output_tok_per_s", "engine_ttft_ms_mean",
-          "engine_itl_ms_mean", "engine_e2e_ms_mean", "engine_queue_ms_mean", "prefix_cache_hit_rate",
+          "engine_itl_ms_mean", "engine_e2e_ms_mean", "engine_queue_ms_mean", "prefix_cache_hit_rate", "trace_prefix_reuse",
           "spec_acceptance_rate", "spec_mean_acceptance_length", "engine_tokens_per_step_mean", "preemptions",
           "startup_s", "kv_cache_tokens")
 ORDER: tuple[str, ...] = (*_FIRST, *(m.key for m in CATALOGUE if m.key not in _FIRST))

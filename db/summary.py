@@ -213,6 +213,7 @@ def level_summary_figures(summary: Mapping[str, Any] | None) -> dict[str, float]
                      ("cancelled", "requests_cancelled"), ("completed", "requests_completed"),
                      ("input_tokens", "input_tokens_total"),
                      ("reasoning_tokens", "reasoning_tokens_total"), ("answer_tokens", "answer_tokens_total"),
+                     ("trace_prefix_reuse", "trace_prefix_reuse"),
                      ("tokens_match_engine", "tokens_match_engine")):
         if (v := _num(summary.get(src))) is not None:
             out[dst] = v

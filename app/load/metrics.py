@@ -199,6 +199,9 @@ class LevelSummary(BaseModel):
     """Requests that reasoned to their ``max_tokens`` and never answered."""
     reasoning_itl_ms: Stats = Field(default_factory=Stats)
     answer_itl_ms: Stats = Field(default_factory=Stats)
+    trace_prefix_reuse: float | None = None
+    """A replayed trace's level: the share of prompt tokens a prefix cache can hit, as the trace's
+    block ids imply (``app.load.traces.TraceReuse``), to read beside the engine's hit rate."""
     slo: str | None = None
     good_requests: int | None = None
     goodput_rps: float | None = None

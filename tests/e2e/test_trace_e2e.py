@@ -43,6 +43,7 @@ def test_a_mooncake_trace_hits_the_prefix_cache_as_its_blocks_imply(demo_engine:
     result, measured = replay(demo_engine, SAMPLE)
     print(f"\nMooncake sample x{SPEEDUP:g}: the trace implies {implied:.1%}, the engine measured {measured:.1%}")
     assert abs(measured - implied) <= 0.10, (measured, implied)
+    assert result.levels[0].summary.figures()["trace_prefix_reuse"] == pytest.approx(implied)
     note = next(n for n in result.notes if n.startswith("level trace"))
     assert f"the engine measured {measured:.1%} prefix-cache hits; the trace implies {implied:.1%}" in note, note
     # The client sent at the trace's times: the same schedule, twice as fast.

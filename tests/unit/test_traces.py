@@ -193,6 +193,10 @@ def test_a_trace_is_replayed_at_its_own_times_speedup_times_faster(workers: str,
     scheduled = sorted(r["extra"]["scheduled_s"] for r in records)
     assert scheduled == pytest.approx([r.at_s / 4 for r in trace.requests], abs=1e-3)  # float32 seconds
     assert level["summary"]["steady_note"] == "a trace's arrivals follow the trace, not a steady rate"
+    assert level["summary"]["trace_prefix_reuse"] == pytest.approx(trace.reuse().prefix_token_reuse)
+    with RunStore(str(tmp_path / "runs.db")) as store:  # stored as a figure, beside the engine's hit rate
+        stored = store.get_run(data["run_id"])
+    assert stored.metrics["trace_prefix_reuse"] == pytest.approx(0.554, abs=1e-3)
     notes = " | ".join(data["notes"])
     assert "115 blocks of 512 tokens, 60 distinct" in notes and "the trace implies 55.4% of prompt tokens" in notes
     assert "level trace x4: the engine reported no prefix-cache counters" in notes  # the fake has none
