@@ -528,7 +528,7 @@ class Runner:
                                   planned_requests=planned_conversations(dataset, rule))
             if self._trace is not None:  # what the trace implies, beside what the engine measured
                 summary.trace_prefix_reuse = self._trace.reuse().prefix_token_reuse
-                self._note(self._trace_reuse_note(plan.label, deltas))
+                self._note(_trace_reuse_note(plan.label, summary.trace_prefix_reuse, deltas))
             level = LevelResult(index=plan.index, label=plan.label, mode=plan.mode, concurrency=plan.concurrency,
                                 rate_rps=plan.rate_rps, started_wall_s=started_wall, summary=summary,
                                 requests=outcome.records)
@@ -550,16 +550,6 @@ class Runner:
         r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note,
                                                 replies=replies)
-
-    def _trace_reuse_note(self, label: str, deltas: EngineDeltas | None) -> str:
-        """The prefix reuse the replayed trace implies, beside the hit rate the engine measured."""
-        assert self._trace is not None
-        implied = self._trace.reuse().prefix_token_reuse
-        said = f"{implied:.1%} of prompt tokens" if implied is not None else "no reuse (it names no blocks)"
-        measured = deltas.prefix_cache_hit_rate if deltas is not None else None
-        engine = (f"the engine measured {measured:.1%} prefix-cache hits" if measured is not None
-                  else "the engine reported no prefix-cache counters")
-        return f"level {label}: {engine}; the trace implies {said}"
 
     def _build(self, workload: WorkloadConfig, counter: TokenCounter, variant: int,
                cancel: threading.Event) -> Dataset:
@@ -622,3 +612,12 @@ class Runner:
         self._pool.run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
                              live=LiveStats(None), cancel=cancel, seed=seed, on_record=count)
         self._note(f"warm-up: {counts[0]} requests ({counts[1]} failed), excluded from the figures")
+
+
+def _trace_reuse_note(label: str, implied: float | None, deltas: EngineDeltas | None) -> str:
+    """The prefix reuse a replayed trace implies, beside the hit rate the engine measured."""
+    said = f"{implied:.1%} of prompt tokens" if implied is not None else "no reuse (it names no blocks)"
+    measured = deltas.prefix_cache_hit_rate if deltas is not None else None
+    engine = (f"the engine measured {measured:.1%} prefix-cache hits" if measured is not None
+              else "the engine reported no prefix-cache counters")
+    return f"level {label}: {engine}; the trace implies {said}"

@@ -414,14 +414,14 @@ class _StreamState:
             rec.e2e_ms = (self.last_t - self.start) * 1e3
             if self.tokens > 1:
                 rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (self.tokens - 1)
+        elif rec.error is not None:
+            rec.e2e_ms = (time.perf_counter() - self.start) * 1e3
         if self.answer_t is not None:
             rec.ttfat_ms = (self.answer_t - self.start) * 1e3
         if self.reasoning_seen or self.usage_reasoning:
             counted = self.answer_at if self.answer_t is not None else self.tokens
             rec.reasoning_tokens = self.usage_reasoning if self.usage_reasoning is not None else counted
             rec.reasoning_unfinished = self.answer_t is None and self.tokens > 0
-        elif rec.error is not None:
-            rec.e2e_ms = (time.perf_counter() - self.start) * 1e3
         rec.ok = rec.error is None
 
 

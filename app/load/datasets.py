@@ -23,7 +23,7 @@ import numpy as np
 
 from app.errors import UserError, read_user_text
 from app.load.tokens import TokenCounter, named_tokenizer
-from app.load.traces import Trace, block_token_ids, prompt_ids, read_trace
+from app.load.traces import Trace, block_token_ids, prompt_ids, read_trace, text_lines
 from app.workload import LengthSpec, WorkloadConfig
 
 _WORDS = (
@@ -308,7 +308,7 @@ def load_jsonl(path: Path, workload: WorkloadConfig, counter: TokenCounter,
     fallback = sample_lengths(workload.output_len, max(1, text.count("\n") + 1), rng)
     items: list[tuple[str, int]] = []
     problems: list[str] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text_lines(text), start=1):
         check()
         if not line.strip():
             continue

@@ -137,6 +137,12 @@ def _no_check() -> None:
     """The check of a read nobody can cancel."""
 
 
+def text_lines(text: str) -> list[str]:
+    """The lines as an editor numbers them: split at newlines only (``str.splitlines`` also splits
+    at form feeds, record separators and the like, and line numbers would drift)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def _bad(path: Path, line: int, problem: str) -> TraceError:
     return TraceError(f"{path}: line {line}: {problem}")
 
@@ -178,7 +184,7 @@ def _blocks(value: Any, name: str, path: Path, line: int, input_tokens: int, blo
 
 def _json_lines(text: str, path: Path, check: Check) -> list[tuple[int, dict[str, Any]]]:
     out = []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text_lines(text), start=1):
         check()
         if not raw.strip():
             continue
@@ -275,7 +281,7 @@ def _azure(text: str, path: Path, check: Check) -> list[TraceRequest]:
 
 def detect_format(path: Path, text: str) -> str:
     """The trace's format from its first line: a CSV header, or a JSON object's keys."""
-    first = next((line for line in text.splitlines() if line.strip()), None)
+    first = next((line for line in text_lines(text) if line.strip()), None)
     if first is None:
         raise TraceError(f"{path}: no requests in this trace")
     if path.suffix.lower() == ".csv" or first.lstrip().startswith("TIMESTAMP"):

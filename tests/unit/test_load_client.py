@@ -180,6 +180,17 @@ def test_non_object_json_and_error_objects() -> None:
     assert body["choices"][0]["delta"]["content"] == " tok"
 
 
+def test_a_stream_that_fails_after_tokens_ends_its_e2e_at_its_last_token() -> None:
+    """Not at the moment the failure was read: the latency is the tokens', the error is said apart."""
+    state = _feed([*encode_stream(3, "ok", chat=True)[:3], b'data: {"error": "boom"}\n\n'])
+    assert state.error_kind == "stream"
+    rec = RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0, error=state.error,
+                        error_kind=state.error_kind)  # as the client sets them before it finishes the record
+    state.finish(rec)
+    assert not rec.ok and rec.output_tokens == 3 and rec.e2e_ms == (state.last_t - state.start) * 1e3
+    assert rec.ttfat_ms == rec.ttft_ms and rec.reasoning_tokens is None
+
+
 class _ClosesIdleConnectionsAtReuse:
     """An HTTP/1.1 server that keeps connections alive but, like an engine whose keep-alive timer
     fires just as the client reuses an idle connection, drops one that was idle for

@@ -114,6 +114,10 @@ BAD = {
     "azure tokens": (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46,ten,2"], "a.csv",
                      "line 2: ContextTokens must be a whole number"),
     "empty": ([""], "t.jsonl", "no requests in this trace"),
+    # Numbered as an editor does: a record separator is no line break (str.splitlines says it is).
+    "record separator": (['{"at_s": 0, "input_tokens": 8, "output_tokens": 1}',
+                          '{"at_s": 1, "input_tokens": 8, "output_tokens": 1}\x1e', "oops"], "t.jsonl",
+                         "line 2: not JSON (Extra data)"),
     "unknown format": (['{"prompt": "hello"}'], "x.jsonl", "line 1: not a trace line this knows"),
 }
 
