@@ -31,12 +31,10 @@ def main(profile: str | None = "cpu-demo", db_path: str | None = None) -> int:
         from PySide6.QtWidgets import QApplication
     except ImportError as exc:  # pragma: no cover - the gui extra is missing
         raise UserError(f"the workbench needs PySide6 and pyqtgraph (pip install 'tunebench[gui]'): {exc}") from None
-    from app.gui.gc_guard import guard_garbage_collection
     from app.gui.main_window import MainWindow
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    guard_garbage_collection(app)  # cycles of Qt objects are freed on this thread, between events
     window = MainWindow(config, Path(path) if path else None, db_path=db_path)
     # Ctrl-C / SIGTERM in the terminal close the window the normal way (which stops a run and
     # its engine); the window's 20 Hz timer lets Python see the signal while Qt waits.

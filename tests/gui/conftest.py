@@ -7,6 +7,7 @@ QThread is still running or any engine process the test started is still alive.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -21,7 +22,6 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QThread  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from app.gui.gc_guard import guard_garbage_collection  # noqa: E402
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.gui.workers import busy_workers  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
@@ -79,12 +79,12 @@ _ASK = QMessageBox.question  # the real box, before any test patches it
 
 @pytest.fixture(autouse=True)
 def _garbage_collected_on_the_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
-    """As in the workbench (``app.gui.main``): cycles are collected on the GUI thread between
-    events. At the end, what the test left is collected here, on this thread, at once: never later
-    inside another test's paint, or on one of its worker threads."""
-    guard = guard_garbage_collection(qapp)
+    """What a test left in reference cycles (closed windows, their widgets and plot items) is
+    freed here, on the GUI thread, when it ends. Left to the collector, it was freed whenever some
+    later test allocated enough: on that test's worker thread, or inside its paint, and Qt crashed
+    the process (a segfault in the customer demo's engine start, after the cost tests' windows)."""
     yield
-    guard.stop()
+    gc.collect()
 
 
 def close_window(qtbot, window: MainWindow, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:  # type: ignore[no-untyped-def]
