@@ -19,7 +19,8 @@ from db.records import ImportedRun, LevelInfo, RunDetail, RunInfo, SampleIn, Ser
 from db.schema import BUSY_TIMEOUT_S, DB_ENV, alembic_config, check_file, create_at_revision, default_db_path
 from db.schema import migrate as _migrate
 from db.schema import open_engine as _open_engine
-from db.writes import FINAL_STATUSES, RunWrites, process_identity, writer_alive
+from db.writes import FINAL_STATUSES, RunWrites, writer_alive
+from engine_adapters.process_group import process_identity
 
 QUICK_CHECK_MAX_BYTES = 512 << 20
 """After an unclean stop, files up to this size are checked on open (2 to 3 s per GiB)."""

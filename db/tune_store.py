@@ -19,7 +19,8 @@ from sqlalchemy import delete, insert, select, update
 from db.errors import StoreError, guarded
 from db.models import Tune, TuneTrial
 from db.store import RunStore
-from db.writes import process_identity, writer_alive
+from db.writes import writer_alive
+from engine_adapters.process_group import process_identity
 from engine_adapters.secrets import mask_obj, mask_text
 
 TUNE_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")

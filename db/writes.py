@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import psutil
 from sqlalchemy import Connection, delete, func, insert, select, update
 
 from db.codecs import KNOWN_REQUEST_KEYS, EncodedRequests, encode_requests
@@ -24,6 +23,7 @@ from db.queries import RunQueries, request_arrays
 from db.records import ImportedRun, SampleIn, SeriesBlock
 from db.series import encode_log, encode_series, pack_samples
 from db.summary import stored_metrics
+from engine_adapters.process_group import same_process_alive as writer_alive
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
 FINAL_STATUSES = tuple(s for s in RUN_STATUSES if s != "running")
@@ -39,23 +39,6 @@ _EVENT_INSERT = Base.metadata.tables["run_events"].insert()  # rare: Core, with 
 _IMPORTED_FIELDS = frozenset({"level", "start_wall", "ttft_ms", "e2e_ms", "input_tokens", "output_tokens", "itl_ms",
                               "error"})
 
-
-def process_identity() -> tuple[int, float]:
-    me = psutil.Process()
-    return me.pid, me.create_time()
-
-
-def writer_alive(pid: int | None, create_time: float | None) -> bool:
-    """Is the process that wrote a run still the same live process (pids get reused)?"""
-    if pid is None:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(proc.create_time() - create_time) < 1.0
-    except psutil.Error:
-        return False
 
 
 def _insert_requests(conn: Connection, run_id: int, seq_start: int, chunk: EncodedRequests) -> None:

@@ -29,14 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from engine_adapters.base import Diagnosis, EngineAdapter, FeatureCheck, Phase, match_phase
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.cpu_binding import launch_env
 from engine_adapters.errors import EXIT_ENGINE_FAILED, TunebenchError
 from engine_adapters.paths import state_dir
-from engine_adapters.process_group import STOP_GRACE_S, group_members, stop_group
+from engine_adapters.process_group import (
+    STOP_GRACE_S,
+    group_members,
+    process_identity,
+    process_start_s,
+    same_process_alive,
+    stop_group,
+)
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 from engine_adapters.secrets import is_secret_name, mask_text, remember_secret
@@ -107,6 +112,9 @@ def _signal_diagnosis(exit_code: int) -> Diagnosis | None:
 
 @dataclass
 class EngineRecord:
+    """One registry entry. The ``*create_time`` fields hold starts as ``process_start_s`` gives them
+    (their names are the file format's)."""
+
     pid: int
     pgid: int
     create_time: float
@@ -128,13 +136,6 @@ def registry_dir() -> Path:
     return path
 
 
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 def register(record: EngineRecord) -> None:
     tmp = record.path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record.__dict__))
@@ -151,17 +152,12 @@ def registered_engines() -> list[EngineRecord]:
     return records
 
 
-def _alive(pid: int, create_time: float) -> bool:
-    actual = _create_time(pid)
-    return actual is not None and abs(actual - create_time) < 1.0
-
-
 def reap_orphans(log: LogCallback | None = None,
                  grace_s: tuple[float, float, float] = STOP_GRACE_S) -> list[EngineRecord]:
     """Stop engines whose owning tunebench process is gone; return what was stopped."""
     stopped = []
     for record in registered_engines():
-        if _alive(record.owner_pid, record.owner_create_time):
+        if same_process_alive(record.owner_pid, record.owner_create_time):
             continue
         if group_members(record.pgid, not_before=record.create_time):
             how = stop_group(record.pgid, grace_s, not_before=record.create_time)
@@ -287,10 +283,12 @@ class EngineProcess:
             )
         except OSError as exc:
             raise EngineStartError(f"could not start the engine ({self.argv[0]}): {exc.strerror}") from exc
-        me = psutil.Process()
+        owner_pid, owner_start_s = process_identity()
+        engine_start_s = process_start_s(self.proc.pid)
         self._record = EngineRecord(
-            pid=self.proc.pid, pgid=self.proc.pid, create_time=_create_time(self.proc.pid) or time.time(),
-            owner_pid=me.pid, owner_create_time=me.create_time(), port=self.port, argv=self.argv,
+            pid=self.proc.pid, pgid=self.proc.pid,
+            create_time=engine_start_s if engine_start_s is not None else owner_start_s,
+            owner_pid=owner_pid, owner_create_time=owner_start_s, port=self.port, argv=self.argv,
             started_at=time.time())
         try:
             self._watchdog = Watchdog(self.proc.pid, self._record.create_time, self._record.path,

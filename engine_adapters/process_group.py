@@ -1,5 +1,6 @@
-"""Finding and ending a process group. Kept free of heavier imports so the engine watchdog, a
-process of its own per engine, starts fast and small."""
+"""Finding and ending a process group, and telling whether a recorded process is still the same
+live one. Kept free of heavier imports so the engine watchdog, a process of its own per engine,
+starts fast and small."""
 
 from __future__ import annotations
 
@@ -8,20 +9,95 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 
 STOP_GRACE_S = (15.0, 8.0, 5.0)  # after SIGINT, after SIGTERM, after SIGKILL
 
+_EPOCH_START_FLOOR_S = 1e9
+"""A recorded start above this is seconds since the epoch (written by an older tunebench, or on a
+system without /proc), never seconds since boot."""
+_SAME_START_TOLERANCE_S = 0.05  # /proc counts in clock ticks (1/100 s): equal starts match exactly
+_EPOCH_TOLERANCE_S = 2.0  # the epoch form moves by a whole second when the kernel's boot time does
+
+
+def process_start_s(pid: int) -> float | None:
+    """When a process started: seconds since boot where /proc has it, else since the epoch.
+
+    Since boot, because that never changes over a process's life. psutil's ``create_time`` adds
+    the boot time the kernel reports *now*, in whole seconds, and that moves by one whenever the
+    wall clock is stepped or slewed across a second: a start time compared later, or in another
+    process, would then call a live process dead (and its engines orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        if not Path("/proc/self/stat").exists():  # no /proc on this system: the epoch form
+            try:
+                return float(psutil.Process(pid).create_time())
+            except psutil.Error:
+                return None
+        return None
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after its last ')' are
+    # plain, and the start time is field 22 of the whole line.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_identity(pid: int | None = None) -> tuple[int, float]:
+    """A process (this one by default) as ``(pid, start)``: pids get reused, the pair does not."""
+    pid = os.getpid() if pid is None else pid
+    start = process_start_s(pid)
+    if start is None:
+        raise psutil.NoSuchProcess(pid)
+    return pid, start
+
+
+def _start_matches(pid: int, recorded_start_s: float) -> bool:
+    if recorded_start_s > _EPOCH_START_FLOOR_S:
+        try:
+            return abs(psutil.Process(pid).create_time() - recorded_start_s) < _EPOCH_TOLERANCE_S
+        except psutil.Error:
+            return False
+    actual = process_start_s(pid)
+    return actual is not None and abs(actual - recorded_start_s) < _SAME_START_TOLERANCE_S
+
+
+def same_process_alive(pid: int | None, start_s: float | None) -> bool:
+    """Is the process recorded as ``(pid, start)`` still alive, and still that process? A zombie
+    counts as gone; a record without a start trusts the pid alone."""
+    if pid is None:
+        return False
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return False
+    return start_s is None or _start_matches(pid, start_s)
+
+
+def _started_before(pid: int, reference_start_s: float) -> bool:
+    """Did ``pid`` start clearly before a recorded start (so it cannot belong to that group)?"""
+    if reference_start_s > _EPOCH_START_FLOOR_S:
+        try:
+            return psutil.Process(pid).create_time() + _EPOCH_TOLERANCE_S < reference_start_s
+        except psutil.Error:
+            return False
+    start = process_start_s(pid)
+    return start is not None and start + _SAME_START_TOLERANCE_S < reference_start_s
+
 
 def group_members(pgid: int, not_before: float | None = None) -> list[psutil.Process]:
-    """Live processes in a process group (optionally only those created after a time)."""
+    """Live processes in a process group (optionally only those that started no earlier than a
+    recorded start, as ``process_start_s`` gives it: a reused group id is not ours)."""
     members = []
-    for proc in psutil.process_iter(["pid", "create_time", "status"]):
+    for proc in psutil.process_iter(["status"]):
         try:
             if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if not_before is not None and proc.info["create_time"] + 1.0 < not_before:
+            if not_before is not None and _started_before(proc.pid, not_before):
                 continue
             members.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error):

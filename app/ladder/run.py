@@ -222,7 +222,7 @@ class Ladder:
         if all(r.status == "skipped" for r in planned.rows):
             raise LadderError(f"no step of the ladder can run on this machine: step '{planned.rows[0].name}': "
                               f"{planned.rows[0].reason}")
-        from db.writes import process_identity
+        from engine_adapters.process_group import process_identity
 
         state = self.state = self._new_state()
         state.writer_pid, state.writer_create_time = process_identity()

@@ -32,6 +32,7 @@ from engine_adapters.launcher import (
     registered_engines,
     stop_group,
 )
+from engine_adapters.process_group import process_identity, process_start_s, same_process_alive
 from engine_adapters.vllm import VllmAdapter
 
 FAKE_SERVER = textwrap.dedent('''
@@ -245,3 +246,63 @@ def test_watchdog_released_when_the_engine_dies_on_its_own(script: Path) -> None
         engine.wait_ready(timeout_s=60)
     engine.wait_exited()
     assert watchdog.proc.returncode == 0
+
+
+def test_a_live_owner_stays_itself_when_the_kernels_boot_time_moves(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reports its boot time in whole seconds, from the wall clock: a clock slewed or
+    stepped across a second moves it by one. Start times taken then must not call a live owner
+    dead and stop its engines as orphans (a test session lost every shared engine that way)."""
+    import psutil._pslinux as linux
+
+    engine = launch(script, "polite")
+    try:
+        engine.wait_ready(timeout_s=30)
+        record = engine._record
+        assert record is not None
+        real_boot_time, real_create_time = linux.boot_time(), psutil.Process(os.getpid()).create_time()
+        for moved_s in (1.0, -1.0, 30.0):
+            monkeypatch.setattr(linux, "boot_time", lambda moved_s=moved_s: real_boot_time + moved_s)
+            assert abs(psutil.Process(os.getpid()).create_time() - (real_create_time + moved_s)) < 0.01, \
+                "the patch must move psutil's view of the clock"
+            assert same_process_alive(record.owner_pid, record.owner_create_time)
+            assert reap_orphans(grace_s=(0.5, 1.0, 1.0)) == [], f"boot time moved by {moved_s} s"
+            assert [p.pid for p in group_members(record.pgid, not_before=record.create_time)][:1], \
+                "the engine's group must still be found as ours"
+        assert engine.proc is not None and engine.proc.poll() is None
+    finally:
+        engine.stop(grace_s=(1.0, 3.0, 3.0))
+
+
+def test_a_process_is_told_from_one_that_reused_its_pid() -> None:
+    me, started_s = process_identity()
+    assert same_process_alive(me, started_s)
+    assert same_process_alive(me, None)  # no start recorded: the pid alone
+    assert not same_process_alive(me, started_s - 5.0)
+    assert not same_process_alive(me, started_s + 5.0)
+    assert not same_process_alive(None, started_s)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    assert not same_process_alive(child.pid, started_s)  # gone (or another process now)
+    # a start written by an older tunebench, in seconds since the epoch, still identifies us
+    epoch_start_s = psutil.Process(me).create_time()
+    assert same_process_alive(me, epoch_start_s)
+    assert not same_process_alive(me, epoch_start_s - 100.0)
+
+
+def test_a_start_time_is_read_past_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    odd_name = tmp_path / "x) (y z"
+    odd_name.symlink_to(sys.executable)
+    proc = subprocess.Popen([str(odd_name), "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).name() != "x) (y z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(proc.pid).name() == "x) (y z"
+        started_s = process_start_s(proc.pid)
+        assert started_s is not None
+        since_boot_s = psutil.Process(proc.pid).create_time() - psutil.boot_time()
+        assert abs(started_s - since_boot_s) < 1.5
+        assert same_process_alive(proc.pid, started_s)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
