@@ -242,6 +242,8 @@ class FieldEditor(QObject):
     """One labelled editor row: the input widget, an inline message line, and availability."""
 
     edited = Signal(str, object)
+    unreadable = Signal(str)
+    """A typed value could not be read (the message is by the field; nothing was edited)."""
 
     def __init__(self, path: str, spec: FieldSpec, parent: QWidget | None = None,
                  engine_default: Any = None) -> None:
@@ -443,6 +445,7 @@ class FieldEditor(QObject):
             value = self.value()
         except ValueError as exc:
             self.set_edit_error(f"cannot read this value: {exc}")
+            self.unreadable.emit(self.path)
             return
         self.edited.emit(self.path, value)
 
@@ -571,6 +574,8 @@ class ConfigPanel(QWidget):
         self.summary.setObjectName("validationSummary")
         self.summary.setStyleSheet("padding: 2px 4px;")
         outer.addWidget(self.summary)
+        self._issues: list[ValidationIssue] | None = None  # the last validation's (None: none yet)
+        self._loose_notes: list[str] = []
         self.setMinimumWidth(330)
         state.changed.connect(self._on_state_changed)
         self.refresh_all()
@@ -599,6 +604,7 @@ class ConfigPanel(QWidget):
             default = self.engine_defaults.get(path.removeprefix("features.")) if path.startswith("features.") else None
             editor = FieldEditor(path, field_spec(path), self, engine_default=default)
             editor.edited.connect(self._on_edit)
+            editor.unreadable.connect(self._on_unreadable)
             label = QLabel(label_for(path))
             label.setToolTip(editor.tooltip)
             box.form.addRow(label, editor.container)
@@ -652,6 +658,9 @@ class ConfigPanel(QWidget):
         self._apply_visibility()
         self._update_tab_marks()
 
+    def _on_unreadable(self, _path: str) -> None:
+        self._update_tab_marks()
+
     def _on_state_changed(self, path: str) -> None:
         if path == "":
             self.refresh_all()
@@ -687,8 +696,32 @@ class ConfigPanel(QWidget):
                 visible = editor.severity is not None  # a message by a hidden field would go unseen
             form.setRowVisible(container, visible)
 
+    def _update_summary(self) -> None:
+        """The line under the tabs: the validation's counts and where to look, counting the edits
+        that were not applied too (a refused value or an unresolved draft is an error: the
+        configuration in use is not what the fields show)."""
+        not_applied = [p for p, e in self.editors.items() if e._edit_error]
+        issues = self._issues or []
+        errors = sum(1 for i in issues if i.severity == "error") + len(not_applied)
+        warnings = sum(1 for i in issues if i.severity != "error")
+        if self._issues is None and not errors:
+            return  # not validated yet: "OK" would be a claim
+        if not errors and not warnings:
+            head = "Configuration OK"
+        else:
+            marked = {p for p, e in self.editors.items() if e.severity is not None}
+            where = sorted({TABS[self._group_of[p].tab] for p in marked})
+            head = (f"{errors} error(s), {warnings} warning(s)" + (f": see {' and '.join(where)}" if where else ""))
+        lines = [head, *self._loose_notes]
+        if not_applied:
+            lines.append("not applied, the last valid value is in use: " + ", ".join(label_for(p) for p in not_applied))
+        self.summary.setText("\n".join(lines))
+        self.summary.setStyleSheet("padding: 2px 4px;" + (" color: #d93025;" if errors else ""))
+
     def _update_tab_marks(self) -> None:
-        """A tab holding a field with an error (or a warning) says so in its title."""
+        """A tab holding a field with an error (or a warning) says so in its title, and the summary
+        line counts them."""
+        self._update_summary()
         counts = [[0, 0] for _ in TABS]
         for path, editor in self.editors.items():
             severity = editor.severity
@@ -750,14 +783,6 @@ class ConfigPanel(QWidget):
                 loose.append(f"{issue.severity}: {label_for(issue_path(issue))}: {message}")
         for path, editor in self.editors.items():
             editor.set_issue(by_path.get(path))
-        errors = sum(1 for i in issues if i.severity == "error")
-        warnings = len(issues) - errors
-        if not issues:
-            head = "Configuration OK"
-        else:
-            where = sorted({TABS[self._group_of[p].tab] for p in by_path})
-            head = (f"{errors} error(s), {warnings} warning(s)" + (f": see {' and '.join(where)}" if where else ""))
-        self.summary.setText("\n".join([head, *loose]))
-        self.summary.setStyleSheet("padding: 2px 4px;" + (" color: #d93025;" if errors else ""))
+        self._issues, self._loose_notes = list(issues), loose
         self._apply_visibility()
         self._update_tab_marks()

@@ -336,6 +336,13 @@ def test_load_settings_follow_the_pattern(qtbot, window: MainWindow) -> None:
     levels.widget.setText("1, many")  # type: ignore[attr-defined]
     levels.widget.editingFinished.emit()  # type: ignore[attr-defined]
     assert "cannot read" in levels.message_text and window.state.config.load.levels == [1.0, 4.0, 16.0]
+    # the summary never says "OK" while a field shows a value that is not in use
+    summary = panel.summary.text()
+    assert not summary.startswith("Configuration OK") and "error(s)" in summary, summary
+    assert "not applied, the last valid value is in use: " in summary and "Workload and load" in summary, summary
+    levels.widget.setText("1, 4, 16")  # type: ignore[attr-defined]
+    levels.widget.editingFinished.emit()  # type: ignore[attr-defined]
+    assert levels.message_text == "" and "not applied" not in panel.summary.text()
     pattern.setCurrentIndex(pattern.findData("poisson"))
     pattern.activated.emit(pattern.currentIndex())
     assert panel._rows["load.rate_rps"][1].isVisibleTo(panel) and not container.isVisibleTo(panel)
