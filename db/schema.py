@@ -1,7 +1,8 @@
 """Opening the run database: where it is, how SQLite is set up for several processes, which files
 are refused, and migrating to the newest schema (Alembic, ``db/migrations``).
 
-The path is a path, never a URL: ``?`` and ``#`` in a file name stay in the file name. A file that
+The path is a path: ``?`` and ``#`` in a file name stay in the file name, and a URL other than
+``sqlite:///FILE`` is refused (:func:`db_file`). A file that
 is an SQLite database but not tunebench's is refused before anything is written to it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -20,10 +22,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, create_engine, event
+from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy.exc import ArgumentError
 
 from db.errors import StoreError, translate
 from db.models import Base
+from engine_adapters.secrets import mask_url
 
 DB_ENV = "TUNEBENCH_DB"
 BUSY_TIMEOUT_S = 30.0
@@ -42,10 +46,32 @@ def default_db_path() -> Path:
     """``TUNEBENCH_DB``, else ``runs.db`` in the user data directory."""
     env = os.environ.get(DB_ENV)
     if env:
-        return Path(env).expanduser()
+        return db_file(env)
     from engine_adapters.paths import data_dir
 
     return data_dir() / "runs.db"
+
+
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def db_file(location: str | Path) -> Path:
+    """The SQLite file a ``--db``/``TUNEBENCH_DB`` value names. A path stays a path (a ``?`` or a
+    ``:`` in it included); ``sqlite:///FILE`` names FILE; any other URL is refused before anything
+    is made from it (a directory named after a URL would hold its password)."""
+    text = str(location)
+    scheme = _URL_SCHEME.match(text)
+    if scheme is None:
+        return Path(text).expanduser()
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        url = None
+    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).expanduser()
+    raise StoreError(f"the run database must be an SQLite file: {mask_url(text)} is a "
+                     f"{scheme.group(1)} URL, and this tunebench keeps runs in SQLite only; pass --db with a "
+                     f"file path (or sqlite:///PATH)")
 
 
 def alembic_config() -> Config:

@@ -16,7 +16,15 @@ from pathlib import Path
 
 from db.errors import StoreError, damaged, quick_check, translate
 from db.records import ImportedRun, LevelInfo, RunDetail, RunInfo, SampleIn, SeriesBlock
-from db.schema import BUSY_TIMEOUT_S, DB_ENV, alembic_config, check_file, create_at_revision, default_db_path
+from db.schema import (
+    BUSY_TIMEOUT_S,
+    DB_ENV,
+    alembic_config,
+    check_file,
+    create_at_revision,
+    db_file,
+    default_db_path,
+)
 from db.schema import migrate as _migrate
 from db.schema import open_engine as _open_engine
 from db.writes import FINAL_STATUSES, RunWrites, writer_alive
@@ -40,7 +48,7 @@ class RunStore(RunWrites):
 
     def __init__(self, path: str | Path | None = None, *, mark_interrupted: bool = True,
                  busy_timeout_s: float | None = None) -> None:
-        self.path = Path(path).expanduser() if path is not None else default_db_path()
+        self.path = db_file(path) if path is not None else default_db_path()
         self.busy_timeout_s = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

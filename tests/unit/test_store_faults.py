@@ -261,6 +261,31 @@ def test_path_is_a_path_not_a_url(tmp_path: Path, name: str, capsys: pytest.Capt
     assert {p.name for p in folder.iterdir()} <= {name, f"{name}.migrate.lock"}
 
 
+@pytest.mark.parametrize("url", ["postgresql+psycopg://tb:Hunter2Secret@db.example:5432/tunebench",
+                                 "mysql://tb:Hunter2Secret@127.0.0.1/runs", "sqlite://"])
+def test_a_url_that_is_not_an_sqlite_file_is_refused_before_anything_is_made(
+        tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Such a URL once became directories named after it in the working directory, password and all."""
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    code, out, err = _cli(capsys, "runs", "list", "--db", url)
+    assert code == 2 and out == ""
+    _one_line_error(err, "must be an SQLite file", "pass --db with a file path")
+    assert "Hunter2Secret" not in err
+    monkeypatch.setenv("TUNEBENCH_DB", url)
+    code, _, err = _cli(capsys, "runs", "list")
+    assert code == 2 and "Hunter2Secret" not in err
+    _one_line_error(err, "must be an SQLite file")
+    assert list(workdir.iterdir()) == []
+
+
+def test_an_sqlite_url_names_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fill(tmp_path / "runs.db", runs=1)
+    code, out, _ = _cli(capsys, "runs", "list", "--db", f"sqlite:///{tmp_path / 'runs.db'}")
+    assert code == 0 and "run0" in out
+
+
 def test_numbers_beyond_sqlite_integers_are_refused(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _cli(capsys, "runs", "show", str(2**70), "--db", str(db))
     assert code == 2
