@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from db.compare import flatten
 from engine_adapters.features import FEATURES_BY_KEY
 from engine_adapters.registry import ADAPTERS
 
@@ -139,16 +140,6 @@ def describe_change(diff: Sequence[tuple[str, Sequence[Any]]], before: int = 0, 
     if len(parts) > max_items:
         return ", ".join(parts[:max_items]) + f" (+{len(parts) - max_items} more)"
     return ", ".join(parts)
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys (a configuration as setting paths)."""
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
 
 
 def suggest_run_name(config: Mapping[str, Any], previous: Mapping[str, Any] | None, fallback: str,

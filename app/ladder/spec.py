@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from app.errors import UserError
 from app.workload import LoadConfig, WorkloadConfig
+from db.compare import flatten
 from engine_adapters.config import ArgStr, Features, StrictModel
 
 MAX_STEPS = 32
@@ -227,15 +228,6 @@ def apply_step(previous: Any, step: LadderStepSpec, *, name: str | None = None, 
 
 # --- what changed -------------------------------------------------------------------------------
 
-def _flat(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(_flat(sub, f"{prefix}.{key}"))
-        return out
-    return {prefix: value}
-
-
 def setting_label(key: str) -> str:
     """A setting as a person reads it: the feature catalogue's label, or the load field's name."""
     from engine_adapters.features import FEATURES_BY_KEY
@@ -256,8 +248,8 @@ def config_diff(previous: Any | None, config: Any) -> list[tuple[str, Any, Any]]
             return {}
         dumped = c.model_dump(mode="json")
         out = {"engine.model": dumped["engine"]["model"]}
-        out.update(_flat(dumped["features"], "features"))
-        out.update(_flat(dumped["load"], "load"))
+        out.update(flatten(dumped["features"], "features"))
+        out.update(flatten(dumped["load"], "load"))
         return out
 
     before, after = settings(previous), settings(config)
