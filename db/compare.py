@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,15 +26,17 @@ from db import metric_catalog as catalog
 from db.stats import aggregate, significant
 from db.store import RunDetail, RunStore, StoreError
 from db.summary import judge_levels, level_extras, numbers
-from engine_adapters.config import Features
-from engine_adapters.registry import get_adapter
-from engine_adapters.runtimes import RuntimeErrorMessage
 
 _REPEAT_SUFFIX = re.compile(r" \(repeat \d+/\d+\)$")  # app.campaign names repeats "<name> (repeat i/N)"
 REPEAT_TAG = "repeat:"
 """Runs of one configuration repeated (``app.campaign``) share the tag ``repeat:<id>``."""
 CAMPAIGN_TAG = "campaign:"
 """Runs of one campaign (repeats, later a ladder or a tune) share ``campaign:<id>``."""
+
+EngineTermsOf = Callable[[str, Mapping[str, Any]], Mapping[str, str] | None]
+"""An engine kind and a run's stored features -> each feature in that engine's own terms (None:
+none to show). The faces pass ``engine_adapters.registry.engine_terms_for``: the store knows no
+engine by name."""
 
 
 def repeat_group(tags: Iterable[str]) -> str | None:
@@ -354,10 +356,12 @@ def _metric_rows(columns: Sequence[_Column], base: int) -> list[MetricDelta]:
 
 
 def compare_runs(store: RunStore, refs: Sequence[int | str], baseline: int | str | None = None, *,
-                 series: bool = True, max_points: int = 600, repeats: bool = True) -> Comparison:
+                 series: bool = True, max_points: int = 600, repeats: bool = True,
+                 engine_terms_of: EngineTermsOf | None = None) -> Comparison:
     """Compare runs; ``baseline`` is one of ``refs`` (default: the first). With ``repeats``, a
     run that is one of a set of repeats stands for the whole set (unless two of the compared
-    runs are of the same set: then they are compared as runs)."""
+    runs are of the same set: then they are compared as runs). ``engine_terms_of`` renders each
+    differing feature in each engine's own terms (without it, none are shown)."""
     if len(refs) < 2:
         raise StoreError("compare needs at least two runs")
     ids = [store.resolve(r) for r in refs]
@@ -369,24 +373,23 @@ def compare_runs(store: RunStore, refs: Sequence[int | str], baseline: int | str
     runs = [store.get_run(i) for i in ids]
     groups = [repeat_group(r.tags) for r in runs]
     expand = repeats and len({g for g in groups if g}) == len([g for g in groups if g])
-    return _build(store, runs, ids.index(base_id), expand, series, max_points)
+    return _build(store, runs, ids.index(base_id), expand, series, max_points, engine_terms_of)
 
 
-def single_run_comparison(store: RunStore, ref: int | str, *, series: bool = True) -> Comparison:
+def single_run_comparison(store: RunStore, ref: int | str, *, series: bool = True,
+                          engine_terms_of: EngineTermsOf | None = None) -> Comparison:
     """One run (or its repeat set) on its own: the same tables and charts, without deltas."""
-    return _build(store, [store.get_run(ref)], 0, True, series, 600)
+    return _build(store, [store.get_run(ref)], 0, True, series, 600, engine_terms_of)
 
 
-def engine_terms(runs: Sequence[RunDetail], keys: Sequence[str]) -> dict[str, list[str | None]]:
-    """Each differing feature in each run's engine's own terms (its adapter renders them from the
-    run's stored features); a run whose features no longer validate, or an imported run, has none."""
-    rendered: list[dict[str, str] | None] = []
-    for run in runs:
-        try:
-            adapter = get_adapter(str((run.config.get("engine") or {}).get("kind", "vllm")))
-            rendered.append(adapter.engine_terms(Features.model_validate(run.config.get("features") or {})))
-        except (ValueError, RuntimeErrorMessage):
-            rendered.append(None)
+def engine_terms(runs: Sequence[RunDetail], keys: Sequence[str],
+                 engine_terms_of: EngineTermsOf | None) -> dict[str, list[str | None]]:
+    """Each differing feature in each run's engine's own terms, as ``engine_terms_of`` renders
+    them from the run's stored features (a run it cannot render has none)."""
+    if engine_terms_of is None:
+        return {}
+    rendered = [engine_terms_of(str((run.config.get("engine") or {}).get("kind", "vllm")),
+                                run.config.get("features") or {}) for run in runs]
     out: dict[str, list[str | None]] = {}
     for key in keys:
         if key.startswith("features."):
@@ -398,14 +401,15 @@ def engine_terms(runs: Sequence[RunDetail], keys: Sequence[str]) -> dict[str, li
 
 
 def _build(store: RunStore, runs: list[RunDetail], base: int, expand: bool, series: bool,
-           max_points: int) -> Comparison:
+           max_points: int, engine_terms_of: EngineTermsOf | None) -> Comparison:
     columns = [_column(store, r, expand) for r in runs]
     settings = [run_settings(c.run) for c in columns]
     keys = sorted(set().union(*settings))
     diff = [(k, [s.get(k) for s in settings]) for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
     comparison = Comparison([c.run for c in columns], base, diff, _metric_rows(columns, base),
                             members=[[m.id for m in c.members] for c in columns],
-                            engine_terms=engine_terms([c.run for c in columns], [k for k, _v in diff]))
+                            engine_terms=engine_terms([c.run for c in columns], [k for k, _v in diff],
+                                                         engine_terms_of))
     if series:
         comparison.series, comparison.bin_s = align_series(store, comparison.runs, max_points)
     return comparison

@@ -3,8 +3,12 @@ llama.cpp, TensorRT-LLM) register here; the launcher, the runner and the CLI ask
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from engine_adapters import llamacpp, sglang, trtllm
 from engine_adapters.base import EngineAdapter, EngineMetrics
+from engine_adapters.config import Features
 from engine_adapters.runtimes import RuntimeErrorMessage
 from engine_adapters.vllm import VllmAdapter
 
@@ -39,3 +43,12 @@ def get_engine_metrics(kind: str) -> EngineMetrics:
         return METRICS[kind]
     except KeyError:
         raise RuntimeErrorMessage(f"unknown engine '{kind}' (known: {', '.join(METRICS)})") from None
+
+
+def engine_terms_for(kind: str, features: Mapping[str, Any]) -> dict[str, str] | None:
+    """Stored features in the engine's own terms (``--kv-cache-dtype fp8``, ``-ctk q8_0``), for
+    Compare; None when the engine is unknown here or the features no longer validate."""
+    try:
+        return get_adapter(kind).engine_terms(Features.model_validate(dict(features)))
+    except (ValueError, RuntimeErrorMessage):
+        return None

@@ -39,6 +39,7 @@ from db.compare import Comparison, MetricDelta, compare_runs
 from db.metric_catalog import metric
 from db.models import RUN_STATUSES
 from db.store import RunInfo, RunStore, StoreError
+from engine_adapters.registry import engine_terms_for
 
 _AGO_RE = re.compile(r"^(\d{1,12}(?:\.\d{1,12})?)\s*([smhdw])$")
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -379,7 +380,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if asked:
         comparison_slo((), asked)  # a bad --slo is refused before the store is opened
     with open_store(args) as store:
-        comparison = compare_runs(store, args.runs, args.baseline, series=args.json and not args.no_series)
+        comparison = compare_runs(store, args.runs, args.baseline, series=args.json and not args.no_series,
+                                  engine_terms_of=engine_terms_for)
         costs = compared_costs(comparison, prices)
         slo, whose = comparison_slo(comparison.runs, asked)
         if slo is not None:

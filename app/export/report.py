@@ -24,6 +24,7 @@ from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run
 from db import metric_catalog as catalog
 from db.compare import Comparison, compare_runs, single_run_comparison
 from db.store import RunStore
+from engine_adapters.registry import engine_terms_for
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -343,5 +344,5 @@ def report_comparison(store: RunStore, refs: Sequence[int | str], baseline: int 
     """What a report shows: the runs compared against ``baseline`` (default: the first), or one
     run on its own (the same tables and charts, without deltas)."""
     if len(refs) > 1:
-        return compare_runs(store, refs, baseline)
-    return single_run_comparison(store, refs[0])
+        return compare_runs(store, refs, baseline, engine_terms_of=engine_terms_for)
+    return single_run_comparison(store, refs[0], engine_terms_of=engine_terms_for)

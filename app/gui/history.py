@@ -61,6 +61,7 @@ from app.labels import engine_defaults, label_for, value_text
 from db import metric_catalog as catalog
 from db.compare import Comparison, compare_runs
 from db.store import RunInfo, RunStore
+from engine_adapters.registry import engine_terms_for
 
 HEADLINES: tuple[tuple[str, str], ...] = (
     ("output_tok_per_s", "tok/s"),
@@ -325,7 +326,7 @@ def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | Non
                         prices: PriceTable | None = None) -> tuple[Comparison, CompareExtras]:
     """Everything the Compare view draws (run it in a worker: it reads the store); costs at
     ``prices`` (default: the shipped list)."""
-    comparison = compare_runs(store, ids, baseline)
+    comparison = compare_runs(store, ids, baseline, engine_terms_of=engine_terms_for)
     costs, lines = money_lines(comparison, prices if prices is not None else price_table())
     costs, good_slo_text = priced_at_goodput(store, comparison, costs)
     extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),

@@ -14,7 +14,7 @@ from app.export.report import render_report
 from db.compare import compare_runs
 from db.store import RunStore
 from engine_adapters.config import Features
-from engine_adapters.registry import ADAPTERS
+from engine_adapters.registry import ADAPTERS, engine_terms_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def test_each_engine_speaks_for_every_feature_it_renders() -> None:
 def test_cli_json_and_report_show_the_difference_in_each_engines_terms(two_engines: tuple[Path, int, int]) -> None:
     db, vllm, llama = two_engines
     with RunStore(db) as store:
-        comparison = compare_runs(store, [vllm, llama], series=False)
+        comparison = compare_runs(store, [vllm, llama], series=False, engine_terms_of=engine_terms_for)
         html = render_report(comparison, store=store)
     assert comparison.engine_terms["features.kv_cache_dtype"] == ["--kv-cache-dtype fp8", "-ctk q8_0 -ctv q8_0"]
     assert comparison.engine_terms["features.max_num_seqs"] == ["--max-num-seqs 8", "-np 4"]
@@ -63,3 +63,22 @@ def test_cli_json_and_report_show_the_difference_in_each_engines_terms(two_engin
     assert lines[at + 1].strip().startswith("as given to the engine")
     assert "--kv-cache-dtype fp8" in lines[at + 1] and "-ctk q8_0 -ctv q8_0" in lines[at + 1]
     assert json.dumps(doc)  # the comparison stays JSON
+
+
+def test_every_face_passes_the_engines_terms_and_the_store_alone_has_none(two_engines: tuple[Path, int, int]) -> None:
+    """The store knows no engine (an import-linter contract): the terms come from what app passes
+    in, so each face must pass it: the GUI's Compare and the report here, the CLI above."""
+    from app.export.report import report_comparison
+    from app.gui.history import compare_with_extras
+
+    db, vllm, llama = two_engines
+    with RunStore(db) as store:
+        assert compare_runs(store, [vllm, llama], series=False).engine_terms == {}
+        shown, _extras = compare_with_extras(store, [vllm, llama])
+        reported = report_comparison(store, [vllm, llama])
+        alone = report_comparison(store, [llama])
+    for comparison in (shown, reported):
+        assert comparison.engine_terms["features.kv_cache_dtype"] == ["--kv-cache-dtype fp8", "-ctk q8_0 -ctv q8_0"]
+    assert alone.engine_terms == {}  # one run: nothing differs
+    assert engine_terms_for("no-such-engine", {}) is None
+    assert engine_terms_for("vllm", {"kv_cache_dtype": "fp9"}) is None  # no longer validates: none, no error
