@@ -189,11 +189,18 @@ def migrate(engine: Engine, path: Path, revision: str = "head") -> None:
         # and another process could open a schema made halfway. One explicit transaction (taken
         # for writing at once) makes the whole upgrade appear at its commit, or not at all.
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+        before = MigrationContext.configure(conn).get_current_revision()
+        if revision == "head" and before == head_revision():  # another process migrated while we waited
+            conn.rollback()
+            return
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
         conn.commit()
+    if before is None:
+        return  # a new store: nothing old was rewritten
     # A migration may have rewritten old values (0003 masks secrets): copy the WAL into the file and
-    # empty it, so the old pages do not linger in the -wal file until some later checkpoint.
+    # empty it, so the old pages do not linger in the -wal file until some later checkpoint. Only
+    # then: this checkpoint holds off every writer while it waits for the readers.
     with engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
