@@ -73,10 +73,10 @@ class EngineKeeper:
     def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
         key = engine_key(config)
         if self._engine is not None and self._key == key and self._engine.is_running():
-            bus.emit(LogLine(line=f"tunebench: reusing the running engine at {self._engine.base_url}"))
+            bus.emit(LogLine.note(f"reusing the running engine at {self._engine.base_url}"))
             return self._engine
         if self._engine is not None:
-            bus.emit(LogLine(line="tunebench: the kept engine's flags differ from this run's: stopping it"))
+            bus.emit(LogLine.note("the kept engine's flags differ from this run's: stopping it"))
         self.close()
 
         def on_phase(phase: Phase, detail: str) -> None:
@@ -286,7 +286,7 @@ class Campaign:
                 out.status, out.reason = "cancelled", "cancelled"
                 break
             config = self._config(step, out.repeat_tag, i)
-            self.bus.emit(LogLine(line=f"tunebench: campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
+            self.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
                                        f"'{step.name}': run {i + 1} of {step.repeats}"))
             engine = None
             if self.endpoint is None and self.engines is not None:

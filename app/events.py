@@ -121,12 +121,20 @@ class PhaseChanged(EventPayload):
         return mask_text(value) if isinstance(value, str) else value
 
 
+NOTE_PREFIX = "tunebench: "
+"""How a note of tunebench's about a run reads in the run's log, among the engine's own lines."""
+
+
 class LogLine(EventPayload):
-    """One line of the engine's output, or a ``tunebench:`` note about the run."""
+    """One line of the engine's output, or a note of tunebench's about the run (:meth:`note`)."""
 
     kind: ClassVar[str] = "log"
     run_id: str | None = None
     line: str
+
+    @classmethod
+    def note(cls, text: str, run_id: str | None = None) -> LogLine:
+        return cls(run_id=run_id, line=NOTE_PREFIX + text)
 
     @field_validator("line", mode="before")
     @classmethod

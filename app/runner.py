@@ -271,7 +271,7 @@ class Runner:
 
     def _note(self, message: str) -> None:
         self.result.notes.append(message)
-        self._emit(LogLine(run_id=self.run_id, line=f"tunebench: {message}"))
+        self._emit(LogLine.note(message, run_id=self.run_id))
 
     # -- engine ---------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from app.cost import (
     usd_text,
 )
 from app.errors import UserError
+from app.events import NOTE_PREFIX
 from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, import_results
 from app.export.files import check_target
 from app.money import short_text
@@ -175,9 +176,15 @@ def _show_text(store: RunStore, run_id: int, show_log: bool) -> None:
             if not key.startswith("L") and isinstance(value, int | float):  # per-level and reliability notes aside
                 shown = metric(key)
                 out(f"    {shown.label:34s} {shown.format(value)}")
+    log = store.log_lines(run.id)
+    notes = [line.removeprefix(NOTE_PREFIX) for line in log if line.startswith(NOTE_PREFIX)]
+    if notes:
+        out("  tunebench's notes:")  # which tokenizer counted, cache salts, what the trace implies, ...
+        for note in notes:
+            out(f"    - {note}")
     if show_log:
         out("  engine log:")
-        for line in store.log_lines(run.id):
+        for line in log:
             out(f"    | {line}")
 
 

@@ -47,6 +47,7 @@ from app.engines import CheckReport, check_config
 from app.errors import UserError
 from app.events import (
     CLIENT_SOURCE,
+    NOTE_PREFIX,
     EngineReady,
     LevelFinished,
     LevelStarted,
@@ -806,9 +807,9 @@ class MainWindow(QMainWindow):
             for row in (self.dashboard.tiles, self.presentation.tiles):
                 row.set_cost_basis(basis)
         elif isinstance(p, EngineReady):
-            lines = [f"tunebench: engine ready at {p.base_url}" +
+            lines = [f"{NOTE_PREFIX}engine ready at {p.base_url}" +
                      (f" after {p.startup_s:.1f} s" if p.startup_s is not None else "")]
-            lines += [f"tunebench: {feature_check_line(check)}" for check in p.feature_checks]
+            lines += [NOTE_PREFIX + feature_check_line(check) for check in p.feature_checks]
             self.log_view.append(lines)
             self.phase_bar.set_phase("ready", "running the load")
             self.show_feature_checks(p.feature_checks)
@@ -833,10 +834,10 @@ class MainWindow(QMainWindow):
             summary = p.summary
             self.statusBar().showMessage(f"Level {p.index} done: {summary.completed} requests, "
                                          f"{summary.output_tok_per_s:,.0f} tok/s")
-            self.log_view.append([f"tunebench: level {p.label}: {note}" for note in level_notes(summary)])
+            self.log_view.append([f"{NOTE_PREFIX}level {p.label}: {note}" for note in level_notes(summary)])
             limit = limit_figures(self._run_plan, summary) if self._run_plan is not None else None
             if limit is not None:
-                self.log_view.append([f"tunebench: level {p.label}: {limit.text()} ({limit.detail()})"])
+                self.log_view.append([f"{NOTE_PREFIX}level {p.label}: {limit.text()} ({limit.detail()})"])
             self.dashboard.roofline.add_level(p.label, limit)
             self._mark_steady(p.index, p.label, summary)
             flagged = summary.unreliable()  # the run flagged these: live tiles switch to the engine's own

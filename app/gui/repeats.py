@@ -49,7 +49,7 @@ def run_work(session: EngineSession, config: RunConfig, bus: Bus, cancel: thread
         for step in result.steps:
             lines = repeat_lines(step)
             for line in lines:
-                bus.emit(LogLine(line=f"tunebench: {len(step.runs)} repeats: {line}"))
+                bus.emit(LogLine.note(f"{len(step.runs)} repeats: {line}"))
             last.notes.extend(lines)
         if result.status != "completed" and last.status == "completed":
             last.status, last.reason = result.status, result.reason

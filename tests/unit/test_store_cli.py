@@ -110,3 +110,24 @@ def test_unreadable_database_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     bad.write_text("garbage" * 1000)
     code, _, err = run_cli(capsys, "runs", "list", "--db", str(bad))
     assert code == 2 and "cannot open the run database" in err and err.count("\n") == 1
+
+
+def test_show_lists_tunebenchs_notes_apart_from_the_engine_log(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.events import LogLine
+
+    with RunStore(db) as store:
+        store.write_batch(1, log_lines=["INFO engine warming up",
+                                        LogLine.note("token counts: the engine's own tokenizer").line,
+                                        "INFO tunebench: not a note, the engine quoting a name",
+                                        LogLine.note("the trace implies 55.4% of prompt tokens from the cache").line])
+    code, out, _ = run_cli(capsys, "runs", "show", "1", "--db", str(db))
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("  tunebench's notes:")
+    assert lines[at + 1:at + 3] == ["    - token counts: the engine's own tokenizer",
+                                    "    - the trace implies 55.4% of prompt tokens from the cache"]
+    assert "engine warming up" not in out and "engine log:" not in out
+    code, out, _ = run_cli(capsys, "runs", "show", "1", "--db", str(db), "--log")
+    assert "    | INFO engine warming up" in out and "    | tunebench: token counts: the engine's own tokenizer" in out
+    code, out, _ = run_cli(capsys, "runs", "show", "2", "--db", str(db))
+    assert "tunebench's notes" not in out  # a run without notes has no such section
