@@ -9,12 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.launcher import EngineProcess, group_members
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
 
 _STATE_DIR_ENV = "TUNEBENCH_STATE_DIR"
+
+# Property tests judge the product, never the machine's speed: on a loaded CI machine a stall in
+# data generation or in one example is not a failure. Every @settings(...) inherits this profile.
+settings.register_profile("tunebench", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tunebench")
 
 
 @pytest.fixture(scope="session", autouse=True)
