@@ -209,7 +209,8 @@ _NUMBERS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), m
 _FIELDS = ("ttfts", "latencies", "input_lens", "output_lens", "start_times", "completed", "duration", "itls")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
 @given(field=st.sampled_from(_FIELDS), value=_NUMBERS, index=st.integers(0, 1))
 def test_any_value_imports_or_is_refused_in_one_line(store: RunStore, tmp_path: Path, field: str, value: Any,
                                                      index: int) -> None:
