@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from sqlalchemy import URL
+
 from engine_adapters.errors import TunebenchError
 
 P = ParamSpec("P")
@@ -68,12 +70,15 @@ def _first_line(text: object) -> str:
     return lines[0] if lines else type(text).__name__
 
 
-def translate(exc: BaseException, path: Path, busy_timeout_s: float) -> StoreError | None:
+def translate(exc: BaseException, location: Path | URL, busy_timeout_s: float) -> StoreError | None:
     """The one-line error for what went wrong in a store call, or None if ``exc`` is not a
     database problem (a bug: let it surface)."""
     if isinstance(exc, StoreError):
         return exc
     orig = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's exception
+    if isinstance(location, URL):
+        return _translate_postgresql(orig, location)
+    path = location
     if isinstance(orig, DamagedData | zlib.error | json.JSONDecodeError):
         return damaged(path, quick_check(path) or f"unreadable stored data: {_first_line(orig)}")
     if isinstance(orig, OverflowError):
@@ -125,9 +130,60 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
             raise
         except Exception as exc:
             store: Any = args[0]
-            error = translate(exc, store.path, store.busy_timeout_s)
+            error = translate(exc, store.location, store.busy_timeout_s)
             if error is None:
                 raise
             raise error from None
 
     return wrapper
+
+
+def _translate_postgresql(orig: BaseException, url: URL) -> StoreError | None:
+    """A PostgreSQL store's failure in one line that names the server and the database, never
+    the password (psycopg's messages do not hold it; a URL is shown without it)."""
+    import psycopg
+
+    where = url.render_as_string(hide_password=True)
+    if isinstance(orig, DamagedData | zlib.error | json.JSONDecodeError):
+        return StoreError(f"the run database {where} holds damaged data ({_first_line(orig)}): restore it from a "
+                          f"backup")
+    if not isinstance(orig, psycopg.Error):
+        return None
+    message = _redact(_pg_message(orig), url)
+    host = f"{url.host or 'the local socket'}" + (f":{url.port}" if url.port else "")
+    if isinstance(orig, psycopg.OperationalError) and orig.sqlstate is None:  # no server answered, or it refused us
+        lowered = message.lower()
+        if "password" in lowered or "authentication" in lowered:
+            hint = "check the user and password (PGPASSWORD, ~/.pgpass)"
+        elif "does not exist" in lowered:
+            hint = f"create it (CREATE DATABASE {url.database}; docs/store.md)"
+        else:
+            hint = "is the server running, and is the host and port right?"
+        return StoreError(f"cannot connect to the run database {where} on {host}: {message}; {hint}")
+    if isinstance(orig, psycopg.errors.InsufficientPrivilege):
+        return StoreError(f"the role {url.username or '(default)'} may not do this in the run database {where} "
+                          f"({message}): grant it the rights docs/store.md lists")
+    if isinstance(orig, psycopg.errors.NumericValueOutOfRange):
+        return StoreError(f"a number is too large for the run database {where} (it stores integers up to "
+                          f"{INT64_MAX:,}): {message}")
+    if isinstance(orig, psycopg.errors.DiskFull):
+        return StoreError(f"the disk of the server holding the run database {where} is full ({message}): what was "
+                          f"being written was not stored")
+    if isinstance(orig, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow | psycopg.OperationalError):
+        return StoreError(f"lost the connection to the run database {where} on {host} ({message}); try again when "
+                          f"the server is back")
+    return StoreError(f"run database {where}: {message}")
+
+
+def _pg_message(exc: BaseException) -> str:
+    """psycopg's first meaningful line (a failed connection says 'connection failed:' first)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _redact(message: str, url: URL) -> str:
+    from engine_adapters.secrets import mask_text
+
+    if url.password:
+        message = message.replace(str(url.password), "***")
+    return mask_text(message)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from db.dialects import Int64
 
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "cancelled")
 
@@ -26,7 +28,7 @@ class Run(Base):
 
     __tablename__ = "runs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     uid: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(Text, default="")
     notes: Mapped[str] = mapped_column(Text, default="")
@@ -49,13 +51,18 @@ class Run(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     imported: Mapped[bool] = mapped_column(Boolean, default=False)
     imported_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # revision 0002
-    writer_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
-    dropped_items: Mapped[int] = mapped_column(Integer, default=0)
+    dropped_items: Mapped[int] = mapped_column(Int64, default=0)
+    author: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    gpu_model: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
 
     __table_args__ = (
         Index("ix_runs_started_at", "started_at"),  # revision 0002
         Index("ix_runs_status", "status"),  # revision 0002
+        Index("ix_runs_author", "author"),  # revision 0006
+        Index("ix_runs_host", "host"),  # revision 0006
     )
 
 
@@ -74,7 +81,7 @@ class Level(Base):
     __tablename__ = "levels"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    idx: Mapped[int] = mapped_column(Int64, primary_key=True)
     label: Mapped[str] = mapped_column(Text, default="")
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -92,8 +99,8 @@ class RequestChunk(Base):
     __tablename__ = "request_chunks"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    seq_start: Mapped[int] = mapped_column(Integer, primary_key=True)
-    n: Mapped[int] = mapped_column(Integer)
+    seq_start: Mapped[int] = mapped_column(Int64, primary_key=True)
+    n: Mapped[int] = mapped_column(Int64)
     end_wall: Mapped[float | None] = mapped_column(Float, nullable=True)
     columns: Mapped[bytes] = mapped_column(LargeBinary)
     itl: Mapped[bytes] = mapped_column(LargeBinary)
@@ -106,15 +113,15 @@ class SampleChunk(Base):
 
     __tablename__ = "sample_chunks"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     source: Mapped[str] = mapped_column(String(64))
-    n: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Int64)
     names: Mapped[list[Any]] = mapped_column(JSON)
     t_mono: Mapped[bytes] = mapped_column(LargeBinary)
     t_wall: Mapped[bytes] = mapped_column(LargeBinary)
     data: Mapped[bytes] = mapped_column(LargeBinary)
-    codec: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    codec: Mapped[int] = mapped_column(Int64, default=0, server_default="0")
 
 
 class LogChunk(Base):
@@ -123,8 +130,8 @@ class LogChunk(Base):
     __tablename__ = "log_chunks"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
-    n_lines: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Int64, primary_key=True)
+    n_lines: Mapped[int] = mapped_column(Int64)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
@@ -133,7 +140,7 @@ class RunEvent(Base):
 
     __tablename__ = "run_events"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     t_wall: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
@@ -160,7 +167,7 @@ class Tune(Base):
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     doc: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    writer_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
@@ -172,8 +179,8 @@ class TuneTrial(Base):
     __tablename__ = "tune_trials"
 
     tune_id: Mapped[str] = mapped_column(ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True)
-    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
-    candidate: Mapped[int] = mapped_column(Integer, default=0)
+    idx: Mapped[int] = mapped_column(Int64, primary_key=True)
+    candidate: Mapped[int] = mapped_column(Int64, default=0)
     source: Mapped[str] = mapped_column(String(32), default="measured")
     status: Mapped[str] = mapped_column(String(16), default="pending")
     knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import URL, Connection, Engine, func, select
 
 from db.codecs import decode_extras, decode_itl, decode_itl_all, decode_requests
+from db.dialects import driver_sql
 from db.errors import INT64_MAX, DamagedData, StoreError, guarded
 from db.models import Level, LogChunk, RequestChunk, Run, RunEvent, RunTag, SampleChunk
 from db.records import LevelInfo, RunDetail, RunInfo, SeriesBlock
@@ -56,7 +57,8 @@ class RunQueries:
     """Read access to the store's file (the engine and path are set by ``RunStore``)."""
 
     engine: Engine
-    path: Path
+    location: Path | URL
+    where: str
     busy_timeout_s: float
 
     def _id(self, ref: int | str) -> int:
@@ -84,7 +86,7 @@ class RunQueries:
                     return int(ids[0])
                 if len(ids) > 1:
                     raise StoreError(f"'{text}' matches several runs: use the numeric id (see `tunebench runs list`)")
-        raise StoreError(f"no run '{text}' in {self.path} (see `tunebench runs list`)")
+        raise StoreError(f"no run '{text}' in {self.where} (see `tunebench runs list`)")
 
     def _tags(self, conn: Connection, ids: Sequence[int]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {i: [] for i in ids}
@@ -105,13 +107,18 @@ class RunQueries:
         since: float | None = None,
         until: float | None = None,
         name: str | None = None,
+        author: str | None = None,
+        host: str | None = None,
+        gpu_model: str | None = None,
         limit: int | None = None,
     ) -> list[RunInfo]:
-        """Newest first. ``model`` and ``name`` match substrings; the rest match exactly."""
+        """Newest first. ``model``, ``name`` and ``gpu_model`` match substrings; the rest match
+        exactly."""
         if limit is not None and not 0 <= limit <= INT64_MAX:
             raise StoreError(f"a limit of {limit} runs is out of range (0 to {INT64_MAX:,}; 0: no limit)")
         cols = [Run.id, Run.uid, Run.name, Run.status, Run.reason, Run.notes, Run.started_at, Run.finished_at,
-                Run.engine_kind, Run.engine_version, Run.model, Run.imported, Run.imported_from, Run.metrics]
+                Run.engine_kind, Run.engine_version, Run.model, Run.imported, Run.imported_from, Run.metrics,
+                Run.author, Run.host, Run.gpu_model]
         query = select(*cols).order_by(Run.started_at.desc(), Run.id.desc())
         if engine:
             query = query.where(Run.engine_kind == engine)
@@ -121,6 +128,12 @@ class RunQueries:
             query = query.where(Run.name.contains(name, autoescape=True))
         if status:
             query = query.where(Run.status == status)
+        if author:
+            query = query.where(Run.author == author)
+        if host:
+            query = query.where(Run.host == host)
+        if gpu_model:
+            query = query.where(Run.gpu_model.contains(gpu_model, autoescape=True))
         if since is not None:
             query = query.where(Run.started_at >= since)
         if until is not None:
@@ -160,8 +173,8 @@ class RunQueries:
                          n_samples=int(n_samples), n_log_lines=int(n_log))
 
     def _request_chunks(self, conn: Connection, run_id: int) -> list[tuple[int, bytes, bytes]]:
-        rows = conn.exec_driver_sql("SELECT seq_start, columns, itl FROM request_chunks WHERE run_id = ? "
-                                    "ORDER BY seq_start", (run_id,)).fetchall()
+        rows = conn.exec_driver_sql(driver_sql(conn, "SELECT seq_start, columns, itl FROM request_chunks "
+                                                     "WHERE run_id = ? ORDER BY seq_start"), (run_id,)).fetchall()
         return [(int(seq), columns, itl) for seq, columns, itl in rows]
 
     @guarded
@@ -209,15 +222,18 @@ class RunQueries:
                "ORDER BY id")  # the driver's rows: a running run has thousands of chunks
         if conn is None:
             with self.engine.connect() as own:
-                rows = own.exec_driver_sql(sql, (run_id,)).fetchall()
+                rows = own.exec_driver_sql(driver_sql(own, sql), (run_id,)).fetchall()
         else:
-            rows = conn.exec_driver_sql(sql, (run_id,)).fetchall()
+            rows = conn.exec_driver_sql(driver_sql(conn, sql), (run_id,)).fetchall()
         names: dict[str, list[str]] = {}
         by_source: dict[str, list[SampleChunkRow]] = {}
         for source, n, names_json, t_mono, t_wall, data, codec in rows:
+            if not isinstance(names_json, str):  # a driver that parses JSON columns (psycopg)
+                names_json = json.dumps(names_json)
             if names_json not in names:
                 names[names_json] = [str(name) for name in json.loads(names_json)]
-            by_source.setdefault(source, []).append(SampleChunkRow(n, names[names_json], t_mono, t_wall, data, codec))
+            by_source.setdefault(source, []).append(SampleChunkRow(n, names[names_json], bytes(t_mono), bytes(t_wall),
+                                                                   bytes(data), codec))
         return {source: merge_blocks(source, cs) for source, cs in by_source.items()}
 
     @guarded

@@ -20,6 +20,14 @@ class LevelInfo(BaseModel):
     summary: dict[str, Any] | None = None
 
 
+def gpu_model_of(hardware: Mapping[str, Any]) -> str:
+    """The GPU model a run's stored hardware names ("" for a machine without an NVIDIA GPU):
+    the distinct board names, in order."""
+    gpus = hardware.get("gpus") or []
+    names = [str(g.get("name")) for g in gpus if isinstance(g, Mapping) and g.get("name")]
+    return ", ".join(dict.fromkeys(names))
+
+
 class RunInfo(BaseModel):
     """A run as listed: identity, status and headline metrics."""
 
@@ -38,6 +46,9 @@ class RunInfo(BaseModel):
     imported: bool = False
     imported_from: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
+    author: str = ""
+    host: str = ""
+    gpu_model: str = ""
 
     @property
     def duration_s(self) -> float | None:

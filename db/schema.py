@@ -1,9 +1,9 @@
 """Opening the run database: where it is, how SQLite is set up for several processes, which files
 are refused, and migrating to the newest schema (Alembic, ``db/migrations``).
 
-The path is a path: ``?`` and ``#`` in a file name stay in the file name, and a URL other than
-``sqlite:///FILE`` is refused (:func:`db_file`). A file that
-is an SQLite database but not tunebench's is refused before anything is written to it.
+A store is an SQLite file (the default) or a PostgreSQL database (:func:`store_location`). The
+path is a path: ``?`` and ``#`` in a file name stay in the file name. A file or database that
+holds another program's tables is refused before anything is written to it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.exc import ArgumentError
 
+from db.dialects import POSTGRESQL_DRIVER, SQLITE
 from db.errors import StoreError, translate
 from db.models import Base
 from engine_adapters.secrets import mask_url
@@ -42,23 +43,31 @@ BATCH_TABLE_PREFIX = "_alembic_tmp_"
 """Alembic's batch mode copies a table to ``_alembic_tmp_<name>`` before it drops the old one."""
 
 
-def default_db_path() -> Path:
+def default_db_path() -> StoreLocation:
     """``TUNEBENCH_DB``, else ``runs.db`` in the user data directory."""
     env = os.environ.get(DB_ENV)
     if env:
-        return db_file(env)
+        return store_location(env)
     from engine_adapters.paths import data_dir
 
     return data_dir() / "runs.db"
 
 
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+StoreLocation = Path | URL
+"""Where a store lives: an SQLite file, or a PostgreSQL database (a SQLAlchemy URL)."""
 
 
-def db_file(location: str | Path) -> Path:
-    """The SQLite file a ``--db``/``TUNEBENCH_DB`` value names. A path stays a path (a ``?`` or a
-    ``:`` in it included); ``sqlite:///FILE`` names FILE; any other URL is refused before anything
-    is made from it (a directory named after a URL would hold its password)."""
+def store_location(location: str | Path | URL) -> StoreLocation:
+    """The store a ``--db``/``TUNEBENCH_DB`` value names. A path stays a path (a ``?`` or a ``:``
+    in it included); ``sqlite:///FILE`` names FILE; ``postgresql://`` (or ``postgres://``,
+    ``postgresql+psycopg://``) names a PostgreSQL database, reached through psycopg; any other URL
+    is refused before anything is made from it (a directory named after a URL would hold its
+    password)."""
+    if isinstance(location, URL | Path):
+        return location if isinstance(location, Path) else _postgres_url(location, str(location))
     text = str(location)
     scheme = _URL_SCHEME.match(text)
     if scheme is None:
@@ -67,11 +76,27 @@ def db_file(location: str | Path) -> Path:
         url = make_url(text)
     except ArgumentError:
         url = None
-    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+    if url is not None and url.get_backend_name() == SQLITE and url.database:
         return Path(url.database).expanduser()
-    raise StoreError(f"the run database must be an SQLite file: {mask_url(text)} is a "
-                     f"{scheme.group(1)} URL, and this tunebench keeps runs in SQLite only; pass --db with a "
-                     f"file path (or sqlite:///PATH)")
+    if url is not None and url.get_backend_name() in _POSTGRES_SCHEMES:
+        return _postgres_url(url, text)
+    raise StoreError(f"the run database must be an SQLite file or a PostgreSQL URL: {mask_url(text)} is a "
+                     f"{scheme.group(1)} URL; pass --db with a file path, sqlite:///PATH or "
+                     f"postgresql://USER@HOST:5432/DATABASE")
+
+
+def _postgres_url(url: URL, text: str) -> URL:
+    if url.drivername not in (*_POSTGRES_SCHEMES, POSTGRESQL_DRIVER):
+        raise StoreError(f"tunebench reaches PostgreSQL through psycopg: {mask_url(text)} names the driver "
+                         f"{url.drivername!r}; write postgresql://... or {POSTGRESQL_DRIVER}://...")
+    if not url.database:
+        raise StoreError(f"the PostgreSQL URL {mask_url(text)} names no database: add /DATABASE")
+    return url.set(drivername=POSTGRESQL_DRIVER)
+
+
+def location_text(location: StoreLocation) -> str:
+    """How messages name a store: the file's path, or the URL without its password."""
+    return str(location) if isinstance(location, Path) else location.render_as_string(hide_password=True)
 
 
 def alembic_config() -> Config:
@@ -99,10 +124,15 @@ def foreign_tables(tables: set[str]) -> set[str]:
     return {t for t in tables if t not in ours and t.removeprefix(BATCH_TABLE_PREFIX) not in ours}
 
 
-def open_engine(path: Path, busy_timeout_s: float) -> Engine:
-    """An engine on the file ``path`` (``URL.create``: nothing in the path is parsed as a URL)
-    whose connections are set up for sharing the file (:func:`_setup`)."""
-    engine = create_engine(URL.create("sqlite+pysqlite", database=str(path)),
+def open_engine(location: StoreLocation, busy_timeout_s: float) -> Engine:
+    """An engine on the store. A file (``URL.create``: nothing in the path is parsed as a URL)
+    gets connections set up for sharing it (:func:`_setup`); a PostgreSQL database, connections
+    that are checked before use (a server restarted mid-run is reconnected to) and that give up
+    on an unreachable host after ``busy_timeout_s``."""
+    if isinstance(location, URL):
+        return create_engine(location, pool_pre_ping=True, connect_args={
+            "connect_timeout": max(1, int(busy_timeout_s)), "application_name": "tunebench"})
+    engine = create_engine(URL.create("sqlite+pysqlite", database=str(location)),
                            connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
     event.listen(engine, "connect", lambda conn, _record: _setup(conn, busy_timeout_s))
     return engine
@@ -162,6 +192,23 @@ def check_file(path: Path, busy_timeout_s: float) -> None:
                          f"does not know: it was written by a newer tunebench; upgrade tunebench")
 
 
+def check_database(engine: Engine, location: StoreLocation) -> None:
+    """Refuse a PostgreSQL database that holds another program's tables, or a schema revision
+    this tunebench does not know (an empty database becomes a new store)."""
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        revision = (conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+                    if "alembic_version" in tables else None)
+    where = location_text(location)
+    if foreign := foreign_tables(tables):
+        shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise StoreError(f"{where} is not a tunebench run database (tables tunebench never makes: {shown}); "
+                         f"give tunebench a database of its own (docs/store.md)")
+    if revision is not None and revision not in known_revisions():
+        raise StoreError(f"the run database {where} has schema revision {revision!r}, which this tunebench "
+                         f"does not know: it was written by a newer tunebench; upgrade tunebench")
+
+
 @contextlib.contextmanager
 def migration_lock(path: Path) -> Iterator[None]:
     """One process migrates at a time (the others wait, then find the schema current)."""
@@ -179,11 +226,36 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def migrate(engine: Engine, path: Path, revision: str = "head") -> None:
+MIGRATION_LOCK_KEY = 0x74756E6562656E63
+"""PostgreSQL advisory lock that one migrating process holds ("tunebenc" in ASCII)."""
+
+
+def migrate(engine: Engine, location: StoreLocation, revision: str = "head") -> None:
     """Upgrade the schema (a no-op at the newest revision)."""
-    config = alembic_config()
     if revision == "head" and current_revision(engine) == head_revision():
         return
+    if isinstance(location, URL):
+        _migrate_postgresql(engine, revision)
+    else:
+        _migrate_sqlite(engine, location, revision)
+
+
+def _migrate_postgresql(engine: Engine, revision: str) -> None:
+    """PostgreSQL's DDL is transactional: the upgrade commits whole or not at all, and the
+    advisory lock makes a second workbench wait, then find the schema current."""
+    config = alembic_config()
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        if revision == "head" and MigrationContext.configure(conn).get_current_revision() == head_revision():
+            conn.rollback()
+            return
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+        conn.commit()
+
+
+def _migrate_sqlite(engine: Engine, path: Path, revision: str) -> None:
+    config = alembic_config()
     with migration_lock(path), engine.connect() as conn:
         # pysqlite sends no BEGIN before DDL, so each CREATE, copy and DROP would commit on its own
         # and another process could open a schema made halfway. One explicit transaction (taken
@@ -205,10 +277,11 @@ def migrate(engine: Engine, path: Path, revision: str = "head") -> None:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
-def create_at_revision(path: str | Path, revision: str) -> None:
+def create_at_revision(location: str | Path | URL, revision: str) -> None:
     """A database at an older schema revision (for migration tests)."""
-    engine = open_engine(Path(path), BUSY_TIMEOUT_S)
+    where = store_location(location)
+    engine = open_engine(where, BUSY_TIMEOUT_S)
     try:
-        migrate(engine, Path(path), revision)
+        migrate(engine, where, revision)
     finally:
         engine.dispose()

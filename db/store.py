@@ -1,5 +1,6 @@
 """The run store: one SQLite file that the GUI and CLI runs write concurrently (WAL, busy
-timeout), migrated to the newest schema on open, and cleaned of runs whose writer died.
+timeout), or a team's PostgreSQL database, migrated to the newest schema on open, and cleaned of
+runs whose writer died.
 
 Writes are batched by the caller (``write_batch``) so telemetry and requests land at least once
 a second during a run; reads return plain pydantic models or numpy columns.
@@ -14,20 +15,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import URL
+
 from db.errors import StoreError, damaged, quick_check, translate
 from db.records import ImportedRun, LevelInfo, RunDetail, RunInfo, SampleIn, SeriesBlock
 from db.schema import (
     BUSY_TIMEOUT_S,
     DB_ENV,
+    StoreLocation,
     alembic_config,
+    check_database,
     check_file,
     create_at_revision,
-    db_file,
     default_db_path,
+    location_text,
+    store_location,
 )
 from db.schema import migrate as _migrate
 from db.schema import open_engine as _open_engine
-from db.writes import FINAL_STATUSES, RunWrites, writer_alive
+from db.writes import FINAL_STATUSES, RunWrites, default_author, writer_alive
 from engine_adapters.process_group import process_identity
 
 QUICK_CHECK_MAX_BYTES = 512 << 20
@@ -35,51 +41,64 @@ QUICK_CHECK_MAX_BYTES = 512 << 20
 
 __all__ = [
     "BUSY_TIMEOUT_S", "DB_ENV", "FINAL_STATUSES", "ImportedRun", "LevelInfo", "RunDetail", "RunInfo", "RunStore",
-    "SampleIn", "SeriesBlock", "StoreError", "alembic_config", "create_at_revision", "default_db_path",
+    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "alembic_config", "create_at_revision", "default_db_path",
+    "location_text", "store_location",
     "writer_alive",
 ]
 
 
 class RunStore(RunWrites):
-    """The SQLite run database. Safe to share between threads; several processes may open the
-    same file (WAL). Opening refuses a file that is not a tunebench database, migrates to the
+    """The run database (an SQLite file, or PostgreSQL). Safe to share between threads; several
+    processes may open the same store. Opening refuses a file that is not a tunebench database, migrates to the
     newest schema and marks orphaned runs interrupted (after checking the file, since their
     writer stopped uncleanly). Every failure is a one-line :class:`StoreError`."""
 
-    def __init__(self, path: str | Path | None = None, *, mark_interrupted: bool = True,
-                 busy_timeout_s: float | None = None) -> None:
-        self.path = db_file(path) if path is not None else default_db_path()
+    def __init__(self, location: str | Path | URL | None = None, *, mark_interrupted: bool = True,
+                 busy_timeout_s: float | None = None, author: str | None = None) -> None:
+        self.location: StoreLocation = store_location(location) if location is not None else default_db_path()
+        self.path: Path | None = self.location if isinstance(self.location, Path) else None
+        self.where = location_text(self.location)
         self.busy_timeout_s = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the directory for the run database {self.path}: {exc.strerror}") from None
-        check_file(self.path, self.busy_timeout_s)
-        self.engine = _open_engine(self.path, self.busy_timeout_s)
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the directory for the run database {self.path}: {exc.strerror}") from None
+            check_file(self.path, self.busy_timeout_s)
+        self.engine = _open_engine(self.location, self.busy_timeout_s)
         self._pid, self._create_time = process_identity()
+        self.author = author or default_author()
         self._seq: dict[tuple[int, str], int] = {}
         try:
-            _migrate(self.engine, self.path)
+            if self.path is None:
+                check_database(self.engine, self.location)
+            _migrate(self.engine, self.location)
             self.interrupted_on_open: list[int] = self._recover() if mark_interrupted else []
         except Exception as exc:
             self.engine.dispose()
-            error = translate(exc, self.path, self.busy_timeout_s)
+            error = translate(exc, self.location, self.busy_timeout_s)
             if error is None:
                 raise
             raise error from None
 
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
     def _recover(self) -> list[int]:
-        """Runs whose writer died become ``interrupted``; such a stop may have left the file
+        """Runs whose writer died become ``interrupted``; such a stop may have left a file
         damaged, so it is checked first (when that is cheap) and never written to if it is."""
         dead = self.orphaned_runs()
         if not dead:
             return []
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            size = QUICK_CHECK_MAX_BYTES + 1
-        if size <= QUICK_CHECK_MAX_BYTES and (problem := quick_check(self.path, self.busy_timeout_s)):
-            raise damaged(self.path, problem)
+        if self.path is not None:
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                size = QUICK_CHECK_MAX_BYTES + 1
+            if size <= QUICK_CHECK_MAX_BYTES and (problem := quick_check(self.path, self.busy_timeout_s)):
+                raise damaged(self.path, problem)
         return self.mark_interrupted(dead)
 
     def close(self) -> None:

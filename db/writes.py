@@ -7,7 +7,10 @@ remembered (pid and start time) so that a later open can tell a live run from an
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import platform
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,15 +20,34 @@ import numpy as np
 from sqlalchemy import Connection, delete, func, insert, select, update
 
 from db.codecs import KNOWN_REQUEST_KEYS, EncodedRequests, encode_requests
+from db.dialects import driver_sql
 from db.errors import StoreError, guarded
 from db.models import RUN_STATUSES, Base, Level, LogChunk, RequestChunk, Run, RunEvent, RunTag, SampleChunk
 from db.queries import RunQueries, request_arrays
-from db.records import ImportedRun, SampleIn, SeriesBlock
+from db.records import ImportedRun, SampleIn, SeriesBlock, gpu_model_of
 from db.series import encode_log, encode_series, pack_samples
 from db.summary import stored_metrics
 from engine_adapters.process_group import same_process_alive as writer_alive
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
+
+def this_host() -> str:
+    """The host name runs recorded here carry (the one ``HardwareInfo.hostname`` records)."""
+    return platform.node()
+
+
+def default_author() -> str:
+    """Who runs recorded here are by: ``TUNEBENCH_AUTHOR``, else the OS user."""
+    name = os.environ.get(AUTHOR_ENV, "").strip()
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's)
+        return f"uid {os.getuid()}"
+
+
+AUTHOR_ENV = "TUNEBENCH_AUTHOR"
 FINAL_STATUSES = tuple(s for s in RUN_STATUSES if s != "running")
 IMPORT_CHUNK_REQUESTS = 8192
 """An imported run's requests are stored in chunks of this many (a recording's are its flushes)."""
@@ -42,7 +64,7 @@ _IMPORTED_FIELDS = frozenset({"level", "start_wall", "ttft_ms", "e2e_ms", "input
 
 
 def _insert_requests(conn: Connection, run_id: int, seq_start: int, chunk: EncodedRequests) -> None:
-    conn.exec_driver_sql(_CHUNK_INSERT, (run_id, seq_start, chunk.n, chunk.end_wall, chunk.columns, chunk.itl))
+    conn.exec_driver_sql(driver_sql(conn, _CHUNK_INSERT), (run_id, seq_start, chunk.n, chunk.end_wall, chunk.columns, chunk.itl))
 
 
 def _insert_samples(conn: Connection, run_id: int, samples: Sequence[SampleIn | Any], *, packed: bool = False) -> None:
@@ -58,7 +80,7 @@ def _insert_samples(conn: Connection, run_id: int, samples: Sequence[SampleIn | 
             rows.append((run_id, r.source, r.n, json.dumps(r.names), b"", b"", encode_series(block), 1))
         else:
             rows.append((run_id, r.source, r.n, json.dumps(r.names), r.t_mono, r.t_wall, r.data, 0))
-    conn.exec_driver_sql(_SAMPLE_INSERT, rows)
+    conn.exec_driver_sql(driver_sql(conn, _SAMPLE_INSERT), rows)
 
 
 class RunWrites(RunQueries):
@@ -66,6 +88,7 @@ class RunWrites(RunQueries):
 
     _pid: int
     _create_time: float
+    author: str
     _seq: dict[tuple[int, str], int]
 
     @guarded
@@ -102,6 +125,7 @@ class RunWrites(RunQueries):
             engine_info={}, summary={}, metrics={}, imported=imported_from is not None, imported_from=imported_from,
             writer_pid=self._pid if status == "running" else None,
             writer_create_time=self._create_time if status == "running" else None, dropped_items=0,
+            author=self.author, host=this_host(), gpu_model=gpu_model_of(hardware or {}),
         )
         with self.engine.begin() as conn:
             if conn.execute(select(Run.id).where(Run.uid == values["uid"])).first() is not None:
@@ -136,7 +160,7 @@ class RunWrites(RunQueries):
                 _insert_samples(conn, run_id, samples)
             if log_lines:
                 seq = self._next_seq(conn, run_id, "log")
-                conn.exec_driver_sql(_LOG_INSERT, (run_id, seq, len(log_lines),
+                conn.exec_driver_sql(driver_sql(conn, _LOG_INSERT), (run_id, seq, len(log_lines),
                                                    encode_log([mask_text(line) for line in log_lines])))
                 self._seq[(run_id, "log")] = seq + 1
             if events:
@@ -264,11 +288,15 @@ class RunWrites(RunQueries):
 
     @guarded
     def orphaned_runs(self) -> list[tuple[int, int | None]]:
-        """``(run id, pid)`` of the runs still ``running`` whose writer has gone."""
+        """``(run id, pid)`` of the runs still ``running`` whose writer has gone. Only this
+        host's writers can be looked at: a run another workbench records into a shared store
+        stays ``running`` here."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(Run.id, Run.writer_pid, Run.writer_create_time)
+            rows = conn.execute(select(Run.id, Run.writer_pid, Run.writer_create_time, Run.host)
                                 .where(Run.status == "running")).all()
-        return [(r.id, r.writer_pid) for r in rows if not writer_alive(r.writer_pid, r.writer_create_time)]
+        here = this_host()
+        return [(r.id, r.writer_pid) for r in rows
+                if r.host in ("", here) and not writer_alive(r.writer_pid, r.writer_create_time)]
 
     # -- editing -------------------------------------------------------------------------------
 
@@ -325,7 +353,8 @@ class RunWrites(RunQueries):
             engine_version=run.engine_version, model=run.model, endpoint=None, config=mask_obj(dict(run.config)),
             argv=mask_argv(run.argv), env={}, hardware=dict(run.hardware), engine_info={},
             summary=mask_obj(dict(run.summary)), metrics={}, imported=True, imported_from=run.imported_from,
-            writer_pid=None, writer_create_time=None, dropped_items=0)).inserted_primary_key
+            writer_pid=None, writer_create_time=None, dropped_items=0, author=self.author,
+            host=str(run.hardware.get("hostname") or ""), gpu_model=gpu_model_of(run.hardware))).inserted_primary_key
         assert key is not None
         run_id = int(key[0])
         tags = sorted({t for t in ("imported", *run.tags) if t})
@@ -340,7 +369,7 @@ class RunWrites(RunQueries):
         if run.samples:
             _insert_samples(conn, run_id, run.samples, packed=True)
         if run.log_lines:
-            conn.exec_driver_sql(_LOG_INSERT, (run_id, 0, len(run.log_lines),
+            conn.exec_driver_sql(driver_sql(conn, _LOG_INSERT), (run_id, 0, len(run.log_lines),
                                                encode_log([mask_text(line) for line in run.log_lines])))
         if run.levels:
             conn.execute(insert(Level), [

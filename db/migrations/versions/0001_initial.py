@@ -9,6 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from db.dialects import Int64
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -18,7 +20,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "runs",
-        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("id", Int64, primary_key=True),
         sa.Column("uid", sa.String(64), nullable=False, unique=True),
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("notes", sa.Text, nullable=False),
@@ -40,20 +42,20 @@ def upgrade() -> None:
         sa.Column("summary", sa.JSON, nullable=False),
         sa.Column("metrics", sa.JSON, nullable=False),
         sa.Column("imported", sa.Boolean, nullable=False),
-        sa.Column("writer_pid", sa.Integer),
+        sa.Column("writer_pid", Int64),
         sa.Column("writer_create_time", sa.Float),
-        sa.Column("dropped_items", sa.Integer, nullable=False),
+        sa.Column("dropped_items", Int64, nullable=False),
     )
     op.create_table(
         "run_tags",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("tag", sa.String(200), primary_key=True),
     )
     op.create_index("ix_run_tags_tag", "run_tags", ["tag"])
     op.create_table(
         "levels",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("idx", sa.Integer, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("idx", Int64, primary_key=True),
         sa.Column("label", sa.Text, nullable=False),
         sa.Column("params", sa.JSON, nullable=False),
         sa.Column("started_at", sa.Float),
@@ -62,33 +64,33 @@ def upgrade() -> None:
     )
     op.create_table(
         "requests",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("seq", sa.Integer, nullable=False),
-        sa.Column("level", sa.Integer),
+        sa.Column("id", Int64, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("seq", Int64, nullable=False),
+        sa.Column("level", Int64),
         sa.Column("start_wall", sa.Float),
         sa.Column("ttft_ms", sa.Float),
         sa.Column("e2e_ms", sa.Float),
-        sa.Column("input_tokens", sa.Integer),
-        sa.Column("output_tokens", sa.Integer),
+        sa.Column("input_tokens", Int64),
+        sa.Column("output_tokens", Int64),
         sa.Column("error", sa.Text),
     )
     op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
     op.create_table(
         "request_chunks",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq_start", sa.Integer, primary_key=True),
-        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq_start", Int64, primary_key=True),
+        sa.Column("n", Int64, nullable=False),
         sa.Column("counts", sa.LargeBinary, nullable=False),
         sa.Column("values", sa.LargeBinary, nullable=False),
         sa.Column("extras", sa.LargeBinary),
     )
     op.create_table(
         "sample_chunks",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("id", Int64, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("source", sa.String(64), nullable=False),
-        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("n", Int64, nullable=False),
         sa.Column("names", sa.JSON, nullable=False),
         sa.Column("t_mono", sa.LargeBinary, nullable=False),
         sa.Column("t_wall", sa.LargeBinary, nullable=False),
@@ -97,15 +99,15 @@ def upgrade() -> None:
     op.create_index("ix_sample_chunks_run_id", "sample_chunks", ["run_id"])
     op.create_table(
         "log_chunks",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq", sa.Integer, primary_key=True),
-        sa.Column("n_lines", sa.Integer, nullable=False),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq", Int64, primary_key=True),
+        sa.Column("n_lines", Int64, nullable=False),
         sa.Column("data", sa.LargeBinary, nullable=False),
     )
     op.create_table(
         "run_events",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("id", Int64, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("t_wall", sa.Float, nullable=False),
         sa.Column("kind", sa.String(32), nullable=False),
         sa.Column("payload", sa.JSON),

@@ -16,6 +16,7 @@ from typing import Any
 
 from alembic import op
 
+from db.dialects import SQLITE, driver_sql
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
 revision = "0003"
@@ -30,6 +31,8 @@ def _json(mask: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def apply(text: Any) -> Any:
         if text is None:
             return None
+        if not isinstance(text, str | bytes):  # a driver that parses JSON columns (psycopg)
+            return mask(text)
         try:
             value = json.loads(text)
         except (TypeError, ValueError):
@@ -76,7 +79,7 @@ def _mask_rows(table: str, key: tuple[str, ...], columns: dict[str, Callable[[An
         changed = [(name, value) for name, value, before in zip(names, new, old, strict=True) if value != before]
         if changed:
             sets = ", ".join(f'"{name}" = ?' for name, _ in changed)
-            conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {where}", tuple(v for _, v in changed) + ids)
+            conn.exec_driver_sql(driver_sql(conn, f"UPDATE {table} SET {sets} WHERE {where}"), tuple(v for _, v in changed) + ids)
 
 
 def _mask_logs() -> None:
@@ -84,7 +87,7 @@ def _mask_logs() -> None:
     conn = op.get_bind()
     keys = conn.exec_driver_sql("SELECT run_id, seq FROM log_chunks").fetchall()
     for run_id, seq in keys:
-        blob = conn.exec_driver_sql("SELECT data FROM log_chunks WHERE run_id = ? AND seq = ?",
+        blob = conn.exec_driver_sql(driver_sql(conn, "SELECT data FROM log_chunks WHERE run_id = ? AND seq = ?"),
                                     (run_id, seq)).scalar()
         if not isinstance(blob, bytes):
             continue
@@ -94,22 +97,29 @@ def _mask_logs() -> None:
             continue
         masked = "\n".join(mask_text(line) for line in text.split("\n"))
         if masked != text:
-            conn.exec_driver_sql("UPDATE log_chunks SET data = ? WHERE run_id = ? AND seq = ?",
+            conn.exec_driver_sql(driver_sql(conn, "UPDATE log_chunks SET data = ? WHERE run_id = ? AND seq = ?"),
                                  (zlib.compress(masked.encode("utf-8"), 6), run_id, seq))
+
+
+def _mask_all() -> None:
+    _mask_rows("runs", ("id",), _RUN_COLUMNS)
+    _mask_rows("levels", ("run_id", "idx"), {"params": _json(mask_obj), "summary": _json(mask_obj)})
+    _mask_rows("run_events", ("id",), {"payload": _json(mask_obj)})
+    _mask_rows("requests", ("id",), {"error": _text}, "WHERE error IS NOT NULL")
+    _mask_logs()
 
 
 def upgrade() -> None:
     conn = op.get_bind()
+    if conn.dialect.name != SQLITE:  # PostgreSQL's VACUUM, not a pragma, reclaims old row versions
+        _mask_all()
+        return
     # Overwrite what the updates free (old row images, overflow pages): otherwise the secrets
     # would stay readable in the file's free space.
     before = conn.exec_driver_sql("PRAGMA secure_delete").scalar()
     conn.exec_driver_sql("PRAGMA secure_delete = ON")
     try:
-        _mask_rows("runs", ("id",), _RUN_COLUMNS)
-        _mask_rows("levels", ("run_id", "idx"), {"params": _json(mask_obj), "summary": _json(mask_obj)})
-        _mask_rows("run_events", ("id",), {"payload": _json(mask_obj)})
-        _mask_rows("requests", ("id",), {"error": _text}, "WHERE error IS NOT NULL")
-        _mask_logs()
+        _mask_all()
     finally:
         conn.exec_driver_sql(f"PRAGMA secure_delete = {int(before or 0)}")
 

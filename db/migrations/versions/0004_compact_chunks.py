@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from db.codecs import decode_extras, decode_itl, decode_requests, encode_requests
+from db.dialects import Int64, driver_sql
 
 revision = "0004"
 down_revision = "0003"
@@ -32,8 +33,8 @@ def _old_chunks(conn: sa.Connection, run_id: int) -> tuple[dict[int, list[float]
     values, zlib JSON ``{"keys", "rows"}`` extras)."""
     itls: dict[int, list[float]] = {}
     extras: dict[int, dict[str, Any]] = {}
-    for seq_start, n, counts_blob, values_blob, extras_blob in conn.exec_driver_sql(
-            'SELECT seq_start, n, counts, "values", extras FROM request_chunks WHERE run_id = ? ORDER BY seq_start',
+    for seq_start, n, counts_blob, values_blob, extras_blob in conn.exec_driver_sql(driver_sql(
+            conn, 'SELECT seq_start, n, counts, "values", extras FROM request_chunks WHERE run_id = ? ORDER BY seq_start'),
             (run_id,)):
         counts = np.frombuffer(counts_blob or b"", "<i4")[:n]
         values = np.frombuffer(values_blob or b"", "<f4").astype(np.float64)
@@ -62,9 +63,9 @@ def upgrade() -> None:
     conn = op.get_bind()
     op.create_table(
         "request_chunks_new",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq_start", sa.Integer, primary_key=True),
-        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq_start", Int64, primary_key=True),
+        sa.Column("n", Int64, nullable=False),
         sa.Column("end_wall", sa.Float),
         sa.Column("columns", sa.LargeBinary, nullable=False),
         sa.Column("itl", sa.LargeBinary, nullable=False),
@@ -72,9 +73,9 @@ def upgrade() -> None:
     run_ids = [r[0] for r in conn.exec_driver_sql("SELECT DISTINCT run_id FROM requests ORDER BY run_id")]
     for run_id in run_ids:
         itls, extras = _old_chunks(conn, run_id)
-        rows = conn.exec_driver_sql(
-            "SELECT seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, error FROM requests "
-            "WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+        rows = conn.exec_driver_sql(driver_sql(
+            conn, "SELECT seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, error FROM requests "
+            "WHERE run_id = ? ORDER BY seq"), (run_id,)).fetchall()
         seqs = [r[0] for r in rows]
         for start, end in _runs_of_consecutive(seqs):
             records = [{**extras.get(seq, {}), "level": level, "start_wall": start_wall, "ttft_ms": ttft,
@@ -82,15 +83,15 @@ def upgrade() -> None:
                         "itl_ms": itls.get(seq, [])}
                        for seq, level, start_wall, ttft, e2e, tokens_in, tokens_out, error in rows[start:end]]
             chunk = encode_requests(records, exact_itl=True)
-            conn.exec_driver_sql("INSERT INTO request_chunks_new (run_id, seq_start, n, end_wall, columns, itl) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)",
+            conn.exec_driver_sql(driver_sql(conn, "INSERT INTO request_chunks_new (run_id, seq_start, n, end_wall, "
+                                                        "columns, itl) VALUES (?, ?, ?, ?, ?, ?)"),
                                  (run_id, seqs[start], chunk.n, chunk.end_wall, chunk.columns, chunk.itl))
     op.drop_table("request_chunks")
     op.drop_index("ix_requests_run_seq", table_name="requests")
     op.drop_table("requests")
     op.rename_table("request_chunks_new", "request_chunks")
     with op.batch_alter_table("sample_chunks") as batch:
-        batch.add_column(sa.Column("codec", sa.Integer, nullable=False, server_default="0"))
+        batch.add_column(sa.Column("codec", Int64, nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
@@ -100,23 +101,23 @@ def downgrade() -> None:
 
     op.create_table(
         "requests",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("seq", sa.Integer, nullable=False),
-        sa.Column("level", sa.Integer),
+        sa.Column("id", Int64, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("seq", Int64, nullable=False),
+        sa.Column("level", Int64),
         sa.Column("start_wall", sa.Float),
         sa.Column("ttft_ms", sa.Float),
         sa.Column("e2e_ms", sa.Float),
-        sa.Column("input_tokens", sa.Integer),
-        sa.Column("output_tokens", sa.Integer),
+        sa.Column("input_tokens", Int64),
+        sa.Column("output_tokens", Int64),
         sa.Column("error", sa.Text),
     )
     op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
     op.create_table(
         "request_chunks_old",
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq_start", sa.Integer, primary_key=True),
-        sa.Column("n", sa.Integer, nullable=False),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq_start", Int64, primary_key=True),
+        sa.Column("n", Int64, nullable=False),
         sa.Column("counts", sa.LargeBinary, nullable=False),
         sa.Column("values", sa.LargeBinary, nullable=False),
         sa.Column("extras", sa.LargeBinary),
@@ -129,17 +130,17 @@ def downgrade() -> None:
     for run_id, seq_start, n, columns, itl_blob in chunks:
         part = decode_requests(columns)
         c = part.columns
-        conn.exec_driver_sql(
-            "INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, error) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.exec_driver_sql(driver_sql(
+            conn, "INSERT INTO requests (run_id, seq, level, start_wall, ttft_ms, e2e_ms, input_tokens, output_tokens, "
+            "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
             [(run_id, seq_start + i, value(c["level"][i], int), value(c["start_wall"][i], float),
               value(c["ttft_ms"][i], float), value(c["e2e_ms"][i], float), value(c["input_tokens"][i], int),
               value(c["output_tokens"][i], int), part.errors.get(i)) for i in range(n)])
         extras = decode_extras(columns)
         extras_blob = (zlib.compress(json.dumps({"keys": [], "rows": extras}, default=str).encode(), 1)
                        if any(extras) else None)
-        conn.exec_driver_sql(
-            'INSERT INTO request_chunks_old (run_id, seq_start, n, counts, "values", extras) VALUES (?, ?, ?, ?, ?, ?)',
+        conn.exec_driver_sql(driver_sql(
+            conn, 'INSERT INTO request_chunks_old (run_id, seq_start, n, counts, "values", extras) VALUES (?, ?, ?, ?, ?, ?)'),
             (run_id, seq_start, n, c["itl_n"].astype("<i4").tobytes(), decode_itl(itl_blob).astype("<f4").tobytes(),
              extras_blob))
     op.drop_table("request_chunks")
@@ -148,8 +149,8 @@ def downgrade() -> None:
     packed = conn.exec_driver_sql("SELECT id, source, n, names, t_mono, t_wall, data, codec FROM sample_chunks "
                                   "WHERE codec = 1").fetchall()
     for row_id, source, n, names, t_mono, t_wall, data, codec in packed:
-        block = merge_blocks(source, [SampleChunkRow(n, json.loads(names), t_mono, t_wall, data, codec)])
-        conn.exec_driver_sql("UPDATE sample_chunks SET t_mono = ?, t_wall = ?, data = ? WHERE id = ?",
+        block = merge_blocks(source, [SampleChunkRow(n, json.loads(names) if isinstance(names, str) else names, t_mono, t_wall, data, codec)])
+        conn.exec_driver_sql(driver_sql(conn, "UPDATE sample_chunks SET t_mono = ?, t_wall = ?, data = ? WHERE id = ?"),
                              (block.t_mono.astype("<f8").tobytes(), block.t_wall.astype("<f8").tobytes(),
                               np.ascontiguousarray(block.values, "<f8").tobytes(), row_id))
     with op.batch_alter_table("sample_chunks") as batch:

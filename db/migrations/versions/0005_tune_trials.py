@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from db.dialects import Int64
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -29,20 +31,20 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.Column("doc", sa.JSON, nullable=False),
-        sa.Column("writer_pid", sa.Integer, nullable=True),
+        sa.Column("writer_pid", Int64, nullable=True),
         sa.Column("writer_create_time", sa.Float, nullable=True),
     )
     op.create_table(
         "tune_trials",
         sa.Column("tune_id", sa.String(64), sa.ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("idx", sa.Integer, primary_key=True),
-        sa.Column("candidate", sa.Integer, nullable=False),
+        sa.Column("idx", Int64, primary_key=True),
+        sa.Column("candidate", Int64, nullable=False),
         sa.Column("source", sa.String(32), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("knobs", sa.JSON, nullable=False),
         sa.Column("load_kind", sa.String(16), nullable=False),
         sa.Column("load_value", sa.Float, nullable=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
         sa.Column("figures", sa.JSON, nullable=False),
         sa.Column("reason", sa.Text, nullable=True),
         sa.Column("started_at", sa.Float, nullable=True),
