@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.launcher import EngineProcess, group_members
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
+from tests.pg_server import PgServer, start_pg_server
 
 _STATE_DIR_ENV = "TUNEBENCH_STATE_DIR"
 
@@ -95,3 +96,23 @@ def demo_engine(engine_pool: EnginePool) -> EngineProcess:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """One throwaway PostgreSQL server for the session (127.0.0.1 only); tests that use it take a
+    database of their own. Missing server binaries fail the tests, with the command that installs
+    them (never a skip)."""
+    server = start_pg_server(tmp_path_factory.mktemp("postgresql"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store test keeps its runs, once per backend: a new SQLite file, or a new database
+    on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "r.db")
+    server: PgServer = request.getfixturevalue("pg_server")
+    return server.create_database()

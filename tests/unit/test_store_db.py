@@ -167,8 +167,8 @@ time.sleep(60)
 """
 
 
-def test_run_of_a_killed_writer_is_interrupted_at_next_open(tmp_path: Path) -> None:
-    path = tmp_path / "r.db"
+def test_run_of_a_killed_writer_is_interrupted_at_next_open(store_at: str) -> None:
+    path = store_at
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     try:
@@ -198,8 +198,8 @@ def _append(path: str, name: str, n: int) -> None:
     store.close()
 
 
-def test_two_processes_write_the_same_file(tmp_path: Path) -> None:
-    path = str(tmp_path / "shared.db")
+def test_two_processes_write_the_same_store(store_at: str) -> None:
+    path = store_at
     RunStore(path).close()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_append, args=(path, f"p{i}", 40)) for i in range(2)]
@@ -214,8 +214,8 @@ def test_two_processes_write_the_same_file(tmp_path: Path) -> None:
         assert all(store.get_run(r.id).n_requests == 2000 for r in runs)
 
 
-def test_list_filters_resolve_edit_delete(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_list_filters_resolve_edit_delete(store_at: str) -> None:
+    with RunStore(store_at) as store:
         a = _run(store, "off", 50.0, False, tags=["cpu", "baseline"])
         b = _run(store, "on", 30.0, True, tags=["cpu"])
         c = store.create_run(name="other", engine_kind="sglang", model="llama-70b", started_at=1.0)
@@ -244,8 +244,8 @@ def test_list_filters_resolve_edit_delete(tmp_path: Path) -> None:
         assert store.requests(b).ttft_ms.size == 0 and store.samples(b) == {}
 
 
-def test_metrics_per_level_and_itl_percentiles(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_metrics_per_level_and_itl_percentiles(store_at: str) -> None:
+    with RunStore(store_at) as store:
         run_id = store.create_run(name="m")
         recs = _requests(10, 20.0)
         recs[3] = dict(recs[3], itl_ms=[100.0] * 7)
@@ -260,8 +260,8 @@ def test_metrics_per_level_and_itl_percentiles(tmp_path: Path) -> None:
         assert m["L1.itl_ms_p99"] == pytest.approx(100.0, rel=0.1)
 
 
-def test_compare_diff_deltas_and_aligned_series(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_compare_diff_deltas_and_aligned_series(store_at: str) -> None:
+    with RunStore(store_at) as store:
         off = _run(store, "off", 50.0, False)
         on = _run(store, "on", 30.0, True)
         c = compare_runs(store, [off, on], baseline=off)
@@ -294,8 +294,8 @@ def test_secrets_are_masked_even_if_the_caller_forgot(tmp_path: Path) -> None:
     assert raw and b"hf_abc" not in raw
 
 
-def test_samples_with_varying_keys_merge_by_name(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_samples_with_varying_keys_merge_by_name(store_at: str) -> None:
+    with RunStore(store_at) as store:
         run_id = store.create_run(name="s")
         store.write_batch(run_id, samples=[SampleIn("gpu0", 1.0, 1.0, {"a_pct": 1.0})])
         store.write_batch(run_id, samples=[SampleIn("gpu0", 2.0, 2.0, {"b_bytes": 5.0, "a_pct": 2.0}),
@@ -309,15 +309,15 @@ def test_samples_with_varying_keys_merge_by_name(tmp_path: Path) -> None:
         assert store.get_run(run_id).n_samples == 3
 
 
-def test_finish_rejects_unknown_status(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_finish_rejects_unknown_status(store_at: str) -> None:
+    with RunStore(store_at) as store:
         run_id = store.create_run(name="s")
         with pytest.raises(StoreError, match="cannot finish as 'running'"):
             store.finish_run(run_id, "running")
 
 
-def test_request_fields_beyond_the_columns_survive_mixed_shapes(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_request_fields_beyond_the_columns_survive_mixed_shapes(store_at: str) -> None:
+    with RunStore(store_at) as store:
         run_id = store.create_run(name="x")
         store.write_batch(run_id, requests=[
             {"ttft_ms": 1.0, "queue_ms": 0.5, "finish_reason": "length"},
@@ -334,14 +334,14 @@ def test_request_fields_beyond_the_columns_survive_mixed_shapes(tmp_path: Path) 
         assert store.requests(run_id).errors == [None, None, "HTTP 500", None, None]
 
 
-def test_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
+def test_migrations_build_exactly_the_models_schema(store_at: str) -> None:
     """No drift between db/models.py and db/migrations: autogenerate finds nothing to do."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
     from db.models import Base
 
-    with RunStore(tmp_path / "r.db") as store, store.engine.connect() as conn:
+    with RunStore(store_at) as store, store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
 
@@ -365,8 +365,8 @@ def test_latencies_are_kept_to_a_thousandth_and_typed_values_exactly() -> None:
     assert len(encode_itl(rng.gamma(8, 2, 63 * 111))) < 63 * 111 * 1.35  # about 10 bits a latency
 
 
-def test_request_fields_keep_their_types_and_times_their_microseconds(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "r.db") as store:
+def test_request_fields_keep_their_types_and_times_their_microseconds(store_at: str) -> None:
+    with RunStore(store_at) as store:
         run_id = store.create_run(name="x")
         records = [{"level": 1, "start_wall_s": 1.9e9 + i / 3, "ttft_ms": 12.3456789, "e2e_ms": None,
                     "output_tokens": "7", "ok": i != 2, "error_kind": "http" if i == 2 else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -261,9 +262,10 @@ def test_path_is_a_path_not_a_url(tmp_path: Path, name: str, capsys: pytest.Capt
     assert {p.name for p in folder.iterdir()} <= {name, f"{name}.migrate.lock"}
 
 
-@pytest.mark.parametrize("url", ["postgresql+psycopg://tb:Hunter2Secret@db.example:5432/tunebench",
-                                 "mysql://tb:Hunter2Secret@127.0.0.1/runs", "sqlite://"])
-def test_a_url_that_is_not_an_sqlite_file_is_refused_before_anything_is_made(
+@pytest.mark.parametrize("url", ["mysql://tb:Hunter2Secret@127.0.0.1/runs", "sqlite://",
+                                 "postgresql+asyncpg://tb:Hunter2Secret@127.0.0.1/runs",
+                                 "postgresql://tb:Hunter2Secret@127.0.0.1:5432"])
+def test_a_url_that_names_no_store_is_refused_before_anything_is_made(
         tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Such a URL once became directories named after it in the working directory, password and all."""
     workdir = tmp_path / "workdir"
@@ -271,13 +273,29 @@ def test_a_url_that_is_not_an_sqlite_file_is_refused_before_anything_is_made(
     monkeypatch.chdir(workdir)
     code, out, err = _cli(capsys, "runs", "list", "--db", url)
     assert code == 2 and out == ""
-    _one_line_error(err, "must be an SQLite file", "pass --db with a file path")
+    _one_line_error(err, "postgresql://USER@HOST:5432/DATABASE" if url.startswith(("mysql", "sqlite"))
+                    else "PostgreSQL")
     assert "Hunter2Secret" not in err
     monkeypatch.setenv("TUNEBENCH_DB", url)
     code, _, err = _cli(capsys, "runs", "list")
     assert code == 2 and "Hunter2Secret" not in err
-    _one_line_error(err, "must be an SQLite file")
+    _one_line_error(err)
     assert list(workdir.iterdir()) == []
+
+
+def test_an_unreachable_postgresql_store_is_one_line_naming_the_host(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql://tb:Hunter2Secret@127.0.0.1:{port}/tunebench"
+    code, out, err = _cli(capsys, "runs", "list", "--db", url)
+    assert code == 2 and out == ""
+    _one_line_error(err, f"cannot connect to the run database postgresql+psycopg://tb:***@127.0.0.1:{port}/tunebench",
+                    "is the server running")
+    assert "Hunter2Secret" not in err
+    assert not [p for p in tmp_path.rglob("*") if "postgres" in p.name or "Hunter2Secret" in p.name]
 
 
 def test_an_sqlite_url_names_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,6 @@ could not all be stored is never left ``completed``."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -51,8 +50,8 @@ def _finish(bus: Bus, status: str = "completed", reason: str | None = None, run_
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> RunStore:
-    with RunStore(tmp_path / "runs.db") as s:
+def store(store_at: str) -> RunStore:
+    with RunStore(store_at) as s:
         yield s
 
 

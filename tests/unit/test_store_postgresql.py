@@ -1,0 +1,178 @@
+"""The store on a real PostgreSQL server (a throwaway one per session, tests/pg_server.py): what
+only a server can do to a run: go away mid-run, be written by two processes at once, refuse a
+database that is not tunebench's. The backend-neutral store tests run on both backends
+(the ``store_at`` fixture)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from app.bus import Bus
+from app.cli import main
+from app.recording import RunRecorder, unspill
+from db.models import Run
+from db.store import RunStore, SampleIn, StoreError
+from tests.pg_server import PgServer
+from tests.unit.test_store_recording import _finish, _request, _start
+
+REQUESTS_PER_RUN = 10_000
+RUNS_PER_PROCESS = 50
+
+
+def test_a_server_away_for_five_seconds_mid_run_loses_no_request(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    with RunStore(url) as store:
+        bus = Bus()
+        recorder = RunRecorder(bus, store, flush_interval_s=0.2)
+        _start(bus)
+        for i in range(100):
+            _request(bus, i)
+        recorder.flush()
+        sent = [100]
+        stop = threading.Event()
+
+        def keep_sending() -> None:  # requests keep finishing through the outage
+            while not stop.is_set():
+                _request(bus, sent[0])
+                sent[0] += 1
+                time.sleep(0.01)
+
+        sender = threading.Thread(target=keep_sending)
+        sender.start()
+        try:
+            time.sleep(0.5)
+            pg_server.stop("fast")  # open connections are cut, as when a server restarts
+            time.sleep(5.0)
+        finally:
+            pg_server.start()  # from this thread: the server lives as long as the thread that started it
+            time.sleep(1.0)
+            stop.set()
+            sender.join()
+        _finish(bus)
+        recorder.close()
+        assert any("went away" in e for e in recorder.errors), recorder.errors
+        assert not recorder.unstored, recorder.unstored
+        run = store.get_run(recorder.run_id)  # type: ignore[arg-type]
+        assert run.status == "completed" and run.n_requests == sent[0]
+        assert sorted(store.requests(run.id).ttft_ms.tolist()) == [10.0 + i for i in range(sent[0])]
+
+
+def test_a_server_away_past_the_limit_spills_the_run_and_unspill_stores_it(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    store = RunStore(url)
+    bus = Bus()
+    recorder = RunRecorder(bus, store, flush_interval_s=0.2, outage_limit_s=1.0)
+    try:
+        _start(bus)
+        for i in range(10):
+            _request(bus, i)
+        recorder.flush()
+        pg_server.stop("fast")
+        for i in range(10, 25):
+            _request(bus, i)
+        bus.sample("host", {"cpu_util_pct": 50.0})
+        _finish(bus, output_tok_per_s=1.0)
+        recorder.close(timeout_s=60)
+    finally:
+        pg_server.start()
+    (problem,) = recorder.unstored.values()
+    spill = Path(problem.split(" are kept in ")[1].split(";")[0])
+    assert spill.exists() and "tunebench db unspill" in problem
+    with RunStore(url) as again:
+        run_id, written = unspill(spill, again)
+        run = again.get_run(run_id)
+        assert run.status == "completed" and run.n_requests == 25 and written >= 15 + 1
+        assert sorted(again.requests(run_id).ttft_ms.tolist()) == [10.0 + i for i in range(25)]
+        assert not spill.exists()
+        with pytest.raises(StoreError, match="cannot read the spill file"):
+            unspill(spill, again)
+    store.close()
+
+
+def _write_runs(url: str, name: str) -> None:
+    with RunStore(url) as store:
+        for r in range(RUNS_PER_PROCESS):
+            run_id = store.create_run(name=f"{name}-{r}")
+            records = [{"level": 0, "start_wall": 1.9e9 + i, "ttft_ms": float(i), "e2e_ms": float(i) + 5,
+                        "input_tokens": 16, "output_tokens": 4, "itl_ms": [1.0, 2.0, 3.0]}
+                       for i in range(REQUESTS_PER_RUN)]
+            for start in range(0, REQUESTS_PER_RUN, 2_500):  # a recording's flushes
+                store.write_batch(run_id, requests=records[start:start + 2_500],
+                                  samples=[SampleIn("host", float(start), 1.9e9 + start, {"x": 1.0})])
+            store.finish_run(run_id, "completed")
+
+
+def test_two_processes_write_fifty_runs_each_into_one_database(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    RunStore(url).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_runs, args=(url, f"p{i}")) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    with RunStore(url) as store:
+        runs = store.list_runs()
+        assert len(runs) == 2 * RUNS_PER_PROCESS and len({r.id for r in runs}) == len(runs)
+        assert len({r.uid for r in runs}) == len(runs)
+        assert {r.name for r in runs} == {f"p{i}-{r}" for i in range(2) for r in range(RUNS_PER_PROCESS)}
+        assert all(r.status == "completed" and r.metrics["requests_total"] == REQUESTS_PER_RUN for r in runs)
+        assert store.requests(runs[0].id).ttft_ms.tolist() == [float(i) for i in range(REQUESTS_PER_RUN)]
+
+
+def test_a_run_another_host_is_recording_stays_running(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    with RunStore(url) as store:
+        run_id = store.create_run(name="on the other workbench")
+        with store.engine.begin() as conn:  # its writer: a pid here that is long gone, on another host
+            conn.execute(update(Run).where(Run.id == run_id).values(host="gpu-box-7", writer_pid=2**22 + 7,
+                                                                    writer_create_time=1.0))
+    with RunStore(url) as store:
+        assert store.interrupted_on_open == [] and store.get_run(run_id).status == "running"
+        (info,) = store.list_runs(host="gpu-box-7")
+        assert info.id == run_id and store.list_runs(host="elsewhere") == []
+
+
+def test_runs_record_their_author_and_host(pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = pg_server.create_database()
+    monkeypatch.setenv("TUNEBENCH_AUTHOR", "ada")
+    with RunStore(url) as store:
+        run_id = store.create_run(name="r", hardware={"hostname": "h", "gpus": [{"name": "NVIDIA H200"}] * 2})
+        run = store.get_run(run_id)
+        assert run.author == "ada" and run.host and run.gpu_model == "NVIDIA H200"
+        assert [r.id for r in store.list_runs(author="ada", gpu_model="H200")] == [run_id]
+        assert store.list_runs(author="bob") == []
+
+
+def test_a_database_of_another_program_is_refused(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    pg_server.psql("CREATE TABLE invoices (id int)", database=url.rsplit("/", 1)[1])
+    with pytest.raises(StoreError, match="not a tunebench run database .*invoices"):
+        RunStore(url)
+
+
+def test_a_missing_database_and_a_password_are_reported_in_one_line(
+        pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    url = pg_server.url("no_such_db", password="Hunter2Secret")
+    assert main(["runs", "list", "--db", url]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Hunter2Secret" not in err
+    assert 'database "no_such_db" does not exist' in err and "CREATE DATABASE no_such_db" in err
+    good = pg_server.create_database()
+    with_password = good.replace(f"{pg_server.user}@", f"{pg_server.user}:Hunter2Secret@")
+    with RunStore(with_password) as store:
+        run_id = store.create_run(name="p", endpoint="http://x:Hunter2Secret@127.0.0.1:1/v1")
+        store.finish_run(run_id, "completed")
+        assert "Hunter2Secret" not in store.where
+    assert main(["runs", "list", "--db", with_password]) == 0
+    out, err = capsys.readouterr()
+    assert "Hunter2Secret" not in out + err
+    dump = pg_server.psql("SELECT row_to_json(r)::text FROM runs r", database=good.rsplit("/", 1)[1])
+    assert "Hunter2Secret" not in dump and dump
