@@ -25,9 +25,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.bus import Bus, Event, Sample
 from app.events import (
@@ -42,13 +42,17 @@ from app.events import (
     RunFinished,
     RunStarted,
 )
-from db.store import RunStore, StoreError
+from db.store import RunStore, StoreError, StoreUnreachable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FLUSH_INTERVAL_S = 0.5
 """Pending items are written at least this often (the contract is at least once a second)."""
 PRE_RUN_LOG_LINES = 50_000
+STORE_OUTAGE_LIMIT_S = 60.0
+"""How long a recording waits for a store server that went away (a restart, a network blip)
+before it gives up on a write; records wait in memory meanwhile, none is dropped."""
 MAX_HELD_ITEMS = 250_000
 """Items kept in memory while the database refuses writes, before they are dropped (a request
 record with its ITLs is about a kilobyte: a few minutes of a 1,000-stream soak)."""
@@ -81,9 +85,11 @@ class RunRecorder:
     """Records every run published on ``bus`` into ``store`` (one run at a time)."""
 
     def __init__(self, bus: Bus, store: RunStore, *, flush_interval_s: float = FLUSH_INTERVAL_S,
-                 owns_store: bool = False, maxlen: int = 2_000_000) -> None:
+                 owns_store: bool = False, maxlen: int = 2_000_000,
+                 outage_limit_s: float = STORE_OUTAGE_LIMIT_S) -> None:
         self.bus = bus
         self.store = store
+        self.outage_limit_s = outage_limit_s
         self.flush_interval_s = flush_interval_s
         self.owns_store = owns_store
         self.run_id: int | None = None  # store id of the run being recorded (or the last one)
@@ -216,17 +222,41 @@ class RunRecorder:
         elif isinstance(p, LevelStarted):
             self._write_pending()
             params = {k: v for k, v in p.to_json().items() if k not in ("index", "label", "run_id") and v is not None}
-            self.store.start_level(self._rid, p.index, p.label, params, item.t_wall)
+            self._store_call(self.store.start_level, self._rid, p.index, p.label, params, item.t_wall)
         elif isinstance(p, LevelFinished):
             self._write_pending()
-            self.store.finish_level(self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall)
+            self._store_call(self.store.finish_level, self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall)
         elif isinstance(p, EngineReady):
             info = p.to_json()
             self._events.append((item.t_wall, p.kind, info))
             self._write_pending()
-            self.store.update_run(self._rid, engine_info=info, **({"endpoint": p.base_url} if p.base_url else {}))
+            self._store_call(self.store.update_run, self._rid, engine_info=info, **({"endpoint": p.base_url} if p.base_url else {}))
         else:  # phase, notice, telemetry support...
             self._events.append((item.t_wall, p.kind, p.to_json()))
+
+    def _store_call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``method`` of the store, tried again while its server is unreachable, for up to
+        ``outage_limit_s`` (the bus holds what arrives meanwhile). Every write is one
+        transaction, so a failed try left nothing behind."""
+        give_up_at: float | None = None
+        delay_s = 0.1
+        while True:
+            try:
+                result = method(*args, **kwargs)
+            except StoreUnreachable as exc:
+                now = time.monotonic()
+                if give_up_at is None:
+                    give_up_at = now + self.outage_limit_s
+                    self._error(f"the run database went away ({_short(exc)}); retrying for up to "
+                                f"{self.outage_limit_s:g} s")
+                if now >= give_up_at:
+                    raise
+                time.sleep(min(delay_s, give_up_at - now))
+                delay_s = min(delay_s * 2, 2.0)
+                continue
+            if give_up_at is not None:
+                self._error("the run database is back: recording goes on, nothing was lost")
+            return result
 
     @property
     def _rid(self) -> int:
@@ -245,9 +275,9 @@ class RunRecorder:
         kwargs = dict(**run_columns(p), started_at=item.t_wall, t0_mono=item.t_mono)
         try:
             try:
-                self.run_id = self.store.create_run(uid=uid, **kwargs)
+                self.run_id = self._store_call(self.store.create_run, uid=uid, **kwargs)
             except StoreError:  # the same run id published twice: keep both, the second under a fresh id
-                self.run_id = self.store.create_run(uid=None, **kwargs)
+                self.run_id = self._store_call(self.store.create_run, uid=None, **kwargs)
         except Exception as exc:  # disk full, read-only, locked: nothing of this run can be kept
             self.run_id = None
             self.unstored[self._uid] = f"the run could not be stored: {_short(exc)}"
@@ -263,6 +293,7 @@ class RunRecorder:
         status = status if status in ("completed", "failed", "cancelled", "interrupted") else "failed"
         reason = None if reason is None else str(reason)
         held = len(self._requests) + len(self._samples) + len(self._log)
+        as_ended = (status, reason)  # what a spill keeps: the held items go with it, none is lost
         if held:  # held after failed writes: they must not leak into the next run
             self._error(f"{held} items of run {self.run_id} could not be written before it ended")
         dropped = self._sub.dropped - self._dropped_at_start
@@ -277,13 +308,44 @@ class RunRecorder:
             else:
                 reason = f"{reason}; {problem}" if reason else problem
         try:
-            self.store.finish_run(self._rid, status, reason, summary, t_wall)
+            self._store_call(self.store.finish_run, self._rid, status, reason, summary, t_wall)
+        except StoreUnreachable as exc:  # gone for good: keep what is held in a file, to write when it is back
+            spill = self._spill(*(as_ended if lost == held else (status, reason)), summary, t_wall)
+            self.unstored[self._uid] = (f"the run database stayed unreachable ({_short(exc)}): the run's last "
+                                        f"records and its end are kept in {spill}; `tunebench db unspill {spill}` "
+                                        f"stores them when the database is back")
+            self._error(self.unstored[self._uid])
         except Exception as exc:
             self.unstored.setdefault(self._uid, f"the run's end could not be stored: {_short(exc)}")
             raise
         finally:
             self._open = False
             self._requests, self._samples, self._log, self._events = [], [], [], []
+
+    def _spill(self, status: str, reason: str | None, summary: Mapping[str, Any] | None, t_wall: float) -> Path:
+        """Everything held for the open run, and its end, as JSON lines in the user data
+        directory (:func:`unspill` writes them to the store)."""
+        from engine_adapters.paths import data_dir
+
+        folder = data_dir() / "spill"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"run-{self._rid}-{int(time.time())}.jsonl"
+        with open(path, "w", encoding="utf-8") as handle:
+            def put(doc: Mapping[str, Any]) -> None:
+                handle.write(json.dumps(doc, default=str) + "\n")
+
+            put({"kind": "run", "store": self.store.where, "run_id": self._rid, "uid": self._uid})
+            for record in self._requests:
+                put({"kind": "request", "record": dict(record)})
+            for sample in self._samples:
+                put({"kind": "sample", "source": sample.source, "t_mono": sample.t_mono, "t_wall": sample.t_wall,
+                     "values": dict(sample.values)})
+            for line in self._log:
+                put({"kind": "log", "line": line})
+            for event_t_wall, kind, payload in self._events:
+                put({"kind": "event", "t_wall": event_t_wall, "event": kind, "payload": payload})
+            put({"kind": "finish", "status": status, "reason": reason, "summary": summary, "t_wall": t_wall})
+        return path
 
     def _write_pending(self) -> None:
         self._last_flush = time.monotonic()
@@ -293,7 +355,7 @@ class RunRecorder:
         self._requests, self._samples, self._log, self._events = [], [], [], []
         dropped = self._sub.dropped
         try:
-            self.store.write_batch(self.run_id, requests=requests, samples=samples, log_lines=lines, events=events,
+            self._store_call(self.store.write_batch, self.run_id, requests=requests, samples=samples, log_lines=lines, events=events,
                                    dropped_items=dropped if dropped != self._dropped_written else None)
             self._dropped_written = dropped
         except Exception as exc:  # locked past the busy timeout, disk full...: keep it for the next flush
@@ -307,6 +369,34 @@ class RunRecorder:
                 self._lost += len(requests) + len(samples) + len(lines)
                 self._error(f"could not write {len(requests)} requests and {len(samples)} samples, dropped: "
                             f"{self._last_write_error}")
+
+
+def unspill(path: Path, store: RunStore) -> tuple[int, int]:
+    """Write a spill file (:meth:`RunRecorder._spill`) into ``store``: the run's held records,
+    then its end. Returns (run id, records written). The file is removed once stored."""
+    from db.store import SampleIn
+
+    try:
+        docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read the spill file {path}: {exc}") from None
+    if not docs or docs[0].get("kind") != "run" or docs[-1].get("kind") != "finish":
+        raise StoreError(f"{path} is not a tunebench spill file (it must start with the run and end with its end)")
+    head, end = docs[0], docs[-1]
+    run_id = store.resolve(str(head.get("uid") or head.get("run_id")))
+    if store.get_run(run_id).status not in ("running", "interrupted"):  # interrupted: found orphaned meanwhile
+        raise StoreError(f"run {run_id} in {store.where} has already ended: {path} was stored before, or belongs "
+                         f"to another store ({head.get('store')})")
+    body = docs[1:-1]
+    store.write_batch(
+        run_id,
+        requests=[d["record"] for d in body if d.get("kind") == "request"],
+        samples=[SampleIn(d["source"], d["t_mono"], d["t_wall"], d["values"]) for d in body if d.get("kind") == "sample"],
+        log_lines=[d["line"] for d in body if d.get("kind") == "log"],
+        events=[(d["t_wall"], d["event"], d["payload"]) for d in body if d.get("kind") == "event"])
+    store.finish_run(run_id, end["status"], end.get("reason"), end.get("summary"), end.get("t_wall"))
+    path.unlink()
+    return run_id, len(body)
 
 
 def record_to_default_store(bus: Bus, db_path: str | Path | None = None) -> RunRecorder:

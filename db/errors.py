@@ -30,6 +30,11 @@ class StoreError(TunebenchError):
     """A store problem with a one-line, user-facing message."""
 
 
+class StoreUnreachable(StoreError):
+    """The store's server cannot be reached, or the connection to it was lost: worth retrying
+    (a recording holds its records and tries again; see ``app.recording``)."""
+
+
 class DamagedData(Exception):
     """Stored bytes that do not decode (a failed checksum or an impossible shape): raised by the
     codecs, reported by :func:`translate` as a damaged database."""
@@ -151,15 +156,16 @@ def _translate_postgresql(orig: BaseException, url: URL) -> StoreError | None:
         return None
     message = _redact(_pg_message(orig), url)
     host = f"{url.host or 'the local socket'}" + (f":{url.port}" if url.port else "")
-    if isinstance(orig, psycopg.OperationalError) and orig.sqlstate is None:  # no server answered, or it refused us
+    if isinstance(orig, psycopg.OperationalError) and message.startswith("connection failed"):
         lowered = message.lower()
         if "password" in lowered or "authentication" in lowered:
-            hint = "check the user and password (PGPASSWORD, ~/.pgpass)"
-        elif "does not exist" in lowered:
-            hint = f"create it (CREATE DATABASE {url.database}; docs/store.md)"
-        else:
-            hint = "is the server running, and is the host and port right?"
-        return StoreError(f"cannot connect to the run database {where} on {host}: {message}; {hint}")
+            return StoreError(f"cannot connect to the run database {where} on {host}: {message}; check the user "
+                              f"and password (PGPASSWORD, ~/.pgpass)")
+        if "does not exist" in lowered:
+            return StoreError(f"cannot connect to the run database {where} on {host}: {message}; create it "
+                              f"(CREATE DATABASE {url.database}; docs/store.md)")
+        return StoreUnreachable(f"cannot connect to the run database {where} on {host}: {message}; is the server "
+                                f"running, and is the host and port right?")
     if isinstance(orig, psycopg.errors.InsufficientPrivilege):
         return StoreError(f"the role {url.username or '(default)'} may not do this in the run database {where} "
                           f"({message}): grant it the rights docs/store.md lists")
@@ -169,8 +175,8 @@ def _translate_postgresql(orig: BaseException, url: URL) -> StoreError | None:
     if isinstance(orig, psycopg.errors.DiskFull):
         return StoreError(f"the disk of the server holding the run database {where} is full ({message}): what was "
                           f"being written was not stored")
-    if isinstance(orig, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow | psycopg.OperationalError):
-        return StoreError(f"lost the connection to the run database {where} on {host} ({message}); try again when "
+    if isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):  # a shutdown, a lost connection
+        return StoreUnreachable(f"lost the connection to the run database {where} on {host} ({message}); try again when "
                           f"the server is back")
     return StoreError(f"run database {where}: {message}")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import URL
 
-from db.errors import StoreError, damaged, quick_check, translate
+from db.errors import StoreError, StoreUnreachable, damaged, quick_check, translate
 from db.records import ImportedRun, LevelInfo, RunDetail, RunInfo, SampleIn, SeriesBlock
 from db.schema import (
     BUSY_TIMEOUT_S,
@@ -41,7 +41,7 @@ QUICK_CHECK_MAX_BYTES = 512 << 20
 
 __all__ = [
     "BUSY_TIMEOUT_S", "DB_ENV", "FINAL_STATUSES", "ImportedRun", "LevelInfo", "RunDetail", "RunInfo", "RunStore",
-    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "alembic_config", "create_at_revision", "default_db_path",
+    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "StoreUnreachable", "alembic_config", "create_at_revision", "default_db_path",
     "location_text", "store_location",
     "writer_alive",
 ]
