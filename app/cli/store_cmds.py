@@ -119,18 +119,23 @@ def _one_line(text: str, limit: int = 40) -> str:
 def cmd_runs_list(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         runs = store.list_runs(engine=args.engine, model=args.model, tag=args.tag, status=args.status,
-                               since=args.since, until=args.until, name=args.name, limit=args.limit)
+                               since=args.since, until=args.until, name=args.name, author=args.author,
+                               host=args.host, gpu_model=args.gpu, limit=args.limit)
     if args.json:
         _print_json([r.model_dump(mode="json") for r in runs])
         return 0
+    shared = len({(r.author, r.host) for r in runs}) > 1  # a team's store: say whose each run is
     if not runs:
-        filters = [args.engine, args.model, args.tag, args.status, args.since, args.until, args.name]
+        filters = [args.engine, args.model, args.tag, args.status, args.since, args.until, args.name, args.author,
+                   args.host, args.gpu]
         print("no runs" + (" match" if any(f is not None for f in filters) else " stored yet"))
         return 0
     _table([[str(r.id), r.status + ("*" if r.imported else ""), _one_line(r.name, 30), _one_line(r.model, 30),
              _when(r.started_at), _num(r.metrics.get("output_tok_per_s")), _num(r.metrics.get("ttft_ms_p50")),
-             _num(r.metrics.get("requests_total"), "{:,.0f}"), ",".join(r.tags)] for r in runs],
-           ["ID", "STATUS", "NAME", "MODEL", "STARTED (UTC)", "OUT TOK/S", "TTFT P50 MS", "REQUESTS", "TAGS"])
+             _num(r.metrics.get("requests_total"), "{:,.0f}"), ",".join(r.tags)]
+            + ([_one_line(_by(r), 30)] if shared else []) for r in runs],
+           ["ID", "STATUS", "NAME", "MODEL", "STARTED (UTC)", "OUT TOK/S", "TTFT P50 MS", "REQUESTS", "TAGS"]
+           + (["BY"] if shared else []))
     if any(r.imported for r in runs):
         print("* imported from another tool")
     return 0
@@ -255,9 +260,19 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _by(run: RunInfo) -> str:
+    """Who recorded a run, and where: ``ada@gpu-box-7``."""
+    return "@".join(part for part in (run.author, run.host) if part)
+
+
 def cmd_runs_delete(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         ids = [store.resolve(r) for r in args.runs]  # all must exist before anything is deleted
+        others = [(i, run.author) for i in ids if (run := store.get_run(i)).author not in ("", store.author)]
+        if others and not args.force:
+            shown = ", ".join(f"{i} ({author})" for i, author in others[:5]) + (", ..." if len(others) > 5 else "")
+            raise StoreError(f"run(s) {shown} were recorded by someone else; nothing was deleted: pass --force to "
+                             f"delete them")
         for run_id in ids:
             store.delete(run_id)
             print(f"deleted run {run_id}")
@@ -522,6 +537,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--status", choices=RUN_STATUSES)
     ls.add_argument("--since", type=_when_arg, help="started at or after: YYYY-MM-DD[THH:MM] (UTC) or an age like 7d")
     ls.add_argument("--until", type=_when_arg, help="started before: YYYY-MM-DD[THH:MM] (UTC) or an age like 1h")
+    ls.add_argument("--author", help="recorded by this author ($TUNEBENCH_AUTHOR, else the OS user)")
+    ls.add_argument("--host", help="recorded on this host")
+    ls.add_argument("--gpu", help="GPU model contains this, e.g. H200")
     ls.add_argument("--limit", type=bounded_int(1, MAX_COUNT), help="at most N runs")
     ls.set_defaults(handler=cmd_runs_list)
 
@@ -534,6 +552,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rm = rsub.add_parser("delete", parents=[db], help="delete runs and all their data")
     rm.add_argument("runs", nargs="+", metavar="RUN")
+    rm.add_argument("--force", action="store_true", help="also delete runs another author recorded (a team's store)")
     rm.set_defaults(handler=cmd_runs_delete)
 
     tag = rsub.add_parser("tag", parents=[db, as_json], help="add (or --remove) tags")

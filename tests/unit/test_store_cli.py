@@ -131,3 +131,24 @@ def test_show_lists_tunebenchs_notes_apart_from_the_engine_log(db: Path, capsys:
     assert "    | INFO engine warming up" in out and "    | tunebench: token counts: the engine's own tokenizer" in out
     code, out, _ = run_cli(capsys, "runs", "show", "2", "--db", str(db))
     assert "tunebench's notes" not in out  # a run without notes has no such section
+
+
+def test_a_team_store_lists_whose_runs_and_guards_them(store_at: str, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for author in ("ada", "bob"):
+        with RunStore(store_at, author=author) as store:
+            store.finish_run(store.create_run(name=f"{author}'s run", hardware={"gpus": [{"name": "NVIDIA L4"}]}),
+                             "completed")
+    code, out, _ = run_cli(capsys, "runs", "list", "--db", store_at)
+    assert code == 0 and "BY" in out and "ada@" in out and "bob@" in out
+    code, out, _ = run_cli(capsys, "runs", "list", "--db", store_at, "--author", "bob", "--gpu", "L4", "--json")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == ["bob's run"]
+    code, out, _ = run_cli(capsys, "runs", "list", "--db", store_at, "--host", "nowhere")
+    assert code == 0 and "no runs match" in out
+    monkeypatch.setenv("TUNEBENCH_AUTHOR", "ada")
+    code, _, err = run_cli(capsys, "runs", "delete", "bob's run", "ada's run", "--db", store_at)
+    assert code == 2 and "recorded by someone else" in err and "(bob)" in err and "--force" in err
+    with RunStore(store_at) as store:
+        assert len(store.list_runs()) == 2  # nothing deleted
+    code, out, _ = run_cli(capsys, "runs", "delete", "bob's run", "ada's run", "--db", store_at, "--force")
+    assert code == 0 and out.count("deleted run") == 2
