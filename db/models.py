@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, LargeBinary, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Index, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from db.dialects import Int64
+from db.dialects import Int64, Json
 
 RUN_STATUSES = ("running", "completed", "failed", "interrupted", "cancelled")
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map = {dict[str, Any]: Json, list[Any]: Json}
 
 
 class Run(Base):
@@ -42,13 +42,13 @@ class Run(Base):
     engine_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
     model: Mapped[str] = mapped_column(Text, default="")
     endpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
-    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    argv: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
-    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    engine_info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    config: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    argv: Mapped[list[Any] | None] = mapped_column(Json, nullable=True)
+    env: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    hardware: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    engine_info: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     imported: Mapped[bool] = mapped_column(Boolean, default=False)
     imported_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # revision 0002
     writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
@@ -83,10 +83,10 @@ class Level(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     idx: Mapped[int] = mapped_column(Int64, primary_key=True)
     label: Mapped[str] = mapped_column(Text, default="")
-    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    params: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
 
 
 class RequestChunk(Base):
@@ -117,7 +117,7 @@ class SampleChunk(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     source: Mapped[str] = mapped_column(String(64))
     n: Mapped[int] = mapped_column(Int64)
-    names: Mapped[list[Any]] = mapped_column(JSON)
+    names: Mapped[list[Any]] = mapped_column(Json)
     t_mono: Mapped[bytes] = mapped_column(LargeBinary)
     t_wall: Mapped[bytes] = mapped_column(LargeBinary)
     data: Mapped[bytes] = mapped_column(LargeBinary)
@@ -144,7 +144,7 @@ class RunEvent(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     t_wall: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
-    payload: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
 
 
 # --- tuner (owned by the tuner: db/tune_store.py reads and writes these) ---------------------------
@@ -166,7 +166,7 @@ class Tune(Base):
     slo: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
-    doc: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -183,14 +183,14 @@ class TuneTrial(Base):
     candidate: Mapped[int] = mapped_column(Int64, default=0)
     source: Mapped[str] = mapped_column(String(32), default="measured")
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    knobs: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     load_kind: Mapped[str] = mapped_column(String(16), default="concurrency")
     load_value: Mapped[float | None] = mapped_column(Float, nullable=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
-    figures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    figures: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    doc: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
 
     __table_args__ = (Index("ix_tune_trials_candidate", "tune_id", "candidate"),)

@@ -404,3 +404,16 @@ def test_downgrade_to_row_per_request_and_back_keeps_runs(tmp_path: Path) -> Non
     with RunStore(path) as store:
         assert store.schema_revision() == _head()
         assert (store.request_records(a), store.samples(a)["client"].values.tolist()) == before
+
+
+def test_figures_that_are_not_finite_are_stored_as_they_are(store_at: str) -> None:
+    """A level without a percentile (NaN) or an unbounded ratio (Infinity): PostgreSQL's own JSON
+    types refuse both, so JSON is kept as text there as in SQLite."""
+    with RunStore(store_at) as store:
+        run_id = store.create_run(name="nan", config={"ratio": float("inf")})
+        store.start_level(run_id, 0, "c=1", {"concurrency": 1}, 1.9e9)
+        store.finish_level(run_id, 0, {"ttft_ms_p99": float("nan")}, 1.9e9 + 1)
+        store.finish_run(run_id, "completed", None, {"speedup": float("-inf")})
+        run = store.get_run(run_id)
+        assert run.config["ratio"] == float("inf") and run.summary["speedup"] == float("-inf")
+        assert np.isnan(run.levels[0].summary["ttft_ms_p99"])  # type: ignore[index]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from db.dialects import Int64
+from db.dialects import Int64, Json
 
 revision = "0001"
 down_revision = None
@@ -34,13 +34,13 @@ def upgrade() -> None:
         sa.Column("engine_version", sa.String(64)),
         sa.Column("model", sa.Text, nullable=False),
         sa.Column("endpoint", sa.Text),
-        sa.Column("config", sa.JSON, nullable=False),
-        sa.Column("argv", sa.JSON),
-        sa.Column("env", sa.JSON, nullable=False),
-        sa.Column("hardware", sa.JSON, nullable=False),
-        sa.Column("engine_info", sa.JSON, nullable=False),
-        sa.Column("summary", sa.JSON, nullable=False),
-        sa.Column("metrics", sa.JSON, nullable=False),
+        sa.Column("config", Json, nullable=False),
+        sa.Column("argv", Json),
+        sa.Column("env", Json, nullable=False),
+        sa.Column("hardware", Json, nullable=False),
+        sa.Column("engine_info", Json, nullable=False),
+        sa.Column("summary", Json, nullable=False),
+        sa.Column("metrics", Json, nullable=False),
         sa.Column("imported", sa.Boolean, nullable=False),
         sa.Column("writer_pid", Int64),
         sa.Column("writer_create_time", sa.Float),
@@ -57,10 +57,10 @@ def upgrade() -> None:
         sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("idx", Int64, primary_key=True),
         sa.Column("label", sa.Text, nullable=False),
-        sa.Column("params", sa.JSON, nullable=False),
+        sa.Column("params", Json, nullable=False),
         sa.Column("started_at", sa.Float),
         sa.Column("finished_at", sa.Float),
-        sa.Column("summary", sa.JSON),
+        sa.Column("summary", Json),
     )
     op.create_table(
         "requests",
@@ -91,7 +91,7 @@ def upgrade() -> None:
         sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("source", sa.String(64), nullable=False),
         sa.Column("n", Int64, nullable=False),
-        sa.Column("names", sa.JSON, nullable=False),
+        sa.Column("names", Json, nullable=False),
         sa.Column("t_mono", sa.LargeBinary, nullable=False),
         sa.Column("t_wall", sa.LargeBinary, nullable=False),
         sa.Column("data", sa.LargeBinary, nullable=False),
@@ -110,7 +110,7 @@ def upgrade() -> None:
         sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("t_wall", sa.Float, nullable=False),
         sa.Column("kind", sa.String(32), nullable=False),
-        sa.Column("payload", sa.JSON),
+        sa.Column("payload", Json),
     )
     op.create_index("ix_run_events_run_id", "run_events", ["run_id"])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from db.dialects import Int64
+from db.dialects import Int64, Json
 
 revision = "0005"
 down_revision = "0004"
@@ -30,7 +30,7 @@ def upgrade() -> None:
         sa.Column("slo", sa.Text, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
-        sa.Column("doc", sa.JSON, nullable=False),
+        sa.Column("doc", Json, nullable=False),
         sa.Column("writer_pid", Int64, nullable=True),
         sa.Column("writer_create_time", sa.Float, nullable=True),
     )
@@ -41,15 +41,15 @@ def upgrade() -> None:
         sa.Column("candidate", Int64, nullable=False),
         sa.Column("source", sa.String(32), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("knobs", sa.JSON, nullable=False),
+        sa.Column("knobs", Json, nullable=False),
         sa.Column("load_kind", sa.String(16), nullable=False),
         sa.Column("load_value", sa.Float, nullable=True),
         sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
-        sa.Column("figures", sa.JSON, nullable=False),
+        sa.Column("figures", Json, nullable=False),
         sa.Column("reason", sa.Text, nullable=True),
         sa.Column("started_at", sa.Float, nullable=True),
         sa.Column("finished_at", sa.Float, nullable=True),
-        sa.Column("doc", sa.JSON, nullable=False),
+        sa.Column("doc", Json, nullable=False),
     )
     op.create_index("ix_tune_trials_candidate", "tune_trials", ["tune_id", "candidate"])
 
