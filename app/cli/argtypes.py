@@ -7,11 +7,26 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
 from app.urls import BadEndpoint, check_api_key, check_endpoint
 
 MAX_PID = 2**31 - 1  # pid_t
 MAX_COUNT = 1_000_000_000
+DB_HELP = ("run database: a file, sqlite:///FILE or postgresql://USER@HOST:5432/DATABASE (default: $TUNEBENCH_DB "
+           "or runs.db in the user data directory)")
+
+
+def add_db_argument(parser: argparse.ArgumentParser, default: Any = None, help: str = DB_HELP) -> None:
+    """The one ``--db`` option: where runs are stored (``db.schema.store_location`` reads it)."""
+    parser.add_argument("--db", metavar="PATH_OR_URL", default=default, help=help)
+
+
+def db_parent(default: Any = None, help: str = DB_HELP) -> argparse.ArgumentParser:
+    """``--db`` as a parent parser."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_db_argument(parent, default, help)
+    return parent
 
 
 def add_price_argument(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,6 @@ SCRIPT_FORMATS = SINGLE_NODE_FORMATS  # a single winner runs on one machine
 """The launch formats a campaign's step or pick exports to (one node: no ray, no k8s-multinode)."""
 RUN_EVENTS: tuple[type, ...] = (PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished)
 """What the run console prints while a campaign runs."""
-DB_HELP = "run database (default: $TUNEBENCH_DB or runs.db in the user data directory)"
 
 T = TypeVar("T")
 Owner = TypeVar("Owner")
@@ -176,13 +175,6 @@ def write_output(text: str, fmt: str, output: str, said: str | None = None) -> i
 
 
 # --- arguments ----------------------------------------------------------------------------------
-
-def db_parent(default: Any = None, help: str = DB_HELP) -> argparse.ArgumentParser:
-    """The ``--db`` option as a parent parser."""
-    db = argparse.ArgumentParser(add_help=False)
-    db.add_argument("--db", metavar="PATH", default=default, help=help)
-    return db
-
 
 def add_list_show(actions: argparse._SubParsersAction, parents: Iterable[argparse.ArgumentParser], noun: str, *,
                   list_handler: Callable[[argparse.Namespace], int], show_handler: Callable[[argparse.Namespace], int],

@@ -8,8 +8,7 @@ import argparse
 import json
 import sys
 
-from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_float, bounded_int
-from app.cli.campaign_cmds import db_parent
+from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_float, bounded_int, db_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.cost import (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import add_good_slo_argument, add_price_argument, bounded_int
+from app.cli.argtypes import add_good_slo_argument, add_price_argument, bounded_int, db_parent
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.cost import (
@@ -341,7 +341,7 @@ def cmd_ladders_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    db = shared.db_parent()
+    db = db_parent()
     ladder = sub.add_parser("ladder", parents=[db],
                             help="the acceleration ladder: a plain engine, then one feature at a time, each step "
                                  "measured against the baseline, the previous step and the physical ceiling")
@@ -366,7 +366,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                            "report, export")
     lsub = ladders.add_subparsers(dest="ladders_command", metavar="ACTION")
     ladders.set_defaults(handler=cmd_ladders_list, json=False)
-    db = shared.db_parent(argparse.SUPPRESS, "run database")  # after the action too, without hiding one given before it
+    db = db_parent(argparse.SUPPRESS, "run database")  # after the action too, without hiding one given before it
     shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
                   show_help="one ladder's steps, figures and factors",
                   show_target_help="ladder id (or a unique start), or one of its runs")

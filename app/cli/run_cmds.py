@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
-from app.cli.argtypes import bounded_int
+from app.cli.argtypes import add_db_argument, bounded_int
 from app.cli.campaign_cmds import json_target
 from app.cli.campaign_cmds import write_json as write_doc
 from app.cli.foreground import open_recorder, run_in_foreground
@@ -254,8 +254,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="with --json: every request record too (kept in memory for the whole run; the run "
                           "database has them either way)")
     run.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
-    run.add_argument("--db", metavar="PATH", default=None,
-                     help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
+    add_db_argument(run)
     run.add_argument("--no-store", action="store_true", help="do not record the run in the database")
     run.add_argument("--repeat", type=bounded_int(1, 1000), default=1, metavar="N",
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "

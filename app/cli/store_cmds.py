@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from app.cli.argtypes import MAX_COUNT, add_good_slo_argument, add_price_argument, bounded_int
+from app.cli.argtypes import MAX_COUNT, add_good_slo_argument, add_price_argument, bounded_int, db_parent
 from app.cli.terminal import safe
 from app.cost import (
     PriceTable,
@@ -514,15 +514,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 # --- registration ----------------------------------------------------------------------------------
 
-def _db_parent() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--db", metavar="PATH", default=None,
-                        help="run database (default: $TUNEBENCH_DB or runs.db in the user data directory)")
-    return parent
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    db = _db_parent()
+    db = db_parent()
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 

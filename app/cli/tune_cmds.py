@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import add_price_argument, bounded_int
+from app.cli.argtypes import add_price_argument, bounded_int, db_parent
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -295,7 +295,7 @@ def cmd_tunes_import(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    db = shared.db_parent()
+    db = db_parent()
     tune = sub.add_parser("tune", parents=[db],
                           help="find the engine configuration that yields the most output tok/s per GPU while meeting "
                                "an SLO: a goodput search per configuration, a Pareto chart, the pick exported")
