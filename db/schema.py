@@ -89,8 +89,9 @@ def _postgres_url(url: URL, text: str) -> URL:
     if url.drivername not in (*_POSTGRES_SCHEMES, POSTGRESQL_DRIVER):
         raise StoreError(f"tunebench reaches PostgreSQL through psycopg: {mask_url(text)} names the driver "
                          f"{url.drivername!r}; write postgresql://... or {POSTGRESQL_DRIVER}://...")
-    if not url.database:
-        raise StoreError(f"the PostgreSQL URL {mask_url(text)} names no database: add /DATABASE")
+    if not url.database and "service" not in url.query:  # a libpq service file may name it
+        raise StoreError(f"the PostgreSQL URL {mask_url(text)} names no database: add /DATABASE (or "
+                         f"?service=NAME for a service in ~/.pg_service.conf)")
     return url.set(drivername=POSTGRESQL_DRIVER)
 
 

@@ -6,6 +6,7 @@ database that is not tunebench's. The backend-neutral store tests run on both ba
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from pathlib import Path
@@ -178,3 +179,55 @@ def test_a_missing_database_and_a_password_are_reported_in_one_line(
     assert "Hunter2Secret" not in out + err
     dump = pg_server.psql("SELECT row_to_json(r)::text FROM runs r", database=good.rsplit("/", 1)[1])
     assert "Hunter2Secret" not in dump and dump
+
+
+@pytest.fixture()
+def password_role(pg_server: PgServer) -> tuple[str, str]:
+    """A role that must give its password (scram), owning a database of its own: (role, database)."""
+    role, database, password = "tb_pw", f"tb_pw_{os.getpid()}_{time.monotonic_ns()}", "S3cret-pw"
+    hba = pg_server.data_dir / "pg_hba.conf"
+    rule = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+    if rule not in hba.read_text():
+        hba.write_text(rule + hba.read_text())  # before the trust rules: the first match decides
+        pg_server.psql("SELECT pg_reload_conf()")
+    if not pg_server.psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'"):
+        pg_server.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    pg_server.psql(f"CREATE DATABASE {database} OWNER {role}")
+    return role, database
+
+
+def test_passwords_come_from_the_url_pgpassword_pgpass_or_a_service_file(
+        pg_server: PgServer, password_role: tuple[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    role, database = password_role
+    plain = f"postgresql://{role}@{pg_server.host}:{pg_server.port}/{database}"
+    for var in ("PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # never the user's own ~/.pgpass
+
+    assert main(["runs", "list", "--db", plain.replace(f"{role}@", f"{role}:Wrong-guess@")]) == 2
+    _, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "Wrong-guess" not in err
+    assert "password authentication failed" in err and "PGPASSWORD, ~/.pgpass" in err
+
+    assert main(["runs", "list", "--db", plain.replace(f"{role}@", f"{role}:S3cret-pw@")]) == 0
+    assert "S3cret-pw" not in "".join(capsys.readouterr())
+
+    monkeypatch.setenv("PGPASSWORD", "S3cret-pw")
+    assert main(["runs", "list", "--db", plain]) == 0
+    monkeypatch.delenv("PGPASSWORD")
+
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"{pg_server.host}:{pg_server.port}:{database}:{role}:S3cret-pw\n")
+    pgpass.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(pgpass))
+    assert main(["runs", "list", "--db", plain]) == 0
+
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"[team]\nhost={pg_server.host}\nport={pg_server.port}\ndbname={database}\nuser={role}\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with RunStore("postgresql:///?service=team") as store:
+        store.finish_run(store.create_run(name="through the service file"), "completed")
+    with RunStore(plain) as store:
+        assert [r.name for r in store.list_runs()] == ["through the service file"]
+    capsys.readouterr()
