@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-under-load deps engine lint bench screenshots clean
+.PHONY: run test test-under-load deps engine pg-server lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -30,7 +30,19 @@ engine: deps
 run: engine
 	$(BIN)/tunebench gui
 
-test: engine
+# The store's tests start a throwaway PostgreSQL server (tests/pg_server.py) and need its binaries
+# (initdb, pg_ctl, postgres): Debian's and Ubuntu's `postgresql` package, which make installs when
+# it runs as root with apt-get; otherwise it stops here with the command to run.
+pg-server:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing the PostgreSQL server binaries for the store's tests (apt-get install postgresql)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
+	else echo "the store's tests need the PostgreSQL server binaries (initdb, pg_ctl, postgres): install them with 'sudo apt-get install postgresql' (Debian/Ubuntu) or your system's package"; exit 2; fi
+
+test: engine pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
