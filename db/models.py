@@ -169,6 +169,7 @@ class Tune(Base):
     doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
 
 
 class TuneTrial(Base):

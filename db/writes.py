@@ -47,6 +47,14 @@ def default_author() -> str:
         return f"uid {os.getuid()}"
 
 
+def writer_may_be_alive(pid: int | None, start: float | None, host: str | None) -> bool:
+    """Whether the process that writes a run (or a tune) may still be writing it. Only a writer
+    on this host can be looked at: one on another host (a shared store) is taken as alive."""
+    if host and host != this_host():
+        return True
+    return writer_alive(pid, start)
+
+
 AUTHOR_ENV = "TUNEBENCH_AUTHOR"
 FINAL_STATUSES = tuple(s for s in RUN_STATUSES if s != "running")
 IMPORT_CHUNK_REQUESTS = 8192
@@ -294,9 +302,7 @@ class RunWrites(RunQueries):
         with self.engine.connect() as conn:
             rows = conn.execute(select(Run.id, Run.writer_pid, Run.writer_create_time, Run.host)
                                 .where(Run.status == "running")).all()
-        here = this_host()
-        return [(r.id, r.writer_pid) for r in rows
-                if r.host in ("", here) and not writer_alive(r.writer_pid, r.writer_create_time)]
+        return [(r.id, r.writer_pid) for r in rows if not writer_may_be_alive(r.writer_pid, r.writer_create_time, r.host)]
 
     # -- editing -------------------------------------------------------------------------------
 

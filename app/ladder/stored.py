@@ -17,7 +17,7 @@ from app.errors import UserError
 from app.ladder.state import SUMMARY_KEY, TAG, LadderState, StepRow, compute_factors
 from db.compare import REPEAT_TAG
 from db.store import RunDetail, RunStore, StoreError
-from db.writes import writer_alive
+from db.writes import writer_may_be_alive
 
 MAX_LISTED_RUNS = 20_000
 
@@ -105,8 +105,9 @@ def _assemble(ladder_id: str, runs: list[RunDetail]) -> tuple[LadderState, bool]
                 _row_from_run(row, run)
     found = False
     if state.status == "running":
-        alive = writer_alive(state.writer_pid, state.writer_create_time) if state.writer_pid else \
-            any(r.status == "running" for r in runs)
+        hosts = {r.host for r in runs}
+        alive = writer_may_be_alive(state.writer_pid, state.writer_create_time, hosts.pop() if len(hosts) == 1 else "") \
+            if state.writer_pid else any(r.status == "running" for r in runs)
         if not alive:
             found = True
             state.status = "interrupted"

@@ -17,7 +17,8 @@ from sqlalchemy import update
 from app.bus import Bus
 from app.cli import main
 from app.recording import RunRecorder, unspill
-from db.models import Run
+from db import tune_store
+from db.models import Run, Tune
 from db.store import RunStore, SampleIn, StoreError
 from tests.pg_server import PgServer
 from tests.unit.test_store_recording import _finish, _request, _start
@@ -141,6 +142,19 @@ def test_a_run_another_host_is_recording_stays_running(pg_server: PgServer) -> N
         assert store.interrupted_on_open == [] and store.get_run(run_id).status == "running"
         (info,) = store.list_runs(host="gpu-box-7")
         assert info.id == run_id and store.list_runs(host="elsewhere") == []
+
+
+def test_a_tune_another_host_is_running_is_not_taken_for_dead(pg_server: PgServer) -> None:
+    url = pg_server.create_database()
+    with RunStore(url) as store:
+        tune_store.create_tune(store, "t-1", name="t", profile="p", strategy="grid", slo="", doc={})
+        assert tune_store.get_tune(store, "t-1").writer_is_alive  # this process
+        with store.engine.begin() as conn:
+            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_pid=2**22 + 7, writer_create_time=1.0))
+        assert not tune_store.get_tune(store, "t-1").writer_is_alive  # a dead process of this host
+        with store.engine.begin() as conn:
+            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_host="gpu-box-7"))
+        assert tune_store.get_tune(store, "t-1").writer_is_alive  # only gpu-box-7 can tell
 
 
 def test_runs_record_their_author_and_host(pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
