@@ -129,12 +129,14 @@ class RunRecorder:
             self._flush_now.set()
             self._flushed.wait_for(lambda: self._flush_count >= target or not self._thread.is_alive(), timeout_s)
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Drain, write, and end a run left open as ``interrupted``; stop the thread."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Drain, write, and end a run left open as ``interrupted``; stop the thread. By default
+        it waits as long as a store that went away is waited for (a last batch, then the run's
+        end), so the run's records are stored or spilled, never dropped by leaving early."""
         if not self._thread.is_alive():
             return
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._thread.join(timeout_s if timeout_s is not None else 2 * self.outage_limit_s + 30.0)
         self.bus.unsubscribe(self._sub)
         if self.owns_store:
             self.store.close()
