@@ -61,6 +61,7 @@ from app.labels import engine_defaults, label_for, value_text
 from db import metric_catalog as catalog
 from db.compare import Comparison, compare_runs
 from db.store import RunInfo, RunStore
+from db.writes import default_author
 from engine_adapters.registry import engine_terms_for
 
 HEADLINES: tuple[tuple[str, str], ...] = (
@@ -73,6 +74,13 @@ HEADLINES: tuple[tuple[str, str], ...] = (
 """History columns: catalogue key and a short header (the catalogue's name is in the tooltip)."""
 COLUMNS = ("id", "name", "status", "started", "model", "tags", *(h[1] for h in HEADLINES), "note")
 STATUSES = ("any status", "completed", "failed", "cancelled", "interrupted", "running")
+WHO_FILTERS: tuple[tuple[str, str, str, str], ...] = (
+    ("author", "Author:", "All authors", "(not recorded)"),
+    ("host", "Host:", "All hosts", "(not recorded)"),
+    ("gpu_model", "GPU:", "All GPUs", "no GPU"),
+)
+"""The combos that narrow History to whose runs, where: RunInfo field, label, the first item, how
+an empty value reads (a run from before authors were recorded, a machine without an NVIDIA GPU)."""
 
 
 class _Item(QTableWidgetItem):
@@ -95,6 +103,24 @@ def _fmt(value: Any, key: str) -> str:
     if isinstance(value, int | float) and math.isfinite(value):
         return catalog.metric(key).format(float(value))
     return ""
+
+
+def whose(run: RunInfo) -> str:
+    """``by AUTHOR on HOST``, as far as the run recorded them ("" for a run from before)."""
+    return " ".join(part for part in (f"by {run.author}" if run.author else "",
+                                      f"on {run.host}" if run.host else "") if part)
+
+
+def others_text(runs: Sequence[RunInfo], author: str) -> str:
+    """What the delete confirmation says about runs another author recorded ("" when none): a
+    team shares one store, and deleting a colleague's run deletes it for everyone."""
+    others = [r for r in runs if r.author not in ("", author)]
+    if not others:
+        return ""
+    names = ", ".join(dict.fromkeys(f"{r.author} on {r.host}" if r.host else r.author for r in others))
+    if len(runs) == 1:
+        return f"This run was recorded by someone else ({names}). "
+    return f"{len(others)} of these runs were recorded by someone else ({names}). "
 
 
 def headline_cell(metrics: dict[str, Any], key: str) -> tuple[str, Any, str | None]:
@@ -128,15 +154,36 @@ class HistoryView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.runs: list[RunInfo] = []
+        self._by_id: dict[int, RunInfo] = {}
+        self.author = default_author()
+        """This workbench's author: deleting anyone else's run asks by name (the window updates it)."""
         layout = QVBoxLayout(self)
+        self.where = QLabel("")
+        self.where.setObjectName("runsWhere")
+        self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.where.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        layout.addWidget(self.where)
         bar = QHBoxLayout()
         self.filter = QLineEdit()
         self.filter.setPlaceholderText("Filter by name, model or tag")
         self.filter.setClearButtonEnabled(True)
+        bar.addWidget(self.filter, 1)
+        self.who: dict[str, QComboBox] = {}
+        for attr, label, everyone, _empty in WHO_FILTERS:
+            combo = QComboBox()
+            combo.addItem(everyone, None)
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(len(everyone) + 1)  # long GPU names: the popup shows them whole
+            combo.setToolTip(everyone)
+            self.who[attr] = combo
+            name = QLabel(label)
+            name.setBuddy(combo)
+            bar.addWidget(name)
+            bar.addWidget(combo)
+        self.author_filter, self.host_filter, self.gpu_filter = (self.who[w[0]] for w in WHO_FILTERS)
         self.status = QComboBox()
         self.status.addItems(STATUSES)
         self.refresh_button = QPushButton("Refresh")
-        bar.addWidget(self.filter, 1)
         bar.addWidget(self.status)
         bar.addWidget(self.refresh_button)
         layout.addLayout(bar)
@@ -165,6 +212,8 @@ class HistoryView(QWidget):
         layout.addWidget(self.message)
         self.filter.textChanged.connect(self._apply_filter)
         self.status.currentIndexChanged.connect(lambda _i: self._apply_filter())
+        for combo in self.who.values():
+            combo.currentIndexChanged.connect(lambda _i, c=combo: self._who_chosen(c))
         self.refresh_button.clicked.connect(self.refresh_requested.emit)
         self.compare_button.clicked.connect(self._compare)
         self.export_button.clicked.connect(self._export)
@@ -174,9 +223,16 @@ class HistoryView(QWidget):
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()
 
+    def set_where(self, where: str) -> None:
+        """Which store the table shows (a URL without its password): a team may have several."""
+        self.where.setText(f"Runs in: {where}" if where else "")
+        self.where.setToolTip(where)
+
     def set_runs(self, runs: list[RunInfo]) -> None:
         selected = set(self.selected_ids())
         self.runs = runs
+        self._by_id = {run.id: run for run in runs}
+        self._fill_who(runs)
         self.table.setSortingEnabled(False)
         self.table.setRowCount(len(runs))
         for row, run in enumerate(runs):
@@ -191,8 +247,9 @@ class HistoryView(QWidget):
                     figure.setForeground(QBrush(QColor(LIGHT.muted)))
                 cells.append(figure)
             cells.append(_Item(run.notes))
-            if run.notes:
-                cells[1].setToolTip(run.notes)
+            tip = "\n".join(part for part in (whose(run), run.notes) if part)
+            if tip:
+                cells[1].setToolTip(tip)
             cells[0].setData(Qt.ItemDataRole.UserRole, run.id)
             if run.reason:
                 cells[2].setToolTip(run.reason)
@@ -207,17 +264,45 @@ class HistoryView(QWidget):
             if item is not None and item.data(Qt.ItemDataRole.UserRole) in selected:
                 self.table.selectRow(row)
         self._apply_filter()
-        self.message.setText(f"{len(runs)} run(s)")
+
+    def _fill_who(self, runs: list[RunInfo]) -> None:
+        """Each combo lists the values the listed runs have; a choice still among them is kept."""
+        for attr, _label, everyone, empty in WHO_FILTERS:
+            combo = self.who[attr]
+            current = combo.currentData()
+            values = sorted({str(getattr(run, attr)) for run in runs}, key=lambda v: (v == "", v.lower()))
+            combo.blockSignals(True)
+            combo.clear()
+            combo.addItem(everyone, None)
+            for value in values:
+                combo.addItem(value or empty, value)
+            index = combo.findData(current) if current is not None else 0
+            combo.setCurrentIndex(max(index, 0))
+            combo.setToolTip(combo.currentText())
+            combo.blockSignals(False)
+
+    def _who_chosen(self, combo: QComboBox) -> None:
+        combo.setToolTip(combo.currentText())
+        self._apply_filter()
 
     def _apply_filter(self) -> None:
         query = self.filter.text().strip().lower()
         status = self.status.currentText()
+        chosen = {attr: combo.currentData() for attr, combo in self.who.items()}
+        shown = 0
         for row in range(self.table.rowCount()):
             text = " ".join((self.table.item(row, c) or QTableWidgetItem("")).text().lower()
                             for c in (1, 4, 5, len(COLUMNS) - 1))
             row_status = (self.table.item(row, 2) or QTableWidgetItem("")).text()
-            hidden = (bool(query) and query not in text) or (status != STATUSES[0] and row_status != status)
+            id_item = self.table.item(row, 0)
+            run = self._by_id.get(id_item.data(Qt.ItemDataRole.UserRole)) if id_item is not None else None
+            hidden = (bool(query) and query not in text) or (status != STATUSES[0] and row_status != status) or (
+                run is not None and any(value is not None and getattr(run, attr) != value
+                                        for attr, value in chosen.items()))
             self.table.setRowHidden(row, hidden)
+            shown += not hidden
+        total = self.table.rowCount()
+        self.message.setText(f"{total} run(s)" if shown == total else f"{shown} of {total} run(s) shown")
 
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedIndexes() if not self.table.isRowHidden(i.row())})
@@ -281,8 +366,9 @@ class HistoryView(QWidget):
         ids = self.selected_ids()
         if not ids:
             return
-        answer = QMessageBox.question(self, "Delete runs", f"Delete {len(ids)} run(s) and everything recorded "
-                                      "with them? This cannot be undone.")
+        runs = [run for run_id in ids if (run := self._run(run_id)) is not None]
+        answer = QMessageBox.question(self, "Delete runs", f"{others_text(runs, self.author)}Delete {len(ids)} "
+                                      "run(s) and everything recorded with them? This cannot be undone.")
         if answer == QMessageBox.StandardButton.Yes:
             self.delete_requested.emit(ids)
 

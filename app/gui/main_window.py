@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,7 @@ from app.gui.run_bar import RunBar
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.session import EngineSession
 from app.gui.settings import GuiSettings, load_settings, save_settings, settings_path
+from app.gui.store_box import StoreDialog, shown_location
 from app.gui.tune_tab import TuneTab
 from app.gui.workers import Worker, busy_workers, run_in_worker
 from app.labels import engine_defaults, features_on, suggest_run_name
@@ -83,7 +85,8 @@ from app.profiles import ProfileError, load_profile, save_profile, shipped_profi
 from app.runner import RunResult
 from db import metric_catalog as catalog
 from db.compare import Comparison
-from db.store import RunInfo, RunStore
+from db.store import DB_ENV, RunInfo, RunStore
+from db.writes import AUTHOR_ENV, default_author
 from engine_adapters.base import (
     FeatureCheck,
     FlagSet,
@@ -109,6 +112,11 @@ def startup_key(config: RunConfig) -> str:
     return hashlib.sha256(config.engine.model_dump_json().encode()).hexdigest()[:16]
 
 
+HISTORY_POLL_MS = 5000
+"""While History lists a running run, it is read again this often: a run another workbench records
+into a shared store finishes there, not here."""
+
+
 class MainWindow(QMainWindow):
     def __init__(self, config: RunConfig | None = None, profile_path: Path | None = None, *,
                  db_path: str | None = None) -> None:
@@ -116,6 +124,17 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("tunebench")
         self.resize(1366, 768)
         self.db_path = db_path
+        # --db, then TUNEBENCH_DB, win over the location chosen in Run database… (as in docs/store.md)
+        self._explicit_db = db_path is not None or bool(os.environ.get(DB_ENV, "").strip())
+        self._author_from_env = bool(os.environ.get(AUTHOR_ENV, "").strip())  # as --db: wins over the settings
+        self._history_from: str | None = None  # the location History's table was read from
+        self._history_poll = QTimer(self)
+        self._history_poll.setSingleShot(True)
+        self._history_poll.setInterval(HISTORY_POLL_MS)
+        self._history_poll.timeout.connect(self.refresh_history)
+        self._location_known = threading.Event()  # set once --db or the settings say which store to open
+        if self._explicit_db:
+            self._location_known.set()
         self.state = ConfigState(config or RunConfig())
         self.profile_path = profile_path
         self.settings = GuiSettings()
@@ -180,6 +199,10 @@ class MainWindow(QMainWindow):
         toolbar.addSeparator()
         self.present_action = QAction("Presentation (F11)", self)
         toolbar.addAction(self.present_action)
+        self.store_action = QAction("Run database…", self)
+        self.store_action.setToolTip("Where runs are kept (a file, or a team's PostgreSQL database) and the author "
+                                     "name new runs carry")
+        toolbar.addAction(self.store_action)
 
         self.run_bar = RunBar()
         self.start_button = self.run_bar.start_button
@@ -268,6 +291,7 @@ class MainWindow(QMainWindow):
         self.start_button.clicked.connect(self.start_run)
         self.stop_button.clicked.connect(self.stop_run)
         self.present_action.triggered.connect(self.toggle_presentation)
+        self.store_action.triggered.connect(self.open_store_dialog)
         for key in ("F11", "Ctrl+P"):
             shortcut = QShortcut(QKeySequence(key), self)
             shortcut.setContext(Qt.ShortcutContext.ApplicationShortcut)
@@ -314,10 +338,11 @@ class MainWindow(QMainWindow):
     # -- startup: settings, hardware, flags, history ---------------------------------------------
 
     def _startup_checks(self) -> None:
-        run_in_worker(load_settings, self._settings_loaded, self.show_error, name="settings", parent=self)
+        run_in_worker(load_settings, self._settings_loaded, self._settings_failed, name="settings", parent=self)
         self.phase_bar.set_text("Checking hardware and the installed engine…")
         self._probe_engine()
-        self.refresh_history()
+        if self._explicit_db:  # else the settings may name the store: History is read once they are loaded
+            self.refresh_history()
         self.state.changed.connect(self._config_changed)
 
     def _probe_engine(self) -> None:
@@ -335,10 +360,23 @@ class MainWindow(QMainWindow):
 
     def _settings_loaded(self, settings: GuiSettings) -> None:
         self.settings = settings
+        author = settings.author if not self._author_from_env else os.environ.get(AUTHOR_ENV, "")
+        location = settings.store_location if not self._explicit_db and settings.store_location else self.db_path
+        if author != os.environ.get(AUTHOR_ENV, "") or location != self.db_path:
+            self._use_store(location, author)
+        elif not self._explicit_db:
+            self.refresh_history()
+        self._location_known.set()
         for box in self._capacity_boxes():
             box.set_prices(settings.prices)
         self.config_panel.set_recent_models(settings.recent_models)
         self._fill_profile_picker()
+
+    def _settings_failed(self, message: str) -> None:
+        self.show_error(message)
+        self._location_known.set()
+        if not self._explicit_db:
+            self.refresh_history()
 
     def _probed(self, report: CheckReport) -> None:
         assert report.hardware is not None  # check_config always probes it
@@ -625,6 +663,7 @@ class MainWindow(QMainWindow):
         self.config_panel.setEnabled(not running)
         self.profile_picker.setEnabled(not running)
         self.open_action.setEnabled(not running)
+        self.store_action.setEnabled(not running)  # a run records where it started; History would lose it
 
     def _run_done(self, result: RunResult) -> None:
         self.last_result = result
@@ -933,7 +972,9 @@ class MainWindow(QMainWindow):
     # -- history, compare, export ----------------------------------------------------------------
 
     def with_store(self, fn: Any) -> Any:
-        """Run ``fn(store)`` (in a worker); the store is opened on first use."""
+        """Run ``fn(store)`` (in a worker); the store is opened on first use, once it is known
+        which one (the settings may name it: the default file is not made on the way)."""
+        self._location_known.wait(10)
         with self._store_lock:
             if self.store is None:
                 self.store = RunStore(self.db_path)
@@ -941,11 +982,66 @@ class MainWindow(QMainWindow):
         return fn(store)
 
     def refresh_history(self) -> None:
-        run_in_worker(lambda: self.with_store(lambda s: s.list_runs(limit=5000)), self._history_loaded,
-                      self.show_error, name="history", parent=self)
+        location = self.db_path
+
+        def read(result: tuple[str, list[RunInfo]]) -> None:
+            if location != self.db_path:
+                return  # read from the store before a switch: a newer refresh is on its way
+            self._history_from = location
+            self.history.set_where(result[0])
+            self._history_loaded(result[1])
+
+        def failed(message: str) -> None:
+            if location == self.db_path and self._history_from != location:  # not the runs on screen
+                self.history.set_where(f"{shown_location(location)} (not opened)")
+                self.history.set_runs([])
+            self.show_error(message)
+
+        run_in_worker(lambda: self.with_store(lambda s: (s.where, s.list_runs(limit=5000))), read, failed,
+                      name="history", parent=self)
+
+    def open_store_dialog(self) -> StoreDialog:
+        """Run database…: on OK the choice is saved, the store switched and History re-read."""
+        dialog = StoreDialog(self, self.db_path or "", os.environ.get(AUTHOR_ENV, ""),
+                             where=self.history.where.text().removeprefix("Runs in: "))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # a typed password does not outlive it
+        dialog.accepted.connect(lambda: self._store_chosen(dialog.location(), dialog.author()))
+        dialog.open()
+        return dialog
+
+    def _store_chosen(self, location: str, author: str) -> None:
+        self.settings = self.settings.model_copy(update={"store_location": location, "author": author})
+        self._save_settings()
+        self._use_store(location or None, author)
+
+    def _use_store(self, location: str | None, author: str) -> None:
+        """Record as ``author`` (runs this process records read it from the environment) into the
+        store at ``location``; the open store is closed in a worker (the next call opens the new
+        one, with the new author) and History re-reads."""
+        if author:
+            os.environ[AUTHOR_ENV] = author
+        else:
+            os.environ.pop(AUTHOR_ENV, None)
+        self.history.author = default_author()
+        self.db_path = location
+
+        def drop() -> None:
+            with self._store_lock:  # a worker opening the old store finishes first
+                store, self.store = self.store, None
+            if store is not None:
+                store.close()
+
+        run_in_worker(drop, lambda _r: self._store_switched(), self.show_error, name="store-close", parent=self)
+
+    def _store_switched(self) -> None:
+        self.refresh_history()
+        for tab in (self.ladder, self.tune):  # their pickers list the stored campaigns of the store in use
+            tab.refresh_stored()
 
     def _history_loaded(self, runs: list[RunInfo]) -> None:
         self.history.set_runs(runs)
+        if any(r.status == "running" for r in runs) and not self._history_poll.isActive():
+            self._history_poll.start()  # a run being recorded (here, or by another workbench) moves on
         if self._previous_config is None and runs:  # a first run this session: suggest against the last stored
             latest = max(runs, key=lambda r: r.started_at)
             run_in_worker(lambda: self.with_store(lambda s: s.get_run(latest.id).config), self._previous_loaded,
@@ -1028,9 +1124,10 @@ class MainWindow(QMainWindow):
                           self._close_step_failed, name="store-close", parent=self)
             return
         self.timer.stop()
+        self._history_poll.stop()
         self.bus.unsubscribe(self.sub)
         self._close_ready = True
-        self.close()
+        QTimer.singleShot(0, self.close)  # not from inside closeEvent (no store was open): Qt ignores that close
 
 
 def bring_up(window: MainWindow) -> None:

@@ -23,6 +23,11 @@ class GuiSettings(BaseModel):
     startup_s: dict[str, float] = Field(default_factory=dict)
     """Seconds the last start of each engine configuration took (key: a hash of engine and
     features): how long a restart will take, shown while it starts."""
+    store_location: str = ""
+    """The run database chosen in Run database… (a path or a PostgreSQL URL); empty: ``--db``,
+    ``TUNEBENCH_DB`` or the default file. An explicit ``--db`` wins over it."""
+    author: str = ""
+    """The name runs recorded here carry in a shared store; empty: the OS user."""
 
     def remember(self, kind: str, value: str) -> GuiSettings:
         items = [value, *[v for v in getattr(self, kind) if v != value]][:MAX_RECENT]
@@ -54,4 +59,5 @@ def save_settings(settings: GuiSettings, path: Path | None = None) -> None:
     path = path or settings_path()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(settings.model_dump_json(indent=2), encoding="utf-8")
+    tmp.chmod(0o600)  # the run database's URL may hold a password (as ~/.pgpass, for its owner only)
     tmp.replace(path)
