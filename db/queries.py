@@ -149,11 +149,11 @@ class RunQueries:
 
     @guarded
     def get_run(self, ref: int | str) -> RunDetail:
-        run_id = self.resolve(ref)
+        run_id = self._id(ref)
         with self.engine.connect() as conn:
             run = conn.execute(select(Run.__table__).where(Run.id == run_id)).first()
-            if run is None:  # deleted meanwhile
-                raise StoreError(f"no run {run_id}")
+            if run is None:  # no such id, or deleted meanwhile
+                raise StoreError(f"no run '{run_id}' in {self.where} (see `tunebench runs list`)")
             data = {k: v for k, v in run._asdict().items() if k != "writer_create_time"}
             levels = [LevelInfo(idx=lv.idx, label=lv.label, params=lv.params or {}, started_at=lv.started_at,
                                 finished_at=lv.finished_at, summary=lv.summary)
@@ -161,12 +161,13 @@ class RunQueries:
             events = [{"t_wall": e.t_wall, "kind": e.kind, "payload": e.payload}
                       for e in conn.execute(select(RunEvent.__table__).where(RunEvent.run_id == run_id)
                                             .order_by(RunEvent.id))]
-            n_requests = conn.execute(select(func.coalesce(func.sum(RequestChunk.n), 0))
-                                      .where(RequestChunk.run_id == run_id)).scalar_one()
-            n_samples = conn.execute(select(func.coalesce(func.sum(SampleChunk.n), 0))
-                                     .where(SampleChunk.run_id == run_id)).scalar_one()
-            n_log = conn.execute(select(func.coalesce(func.sum(LogChunk.n_lines), 0))
-                                 .where(LogChunk.run_id == run_id)).scalar_one()
+            n_requests, n_samples, n_log = conn.execute(select(  # one round trip (a team's store is remote)
+                select(func.coalesce(func.sum(RequestChunk.n), 0)).where(RequestChunk.run_id == run_id)
+                .scalar_subquery(),
+                select(func.coalesce(func.sum(SampleChunk.n), 0)).where(SampleChunk.run_id == run_id)
+                .scalar_subquery(),
+                select(func.coalesce(func.sum(LogChunk.n_lines), 0)).where(LogChunk.run_id == run_id)
+                .scalar_subquery())).one()
             tags = self._tags(conn, [run_id])[run_id]
         data.pop("created_at", None)
         return RunDetail(**data, tags=tags, levels=levels, events=events, n_requests=int(n_requests),

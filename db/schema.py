@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, create_engine, event, inspect, make_url, text
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import URL, Dialect, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from db.dialects import POSTGRESQL_DRIVER, SQLITE
 from db.errors import StoreError, translate
@@ -131,12 +133,37 @@ def open_engine(location: StoreLocation, busy_timeout_s: float) -> Engine:
     that are checked before use (a server restarted mid-run is reconnected to) and that give up
     on an unreachable host after ``busy_timeout_s``."""
     if isinstance(location, URL):
-        return create_engine(location, pool_pre_ping=True, connect_args={
+        engine = create_engine(location, connect_args={
             "connect_timeout": max(1, int(busy_timeout_s)), "application_name": "tunebench"})
+        event.listen(engine, "checkin", _note_checkin)
+        event.listen(engine, "checkout", functools.partial(_ping_if_idle, engine.dialect))
+        return engine
     engine = create_engine(URL.create("sqlite+pysqlite", database=str(location)),
                            connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
     event.listen(engine, "connect", lambda conn, _record: _setup(conn, busy_timeout_s))
     return engine
+
+
+IDLE_PING_S = 5.0
+"""A pooled PostgreSQL connection idle this long is checked before use (a server restarted
+meanwhile would fail the first statement); one in steady use, as a recording's, is not: a check
+on every use would add a round trip to each flush."""
+
+
+def _note_checkin(_dbapi_conn: Any, record: Any) -> None:
+    record.info["idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(dialect: Dialect, dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    """SQLAlchemy's pessimistic disconnect handling (its own ping, which leaves no transaction
+    open), for idle connections only: a dead one is replaced by a fresh connection before the
+    caller sees it."""
+    if time.monotonic() - record.info.get("idle_since", time.monotonic()) < IDLE_PING_S:
+        return
+    try:
+        dialect.do_ping(dbapi_conn)
+    except Exception as exc:
+        raise DisconnectionError(str(exc)) from exc
 
 
 def _setup(dbapi_conn: Any, busy_timeout_s: float) -> None:

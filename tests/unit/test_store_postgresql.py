@@ -245,3 +245,16 @@ def test_passwords_come_from_the_url_pgpassword_pgpass_or_a_service_file(
     with RunStore(plain) as store:
         assert [r.name for r in store.list_runs()] == ["through the service file"]
     capsys.readouterr()
+
+
+def test_an_idle_connection_to_a_restarted_server_is_replaced_before_use(
+        pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """History, read again after the server restarted, gets a fresh connection: no error shown."""
+    url = pg_server.create_database()
+    with RunStore(url) as store:
+        store.finish_run(store.create_run(name="before the restart"), "completed")
+        assert len(store.list_runs()) == 1  # its connection goes back to the pool
+        pg_server.stop("fast")
+        pg_server.start()
+        monkeypatch.setattr("db.schema.IDLE_PING_S", 0.0)  # as if idle for long
+        assert [r.name for r in store.list_runs()] == ["before the restart"]
