@@ -27,7 +27,9 @@ def open_recorder(bus: Bus, args: argparse.Namespace) -> Any:
 
     try:
         return record_to_default_store(bus, args.db)
-    except (StoreError, OSError) as exc:
+    except StoreError as exc:  # its message names the store and what to do
+        raise UserError(str(exc)) from None
+    except OSError as exc:
         raise UserError(f"cannot open the run database: {exc}") from None
 
 
