@@ -11,7 +11,7 @@ acceleration ladder and the tuner are the same machinery with other steps.
 - **Cold caches.** Every measured level starts on a cold prefix cache: the runner gives each level
   a fresh cache salt (``app.load.cache``), so every repeat is cold with nothing to do here.
 - **Stored as a group.** Each run is stored as usual (``app.recording``) and tagged
-  ``campaign:<id>``; the runs of one step share ``repeat:<id>`` (``db.compare`` compares such a
+  ``campaign:<id>``; the runs of one step share ``repeat:<id>`` (``app.analysis.compare`` compares such a
   set as one column: mean, 95% confidence interval, Welch's test). After a step, its mean and CI
   per figure are written into each of its runs' summary under ``repeat``.
 
@@ -34,6 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from app.analysis.compare import CAMPAIGN_TAG, REPEAT_TAG
+from app.analysis.stats import Aggregate, aggregate
+from app.analysis.summary import numbers
 from app.bus import Bus
 from app.config import RunConfig
 from app.engines import launch_engine
@@ -41,9 +44,6 @@ from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
 from app.load.datasets import read_inputs
 from app.runner import Runner, RunResult
-from db.compare import CAMPAIGN_TAG, REPEAT_TAG
-from db.stats import Aggregate, aggregate
-from db.summary import numbers
 from engine_adapters.base import Phase
 from engine_adapters.launcher import EngineProcess, EngineStartError
 
@@ -336,7 +336,7 @@ class Campaign:
 def repeat_lines(step: StepResult, keys: Sequence[str] | None = None) -> list[str]:
     """One line per headline figure of a repeated step: ``Output throughput: 1,234.5 ± 56.7 tok/s
     (95% CI, 3 runs)``; the same words in the CLI and the GUI."""
-    from db import metric_catalog as catalog
+    from app.analysis import metric_catalog as catalog
 
     chosen = list(keys) if keys is not None else [k for k in catalog.HEADLINE if k in step.aggregate]
     lines = []

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 from pydantic import ValidationError
 
+from app.analysis.compare import Comparison
+from app.analysis.summary import RequestArrays, level_summary_figures, numbers
 from app.config import RunConfig
 from app.errors import UserError
 from app.money import check_price, short_text
@@ -29,10 +31,8 @@ from app.recording import run_columns
 from app.slo import Slo, SloError, parse_slo
 from app.tuner.slo import MAX_ERROR_FRACTION, METRIC_NAMES, Verdict, bound_text, judge
 from app.tuner.space import Percentile
-from db.compare import Comparison
 from db.errors import StoreError
 from db.records import LevelInfo, RunDetail
-from db.summary import RequestArrays, level_summary_figures, numbers
 from engine_adapters.config import Features
 from engine_adapters.cpu_binding import OMP_BIND_ENV, parse_cpu_list
 from engine_adapters.gpu_specs import find_gpu_spec
@@ -41,8 +41,8 @@ from engine_adapters.runtimes import is_cpu_build
 if TYPE_CHECKING:
     from app.events import RunStarted
     from app.ladder.state import LadderState
+    from app.store import RunStore
     from app.tuner.state import TuneState
-    from db.store import RunStore
 
 TOKENS_PER_MILLION = 1_000_000
 SECONDS_PER_HOUR = 3600

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from db import metric_catalog as catalog
-from db.compare import Comparison
-from db.store import RunStore
-from db.summary import level_summary_figures
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import Comparison
+from app.analysis.summary import level_summary_figures
+from app.store import RunStore
 
 CDF_POINTS = 200
 
@@ -154,7 +154,7 @@ def load_start_offsets(comparison: Comparison) -> list[float]:
 
 
 def aligned(values: np.ndarray, offset_s: float, bin_s: float) -> np.ndarray:
-    """A run's binned series (``db.compare.align_series``) shifted so that bin 0 is the start
+    """A run's binned series (``app.analysis.compare.align_series``) shifted so that bin 0 is the start
     of its load: runs whose engines took different times to start line up."""
     shift = int(round(offset_s / bin_s)) if bin_s > 0 else 0
     if shift <= 0:

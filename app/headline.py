@@ -1,7 +1,7 @@
 """The A/B headline: one sentence and a few big figures that say what a change did, e.g.
 "prefix caching off -> on: TTFT mean (engine) 91.2 -> 19.7 ms, 4.6x faster".
 
-Built from a :class:`db.compare.Comparison` (figures, verdicts, reliability and the engine-side
+Built from a :class:`app.analysis.compare.Comparison` (figures, verdicts, reliability and the engine-side
 stand-ins are the comparison's, so the headline cannot disagree with the table under it) and
 shown by the GUI's Compare card, the presentation mode's before/after view and the HTML report.
 Pure Python; no Qt.
@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import Comparison
 from app.cost import PriceTable, RunCost, before_after_cost_text, compared_costs
 from app.labels import describe_change
 from app.labels import engine_defaults as declared_defaults
-from db import metric_catalog as catalog
-from db.compare import Comparison
 
 HEADLINE_KEYS: tuple[str, ...] = ("ttft_ms_p50", "output_tok_per_s", "itl_ms_p50")
 """The figures a headline shows, before a flagged client figure gives way to the engine's own."""

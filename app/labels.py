@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from db.compare import flatten
+from app.analysis.compare import flatten
 from engine_adapters.features import FEATURES_BY_KEY
 from engine_adapters.registry import ADAPTERS
 

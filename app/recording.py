@@ -42,7 +42,7 @@ from app.events import (
     RunFinished,
     RunStarted,
 )
-from db.store import RunStore, StoreError, StoreUnreachable
+from app.store import RunStore, StoreError, StoreUnreachable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -376,7 +376,7 @@ class RunRecorder:
 def unspill(path: Path, store: RunStore) -> tuple[int, int]:
     """Write a spill file (:meth:`RunRecorder._spill`) into ``store``: the run's held records,
     then its end. Returns (run id, records written). The file is removed once stored."""
-    from db.store import SampleIn
+    from app.store import SampleIn
 
     try:
         docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

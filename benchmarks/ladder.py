@@ -26,7 +26,7 @@ from app.events import EngineReady, Progress  # noqa: E402
 from app.ladder.run import Ladder  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
 from app.recording import RunRecorder  # noqa: E402
-from db.store import RunStore  # noqa: E402
+from app.store import RunStore  # noqa: E402
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
 
 FIRST_POINT_SLACK_S = 30.0

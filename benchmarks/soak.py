@@ -34,8 +34,8 @@ from app.bus import Bus  # noqa: E402
 from app.config import RunConfig  # noqa: E402
 from app.recording import RunRecorder  # noqa: E402
 from app.runner import Runner  # noqa: E402
+from app.store import RunStore  # noqa: E402
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig  # noqa: E402
-from db.store import RunStore  # noqa: E402
 
 MB = 1024 * 1024
 SAMPLE_S = 5.0

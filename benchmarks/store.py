@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.pg_serv
 import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from db.compare import Comparison, compare_runs  # noqa: E402
+from app.analysis.compare import Comparison, compare_runs  # noqa: E402
+from app.store import RunStore, SampleIn, StoreError  # noqa: E402
 from db.dialects import POSTGRESQL, SQLITE  # noqa: E402
 from db.models import Base  # noqa: E402
-from db.store import RunStore, SampleIn, StoreError  # noqa: E402
 from tests.pg_server import PgServerMissing, start_pg_server  # noqa: E402
 
 WRITE_TARGET_S, COMPARE_TARGET_S, SIZE_TARGET_MIB = 2.0, 0.300, 100.0

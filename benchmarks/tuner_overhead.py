@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 from app.bus import Bus  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
 from app.recording import RunRecorder  # noqa: E402
+from app.store import RunStore  # noqa: E402
 from app.tuner.run import Tuner  # noqa: E402
 from app.tuner.space import build_space  # noqa: E402
-from db.store import RunStore  # noqa: E402
 from engine_adapters.hardware import probe_hardware  # noqa: E402
 from tests.fakes.tuner import FakeEngines, FakeTuneRunner  # noqa: E402
 

@@ -16,9 +16,8 @@ from db.codecs import decode_extras, decode_itl, decode_itl_all, decode_requests
 from db.dialects import driver_sql
 from db.errors import INT64_MAX, DamagedData, StoreError, guarded
 from db.models import Level, LogChunk, RequestChunk, Run, RunEvent, RunTag, SampleChunk
-from db.records import LevelInfo, RunDetail, RunInfo, SeriesBlock
+from db.records import LevelInfo, RequestArrays, RunDetail, RunInfo, SeriesBlock
 from db.series import SampleChunkRow, decode_log, merge_blocks
-from db.summary import RequestArrays
 
 
 def request_arrays(chunks: Sequence[tuple[bytes, bytes]]) -> RequestArrays:

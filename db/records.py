@@ -10,6 +10,67 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+CANCELLED = "cancelled"
+"""The error text (and kind) of a request cancelled by the user."""
+
+
+@dataclass
+class RequestArrays:
+    """A run's requests as columns (NaN where a value is missing)."""
+
+    level: np.ndarray
+    start_wall: np.ndarray
+    ttft_ms: np.ndarray
+    e2e_ms: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ok: np.ndarray
+    errors: list[str | None] = field(default_factory=list)
+    itl_flat: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+    itl_bounds: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    """All inter-token latencies back to back: request i's are ``itl_flat[itl_bounds[i]:itl_bounds[i+1]]``."""
+    queue_ms: np.ndarray | None = None
+    """Client queueing per request, when the caller has it (the runner does; the store keeps it
+    only inside the level summary)."""
+
+    def itl(self, i: int) -> np.ndarray:
+        return self.itl_flat[self.itl_bounds[i]:self.itl_bounds[i + 1]]
+
+    def __len__(self) -> int:
+        return int(self.ttft_ms.shape[0])
+
+    @property
+    def cancelled(self) -> np.ndarray:
+        return np.array([e == CANCELLED for e in self.errors], dtype=bool) if self.errors else np.zeros(len(self), bool)
+
+    def select(self, mask: np.ndarray) -> RequestArrays:
+        idx = np.flatnonzero(mask)
+        counts = np.diff(self.itl_bounds)
+        flat = self.itl_flat[np.repeat(mask, counts)] if self.itl_flat.size else self.itl_flat
+        return RequestArrays(self.level[idx], self.start_wall[idx], self.ttft_ms[idx], self.e2e_ms[idx],
+                             self.input_tokens[idx], self.output_tokens[idx], self.ok[idx],
+                             [self.errors[i] for i in idx] if self.errors else [],
+                             flat, np.concatenate(([0], np.cumsum(counts[idx], dtype=np.int64))),
+                             None if self.queue_ms is None else self.queue_ms[idx])
+
+    @classmethod
+    def from_columns(cls, *, level: Sequence[float], start_wall: Sequence[float | None],
+                     ttft_ms: Sequence[float | None], e2e_ms: Sequence[float | None],
+                     input_tokens: Sequence[float | None], output_tokens: Sequence[float | None],
+                     ok: Sequence[bool], errors: Sequence[str | None], itl_ms: Sequence[Sequence[float]],
+                     queue_ms: Sequence[float | None] | None = None) -> RequestArrays:
+        """Arrays from per-request Python values (None -> NaN), as the runner holds them."""
+        def col(values: Sequence[float | None]) -> np.ndarray:
+            return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+        counts = np.array([len(x) for x in itl_ms], dtype=np.int64)
+        flat = (np.concatenate([np.asarray(x, dtype=float) for x in itl_ms if len(x)])
+                if counts.sum() else np.empty(0, dtype=float))
+        return cls(col(level), col(start_wall), col(ttft_ms), col(e2e_ms), col(input_tokens), col(output_tokens),
+                   np.array(ok, dtype=bool), list(errors), flat,
+                   np.concatenate(([0], np.cumsum(counts, dtype=np.int64))),
+                   None if queue_ms is None else col(queue_ms))
+
 
 class LevelInfo(BaseModel):
     idx: int

@@ -14,6 +14,7 @@ This module puts them together and is where callers import from.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
 from sqlalchemy import URL
 
@@ -104,7 +105,7 @@ class RunStore(RunWrites):
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> RunStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,9 +24,8 @@ from db.dialects import driver_sql
 from db.errors import StoreError, guarded
 from db.models import RUN_STATUSES, Base, Level, LogChunk, RequestChunk, Run, RunEvent, RunTag, SampleChunk
 from db.queries import RunQueries, request_arrays
-from db.records import ImportedRun, SampleIn, SeriesBlock, gpu_model_of
+from db.records import ImportedRun, LevelInfo, RequestArrays, SampleIn, SeriesBlock, gpu_model_of
 from db.series import encode_log, encode_series, pack_samples
-from db.summary import stored_metrics
 from engine_adapters.process_group import same_process_alive as writer_alive
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
@@ -276,12 +275,17 @@ class RunWrites(RunQueries):
                 "run_id": run_id, "source": b.source, "n": int(b.t_mono.size), "names": b.names,
                 "t_mono": b"", "t_wall": b"", "data": encode_series(b), "codec": 1} for b in blocks.values()])
 
+    def metrics_of(self, requests: RequestArrays, levels: Sequence[LevelInfo]) -> dict[str, Any]:
+        """The figures kept with a finished run, from its requests and levels. The store computes
+        none (it stores): ``app.store.RunStore`` gives the runner's definitions."""
+        return {}
+
     @guarded
     def compute_metrics(self, run_id: int) -> dict[str, Any]:
-        """Store-side metrics (``db.summary.stored_metrics``, the runner's definitions): from the
+        """Store-side metrics (:meth:`metrics_of`, the runner's definitions): from the
         request rows and the recorded levels, overall and per level (``L<idx>.<name>``), with the
         client figures judged unreliable under ``unreliable``."""
-        return stored_metrics(self.requests(run_id), self.get_run(run_id).levels)
+        return self.metrics_of(self.requests(run_id), self.get_run(run_id).levels)
 
     @guarded
     def mark_interrupted(self, dead: Sequence[tuple[int, int | None]] | None = None) -> list[int]:
@@ -382,7 +386,7 @@ class RunWrites(RunQueries):
                 {"run_id": run_id, "idx": lv.idx, "label": lv.label, "params": mask_obj(dict(lv.params)),
                  "started_at": lv.started_at, "finished_at": lv.finished_at, "summary": dict(lv.summary or {})}
                 for lv in run.levels])
-        metrics = {**run.extra_metrics, **stored_metrics(request_arrays(chunks), run.levels)}
+        metrics = {**run.extra_metrics, **self.metrics_of(request_arrays(chunks), run.levels)}
         conn.execute(update(Run).where(Run.id == run_id).values(metrics=metrics))
         return run_id
 

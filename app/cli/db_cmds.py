@@ -15,6 +15,7 @@ from sqlalchemy import URL
 from app.cli.argtypes import db_parent
 from app.cli.terminal import safe
 from app.recording import unspill
+from app.store import RunStore
 from db.errors import StoreError, translate
 from db.schema import (
     StoreLocation,
@@ -25,7 +26,6 @@ from db.schema import (
     open_engine,
     store_location,
 )
-from db.store import RunStore
 from db.transfer import CopyReport, StoreCheck, check_store, copy_runs
 
 EXIT_PROBLEMS = 1

@@ -23,7 +23,7 @@ def open_recorder(bus: Bus, args: argparse.Namespace) -> Any:
     if getattr(args, "no_store", False):
         return None
     from app.recording import record_to_default_store
-    from db.store import StoreError
+    from app.store import StoreError
 
     try:
         return record_to_default_store(bus, args.db)

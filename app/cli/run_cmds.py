@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from app.analysis import metric_catalog as catalog
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import add_db_argument, bounded_int
@@ -27,7 +28,6 @@ from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, resolve_profile
 from app.runner import Runner, RunResult, check_endpoint
 from app.urls import check_api_key
-from db import metric_catalog as catalog
 from engine_adapters.base import feature_check_line
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130

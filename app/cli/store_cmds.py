@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from app.analysis.compare import Comparison, MetricDelta, compare_runs
+from app.analysis.metric_catalog import metric
 from app.cli.argtypes import MAX_COUNT, add_good_slo_argument, add_price_argument, bounded_int, db_parent
 from app.cli.terminal import safe
 from app.cost import (
@@ -36,10 +38,8 @@ from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, imp
 from app.export.files import check_target
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
-from db.compare import Comparison, MetricDelta, compare_runs
-from db.metric_catalog import metric
+from app.store import RunInfo, RunStore, StoreError
 from db.models import RUN_STATUSES
-from db.store import RunInfo, RunStore, StoreError
 from engine_adapters.registry import engine_terms_for
 
 _AGO_RE = re.compile(r"^(\d{1,12}(?:\.\d{1,12})?)\s*([smhdw])$")

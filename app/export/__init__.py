@@ -43,7 +43,7 @@ from app.export.launch import (
     spec_from_run,
 )
 from app.export.report import render_report, report_comparison
-from db.store import RunStore
+from app.store import RunStore
 
 FORMATS: tuple[str, ...] = (*SCRIPT_FORMATS, *DATA_FORMATS)
 SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "ray": ".sh", "k8s-multinode": ".yaml",

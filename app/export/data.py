@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.secrets import mask_lines, mask_obj
 
 DATA_FORMATS: tuple[str, ...] = ("html", "json", "csv")

@@ -39,7 +39,7 @@ from app.export.checks import (
     summary_map,
 )
 from app.export.data import EXPORT_FORMAT
-from db.store import FINAL_STATUSES, ImportedRun, LevelInfo, RunStore, SampleIn, StoreError
+from app.store import FINAL_STATUSES, ImportedRun, LevelInfo, RunStore, SampleIn, StoreError
 
 MAX_IMPORT_BYTES = 256 * 2**20
 """Largest result file read (a detailed ``vllm bench serve`` result of 100k requests is ~100 MB)."""

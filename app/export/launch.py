@@ -26,7 +26,7 @@ from app.config import RunConfig
 from app.errors import UserError
 from app.export.quoting import slug, templates
 from app.profiles import ProfileError, load_profile
-from db.store import RunDetail
+from app.store import RunDetail
 from engine_adapters.base import BESIDE_SCRIPT
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.cpu_binding import OMP_BIND_ENV

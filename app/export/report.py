@@ -14,6 +14,8 @@ from xml.sax.saxutils import escape as xml_escape
 import numpy as np
 from pydantic import ValidationError
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import Comparison, compare_runs, single_run_comparison
 from app.config import RunConfig
 from app.cost import COST_COLUMNS, PriceTable, cost_rows, price_table, priced_at_goodput, sources_text
 from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
@@ -21,9 +23,7 @@ from app.export.quoting import templates
 from app.headline import headlines, money_lines
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
-from db import metric_catalog as catalog
-from db.compare import Comparison, compare_runs, single_run_comparison
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.registry import engine_terms_for
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -306,7 +306,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
     runs = comparison.runs
     labels = comparison.labels()
     offsets = load_start_offsets(comparison)
-    # Figures, names, verdicts and reliability as Compare has them (db.compare / db.metric_catalog);
+    # Figures, names, verdicts and reliability as Compare has them (app.analysis.compare / app.analysis.metric_catalog);
     # a chart never draws a figure its run flagged unreliable: the engine's own stands in for it.
     bars = [{"name": m.metric.label, "uri": _svg_uri(bar_chart_svg(m.metric.label, labels, m.values))}
             for m in {m.name: m for m in comparison.chart_metrics(REPORT_METRICS)}.values()

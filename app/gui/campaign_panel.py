@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from app.gui.presentation import PresentationView
     from app.gui.session import EngineSession
     from app.gui.settings import GuiSettings
-    from db.store import RunStore
+    from app.store import RunStore
     from engine_adapters.base import FlagSet
     from engine_adapters.hardware import HardwareInfo
 

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.analysis import metric_catalog as catalog
 from app.cost import RunCost, live_cost, usd_text
 from app.gui.live import StartupView
 from app.gui.roofline import RooflinePanel, style_plot
@@ -49,7 +50,6 @@ from app.gui.series import (
 from app.gui.theme import LIGHT, Theme, stylesheet
 from app.planner.live import LimitFigures, live_limit_figures, roofline
 from app.planner.plan import Plan
-from db import metric_catalog as catalog
 
 pg.setConfigOptions(antialias=False, useOpenGL=False)
 CPU_COUNT = os.cpu_count() or 1
@@ -152,7 +152,7 @@ def _fmt(fmt: str, value: float | None) -> str:
 
 class TileRow(QWidget):
     """The big numbers. Live, each shows the client's rolling figure with the engine's own
-    under it; a client figure that the run flagged unreliable (``db.metric_catalog``) gives way
+    under it; a client figure that the run flagged unreliable (``app.analysis.metric_catalog``) gives way
     to the engine's figure, labelled, and is shown greyed with its reason. After a run,
     :meth:`show_summary` shows the run's summary figures, labelled as such, until the next run."""
 

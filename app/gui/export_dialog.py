@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.export import EXECUTABLE_FORMATS, FORMATS, SUFFIXES, Target, export, save
 from app.gui.workers import run_in_worker
-from db.store import RunStore
+from app.store import RunStore
 
 WithStore = Callable[[Callable[[RunStore], Any]], Any]
 """Runs ``fn(store)`` on the window's store (called in a worker thread)."""

@@ -1,12 +1,12 @@
 """Run history and comparison: a runs table (filter, sort, tag, rename, delete) and the compare
 view (config differences, metric deltas against a baseline, overlaid series, bar charts).
 
-Everything comes from ``db.store.RunStore`` and ``db.compare.compare_runs``; queries run in
+Everything comes from ``db.store.RunStore`` and ``app.analysis.compare.compare_runs``; queries run in
 workers and the views only display what they return.
 
 Why one module: the runs table and the compare view share the selection, the
 baseline and the worker calls that load them; what they show is computed headless
-(``db.compare``, ``app.headline``, ``app.distributions``).
+(``app.analysis.compare``, ``app.headline``, ``app.distributions``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import Comparison, compare_runs
 from app.cost import (
     COST_COLUMNS,
     PriceTable,
@@ -58,9 +60,7 @@ from app.gui.series import series_label
 from app.gui.theme import LIGHT
 from app.headline import Headline, headlines, money_lines
 from app.labels import engine_defaults, label_for, value_text
-from db import metric_catalog as catalog
-from db.compare import Comparison, compare_runs
-from db.store import RunInfo, RunStore
+from app.store import RunInfo, RunStore
 from db.writes import default_author
 from engine_adapters.registry import engine_terms_for
 

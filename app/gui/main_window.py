@@ -41,6 +41,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import Comparison
 from app.bus import Bus, Event, Sample
 from app.config import RunConfig
 from app.cost import PriceTable, RunCost, live_cost_basis, price_table, run_cost, usd_text
@@ -83,9 +85,7 @@ from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, save_profile, shipped_profiles
 from app.runner import RunResult
-from db import metric_catalog as catalog
-from db.compare import Comparison
-from db.store import DB_ENV, RunInfo, RunStore
+from app.store import DB_ENV, RunInfo, RunStore
 from db.writes import AUTHOR_ENV, default_author
 from engine_adapters.base import (
     FeatureCheck,
@@ -727,7 +727,7 @@ class MainWindow(QMainWindow):
     @staticmethod
     def _result_line(result: RunResult, plan: Plan | None = None) -> str:
         """Each level's throughput and TTFT, and with a plan its share of the decode ceiling; a
-        client figure the level flagged gives way to the engine's own, labelled (db.metric_catalog
+        client figure the level flagged gives way to the engine's own, labelled (app.analysis.metric_catalog
         decides which)."""
         parts = []
         for level in result.levels:

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app.analysis import metric_catalog as catalog
 from app.bus import Bus
 from app.campaign import Campaign, EngineSource, Recorder, RunnerLike, Step, StepResult, engine_key
 from app.config import RunConfig
@@ -55,7 +56,6 @@ from app.ladder.state import (
     verification_of,
 )
 from app.runner import Runner, RunResult
-from db import metric_catalog as catalog
 from engine_adapters.base import FlagSet, ValidationIssue, feature_status
 from engine_adapters.hardware import GpuInfo, HardwareInfo, probe_hardware
 from engine_adapters.secrets import mask_obj

@@ -45,9 +45,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from app.analysis.compare import flatten
 from app.errors import UserError
 from app.workload import LoadConfig, WorkloadConfig
-from db.compare import flatten
 from engine_adapters.config import ArgStr, Features, StrictModel
 
 MAX_STEPS = 32

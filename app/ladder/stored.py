@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from app.analysis.compare import REPEAT_TAG
 from app.errors import UserError
 from app.ladder.state import SUMMARY_KEY, TAG, LadderState, StepRow, compute_factors
-from db.compare import REPEAT_TAG
-from db.store import RunDetail, RunStore, StoreError
+from app.store import RunDetail, RunStore, StoreError
 from db.writes import writer_may_be_alive
 
 MAX_LISTED_RUNS = 20_000

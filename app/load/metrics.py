@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
+from app.analysis import metric_catalog
+from app.analysis.summary import distribution, level_summary_figures
 from app.slo import SLO_METRICS, SloError, parse_slo  # noqa: F401 - re-exported: figures apply SLOs
-from db import metric_catalog
-from db.summary import distribution, level_summary_figures
 from engine_adapters import prometheus
 from engine_adapters.prometheus import Scrape
 
@@ -83,7 +83,7 @@ class Stats(BaseModel):
 
     @classmethod
     def of(cls, values: Sequence[float] | np.ndarray) -> Stats:
-        """The distribution as ``db.summary.distribution`` defines it (the store uses the same)."""
+        """The distribution as ``app.analysis.summary.distribution`` defines it (the store uses the same)."""
         d = distribution(values)
         if not d:
             return cls()
@@ -223,7 +223,7 @@ class LevelSummary(BaseModel):
         return level_summary_figures(self.model_dump(mode="json"))
 
     def unreliable(self) -> dict[str, str]:
-        """Client figures of this level that cannot be trusted -> why (``db.metric_catalog``)."""
+        """Client figures of this level that cannot be trusted -> why (``app.analysis.metric_catalog``)."""
         return metric_catalog.unreliable_figures(self.figures())
 
     def flat(self) -> dict[str, float | int | str | bool | None]:
@@ -312,7 +312,7 @@ def format_figure(value: float | None, digits: int = 1) -> str:
 
 def client_starved(s: LevelSummary) -> bool:
     """The client's event loop woke later than a token gap: its TTFT/ITL are late and bunched
-    (the rule is ``db.metric_catalog.client_starved``)."""
+    (the rule is ``app.analysis.metric_catalog.client_starved``)."""
     return metric_catalog.client_starved(s.client_lag_ms.p99, s.itl_ms.median)
 
 

@@ -60,9 +60,9 @@ def make(out_dir: Path) -> None:
     from app.ladder.run import Ladder
     from app.profiles import load_profile, resolve_profile
     from app.recording import RunRecorder
+    from app.store import RunStore
     from app.tuner.run import Tuner
     from app.tuner.space import build_space
-    from db.store import RunStore
     from engine_adapters.hardware import HardwareInfo
     from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
     from tests.fakes.tuner import FakeTuneRunner

@@ -20,7 +20,7 @@ import pytest
 from app.cli import main
 from app.cost import default_prices, price_table, step_costs
 from app.ladder.stored import list_ladders
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import group_members, registered_engines
 

@@ -20,8 +20,8 @@ from app.bus import Bus, Sample
 from app.config import RunConfig
 from app.recording import RunRecorder
 from app.runner import Runner, RunResult
+from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from db.store import RunStore
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.launcher import EngineProcess, group_members, registered_engines
 from engine_adapters.llamacpp_runtime import CONVERTER, ensure_gguf_demo_model

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
 from app.recording import RunRecorder
 from app.runner import Runner
+from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from db.compare import compare_runs
-from db.store import RunStore
 from engine_adapters.config import Features
 from engine_adapters.launcher import EngineProcess
 from engine_adapters.registry import engine_terms_for

@@ -24,8 +24,8 @@ from app.export import render_launch, spec_from_profile
 from app.profiles import load_profile, resolve_profile
 from app.recording import RunRecorder
 from app.runner import Runner
+from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from db.store import RunStore
 from engine_adapters.config import Features
 from engine_adapters.launcher import EngineProcess, free_port, group_members, stop_group
 from engine_adapters.vllm import parse_non_default_args

@@ -32,11 +32,11 @@ from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
 from app.runner import Runner
+from app.store import RunStore
 from app.tuner.slo import judge
 from app.tuner.state import TuneState
 from app.tuner.stored import load_tune
 from db import tune_store
-from db.store import RunStore
 from engine_adapters.cpu_binding import OMP_BIND_ENV
 from engine_adapters.launcher import free_port, group_members, registered_engines, stop_group
 from tests.unit.test_export_scripts import shellcheck_bin

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from db.store import RunStore, SampleIn
+from app.store import RunStore, SampleIn
 
 # A name with a carriage return, an escape sequence and a newline: printed raw, it would recolour
 # the terminal and forge a line of output.

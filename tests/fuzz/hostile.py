@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from app.cli import main
-from db.store import RunStore
+from app.store import RunStore
 
 # --- running the CLI -----------------------------------------------------------------------------
 

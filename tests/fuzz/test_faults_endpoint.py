@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from db.store import RunStore
+from app.store import RunStore
 from tests.fuzz.hostile import REPLIES, cli, closed_port, raw_server
 
 PROFILE = """name = "fault injection"

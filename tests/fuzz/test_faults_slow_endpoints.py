@@ -21,7 +21,7 @@ import pytest
 from app.errors import UserError
 from app.load.cache import probe_salt
 from app.load.client import ClientOptions
-from db.store import RunStore
+from app.store import RunStore
 from tests.fuzz.test_faults_endpoint import PROFILE as FAULT_PROFILE
 
 REPO = Path(__file__).resolve().parents[2]

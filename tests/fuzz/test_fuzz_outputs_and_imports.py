@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from app.errors import UserError
 from app.export import files
-from db.store import RunStore
+from app.store import RunStore
 from tests.fuzz.hostile import cli, db_snapshot
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

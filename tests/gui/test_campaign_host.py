@@ -26,7 +26,7 @@ from app.gui.settings import GuiSettings
 from app.gui.tune_tab import TuneTab
 from app.gui.workers import busy_workers, run_in_worker
 from app.profiles import load_profile, resolve_profile
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.vllm import parse_help
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script

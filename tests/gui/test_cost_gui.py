@@ -13,8 +13,8 @@ from PySide6.QtWidgets import QLabel
 
 from app.gui.main_window import MainWindow
 from app.gui.settings import load_settings, settings_path
+from app.store import RunStore
 from app.tuner.state import Pick, Trial, TuneState
-from db.store import RunStore
 from tests.unit.test_cost_compare import GPU_ENGINE, H100, _store_run
 
 pytestmark = pytest.mark.gui

@@ -20,10 +20,10 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QMessageBox, QSpinBox
 
+from app.analysis import metric_catalog as catalog
 from app.gui.dashboard import Dashboard
 from app.gui.export_dialog import ExportDialog
 from app.gui.main_window import MainWindow
-from db import metric_catalog as catalog
 from tests.conftest import engine_available
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gui]

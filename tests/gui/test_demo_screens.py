@@ -21,7 +21,7 @@ from app.gui.dashboard import Dashboard
 from app.gui.main_window import MainWindow
 from app.load.metrics import EngineDeltas, RequestRecord, summarize
 from app.runner import LevelResult, RunResult
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.config import Features
 
 pytestmark = pytest.mark.gui

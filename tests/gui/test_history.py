@@ -14,8 +14,8 @@ from PySide6.QtWidgets import QInputDialog, QMessageBox
 from app.bus import Sample
 from app.config import RunConfig
 from app.gui.main_window import MainWindow
+from app.store import RunStore
 from app.workload import LoadConfig
-from db.store import RunStore
 from engine_adapters.config import Features
 
 pytestmark = pytest.mark.gui

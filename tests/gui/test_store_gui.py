@@ -18,8 +18,8 @@ from app.gui.main_window import MainWindow
 from app.gui.settings import GuiSettings, save_settings
 from app.gui.store_box import StoreDialog
 from app.profiles import load_profile, resolve_profile
+from app.store import RunStore
 from db.records import RunInfo
-from db.store import RunStore
 from db.writes import AUTHOR_ENV
 from tests.gui.conftest import close_window
 

@@ -50,7 +50,7 @@ def test_tune_tab_runs_shows_the_trade_off_and_exports_the_pick(  # type: ignore
     # Each finished trial's cost, priced from its stored run in a worker: what `tunes show` prints.
     from app.cost import price_table, trial_costs, usd_text
     from app.export.tune_report import COLUMNS
-    from db.store import RunStore
+    from app.store import RunStore
 
     out_col, good_col = COLUMNS.index("$/1M out"), COLUMNS.index("$/1M good")
 

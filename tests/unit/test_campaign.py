@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 import app.campaign as campaign_mod
+from app.analysis.compare import compare_runs
 from app.bus import Bus
 from app.campaign import Campaign, EngineKeeper, Step, repeat_lines
 from app.cli import main
 from app.config import RunConfig
 from app.load.metrics import LevelSummary, Stats
 from app.runner import LevelResult, RunResult
+from app.store import RunStore
 from app.workload import LoadConfig
-from db.compare import compare_runs
-from db.store import RunStore
 from engine_adapters.config import Features
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.compare import compare_runs
 from app.cli import main
 from app.export import render_report
-from db import metric_catalog as catalog
-from db.compare import compare_runs
-from db.store import RunStore
+from app.store import RunStore
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 # Figures in the CLI table that Compare also shows (the table adds runner-only ones).

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.export.report import render_report
-from db.compare import compare_runs
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.config import Features
 from engine_adapters.registry import ADAPTERS, engine_terms_for
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.cli import main
 from app.export import render_report
 from app.load.metrics import EngineDeltas, RequestRecord, summarize
-from db.compare import compare_runs
-from db.store import RunStore
+from app.store import RunStore
 
 
 def _store_run(store: RunStore, name: str, *, prefix: bool, client_ttft_ms: float, itl_ms: float, lag_ms: float,
@@ -107,7 +107,7 @@ def test_runs_stored_before_the_judgement_are_judged_from_their_levels(demo: tup
     with RunStore(path) as store:
         run = store.get_run(on)
         assert "ttft_ms_p50" in run.metrics["unreliable"]
-        from db.compare import run_unreliable
+        from app.analysis.compare import run_unreliable
 
         old = run.model_copy(update={"metrics": {k: v for k, v in run.metrics.items() if k != "unreliable"}})
         assert "ttft_ms_p50" in run_unreliable(old)

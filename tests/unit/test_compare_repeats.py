@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from db.compare import CAMPAIGN_TAG, REPEAT_TAG, compare_runs
-from db.stats import aggregate, one_sample_p, significant, t_quantile, welch_p
-from db.store import RunStore
+from app.analysis.compare import CAMPAIGN_TAG, REPEAT_TAG, compare_runs
+from app.analysis.stats import aggregate, one_sample_p, significant, t_quantile, welch_p
+from app.store import RunStore
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)])

@@ -28,8 +28,8 @@ from app.cost import (
 )
 from app.errors import UserError
 from app.load.metrics import LevelSummary, Stats
+from app.store import RunStore
 from db.records import ImportedRun, LevelInfo, RunDetail
-from db.store import RunStore
 from tests.fuzz.hostile import Outcome, cli
 
 GPU_ENGINE = {"model": "meta-llama/Llama-3.1-70B-Instruct", "runtime": {"kind": "executable", "executable": "vllm"}}

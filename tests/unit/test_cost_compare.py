@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.cli.ladder_cmds import format_ladder_table, ladder_json
 from app.cost import (
     CostFigure,
@@ -25,9 +26,8 @@ from app.cost import (
 from app.export import render_report
 from app.ladder.state import LadderState, StepRow
 from app.load.metrics import LevelSummary, Stats
-from db.compare import compare_runs
+from app.store import RunStore
 from db.records import ImportedRun, LevelInfo
-from db.store import RunStore
 from tests.fuzz.hostile import Outcome, cli
 
 GPU_ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "runtime": {"kind": "executable", "executable": "vllm"}}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from app.analysis.compare import compare_runs, single_run_comparison
 from app.cli.ladder_cmds import format_ladder_table, ladder_json
 from app.cli.tune_cmds import format_table
 from app.cost import COST_COLUMNS, price_table, step_costs, trial_costs, usd_text
@@ -18,9 +19,8 @@ from app.export.ladder_report import render_ladder_report
 from app.export.report import render_report
 from app.export.tune_report import COLUMNS, render_tune_report, trial_table
 from app.ladder.state import LadderState, StepRow
+from app.store import RunStore
 from app.tuner.state import Trial, TuneState
-from db.compare import compare_runs, single_run_comparison
-from db.store import RunStore
 from tests.fuzz.hostile import Outcome, cli
 from tests.unit.test_cost_capacity import _requests_run
 

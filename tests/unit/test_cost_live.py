@@ -15,7 +15,7 @@ from app.cost import live_cost, live_cost_basis, price_table, run_cost
 from app.events import RunFinished, RunStarted
 from app.profiles import load_profile, resolve_profile
 from app.recording import RunRecorder
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 
 GPU_CONFIG = RunConfig(name="tp2", engine=EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct",

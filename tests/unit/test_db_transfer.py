@@ -14,10 +14,10 @@ from sqlalchemy import JSON, select, text
 
 from app.cli import main
 from app.cli.db_cmds import Progress
+from app.store import ImportedRun, LevelInfo, RunStore, SampleIn, create_at_revision
 from db import tune_store
 from db.models import Base
 from db.schema import head_revision
-from db.store import ImportedRun, LevelInfo, RunStore, SampleIn, create_at_revision
 from db.transfer import CopyReport, check_store, copy_runs
 from tests.pg_server import PgServer
 

@@ -10,7 +10,7 @@ from app.cli import engine_cmds, main
 from app.errors import EngineFailed, UserError
 from app.load.datasets import DatasetError
 from app.profiles import ProfileError
-from db.store import StoreError
+from app.store import StoreError
 from engine_adapters.errors import EXIT_ENGINE_FAILED, EXIT_INPUT, TunebenchError
 from engine_adapters.launcher import EngineStartError
 from engine_adapters.runtimes import RuntimeErrorMessage

@@ -13,7 +13,7 @@ import yaml
 
 from app.export import Sizing, Target, export
 from app.export.capacity import plan_for
-from db.store import RunStore
+from app.store import RunStore
 from tests.fuzz.hostile import Outcome, cli
 from tests.unit.test_cost_capacity import GPU_ENGINE, _store_run
 

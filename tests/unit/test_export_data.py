@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.errors import UserError
 from app.export import import_results, render_report, run_to_csv, run_to_json, spec_from_run
 from app.export.report import format_value
-from db.compare import compare_runs
-from db.store import RunStore, SampleIn
+from app.store import RunStore, SampleIn
 
 EVIL = '<script>alert("x")</script> & =cmd|\' /C calc\'!A0'
 FORMULA = "=cmd|' /C calc'!A0"

@@ -22,7 +22,7 @@ from app.export import Target, export  # noqa: E402
 from app.gui.export_dialog import ExportDialog  # noqa: E402
 from app.gui.workers import busy_workers  # noqa: E402
 from app.profiles import load_profile, resolve_profile  # noqa: E402
-from db.store import RunStore  # noqa: E402
+from app.store import RunStore  # noqa: E402
 
 pytestmark = pytest.mark.gui
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from app.cli import main
 from app.errors import UserError
 from app.export import import_results, run_to_json
-from db.store import RunStore, SampleIn, StoreError
+from app.store import RunStore, SampleIn, StoreError
 
 
 @pytest.fixture()

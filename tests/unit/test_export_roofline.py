@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from app.analysis.compare import single_run_comparison
 from app.config import RunConfig
 from app.export import render_report
 from app.load.metrics import EngineDeltas, LevelSummary
 from app.planner.plan import decode_ceiling, make_plan
+from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from db.compare import single_run_comparison
-from db.store import RunStore
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 
 LLAMA_8B = "meta-llama/Meta-Llama-3-8B-Instruct"

@@ -291,7 +291,7 @@ def test_a_cpu_runs_script_names_the_cores_its_engine_was_bound_to(tmp_path: Pat
     """tunebench binds a CPU engine's compute threads off its load client's core: the exported
     script says so and how to set it, without binding core numbers of the measured machine."""
     from app.export import spec_from_run
-    from db.store import RunStore
+    from app.store import RunStore
 
     config = _cpu_run().config
     with RunStore(tmp_path / "runs.db") as store:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
+from app.analysis.compare import compare_runs
 from app.config import RunConfig
 from app.distributions import aligned, cdf
 from app.headline import factor_words, headlines
 from app.labels import describe_change, features_on, in_field_words, label_for, suggest_run_name, value_text
-from db.compare import compare_runs
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.config import Features
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from app.analysis.compare import compare_runs
 from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
@@ -25,8 +26,7 @@ from app.ladder.state import LadderState, StepRow, compute_factors, limit_text
 from app.ladder.stored import list_ladders, load_ladder
 from app.profiles import ProfileError, load_profile, profile_from_toml, profile_to_toml, resolve_profile
 from app.recording import RunRecorder
-from db.compare import compare_runs
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.base import ValidationIssue
 from engine_adapters.hardware import HardwareInfo
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script

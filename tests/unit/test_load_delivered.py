@@ -14,7 +14,7 @@ import pytest
 from app.cli import main
 from app.load.delivery import SEND_LAG_BOUND_MS, LevelTarget, LevelTimes, delivered, steady_window
 from app.load.metrics import RequestRecord
-from db.store import RunStore
+from app.store import RunStore
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 
@@ -63,8 +63,8 @@ def test_a_stall_held_back_by_the_cap_shows_in_the_intended_time_latencies_only(
 def test_a_rate_beyond_the_client_is_flagged_and_its_figures_greyed(tmp_path: Path) -> None:
     """20,000 req/s from one client process: its requests go out late, the level says the client
     fell behind, and its client figures are marked as the client's limit."""
-    from db.metric_catalog import unreliable_figures
-    from db.summary import level_summary_figures
+    from app.analysis.metric_catalog import unreliable_figures
+    from app.analysis.summary import level_summary_figures
 
     with FakeOpenAIServer(FakeBehaviour()) as srv:
         data, _records = _run(tmp_path, srv, 'name = "flood"\n[workload]\nnum_requests = 600\n'
@@ -148,8 +148,8 @@ def test_tokens_inside_a_window_are_counted_by_when_they_arrived() -> None:
 def test_a_comparison_leads_with_the_steady_figures_and_says_so(tmp_path: Path) -> None:
     """Two runs with steady windows: compare's headline rows and the headline sentence use the
     steady throughput, named "(steady)", the whole-level figure right after it."""
+    from app.analysis.compare import compare_runs
     from app.headline import headline
-    from db.compare import compare_runs
 
     db = str(tmp_path / "runs.db")
     with FakeOpenAIServer(FakeBehaviour(mode="paced", stream_tok_per_s=20.0)) as srv:

@@ -178,7 +178,7 @@ def test_cli_run_writes_json_and_prints_table(server: FakeOpenAIServer, tmp_path
     assert data["status"] == "completed" and data["levels"][0]["requests"] == []  # only with --json-requests
     # ... and the run is in the database, under the runner's id, with its requests.
     assert "stored as run" in text
-    from db.store import RunStore
+    from app.store import RunStore
 
     with RunStore(tmp_path / "runs.db") as store:
         run = store.get_run(data["run_id"])
@@ -311,7 +311,7 @@ def test_cli_refuses_an_empty_endpoint(tmp_path: Path, capsys: pytest.CaptureFix
 def test_cli_run_on_a_full_disk_is_not_completed(server: FakeOpenAIServer, tmp_path: Path) -> None:
     """``ulimit -f`` one page above the database's size: the run cannot be stored, so it must
     not end ``completed`` with exit code 0."""
-    from db.store import RunStore
+    from app.store import RunStore
 
     db = tmp_path / "runs.db"
     with RunStore(db):
@@ -337,7 +337,7 @@ def test_cli_run_on_a_full_disk_is_not_completed(server: FakeOpenAIServer, tmp_p
 def test_each_request_carries_an_id_of_its_own_that_its_record_keeps(tmp_path: Path) -> None:
     """``X-Request-Id: tb-<run>-L<level>-<index>`` on every request, the same id in its stored
     record, and ``runs show RUN --request ID`` prints that request's timeline."""
-    from db.store import RunStore
+    from app.store import RunStore
 
     with FakeOpenAIServer(FakeBehaviour(delay_s=0.003)) as srv:
         profile = tmp_path / "p.toml"

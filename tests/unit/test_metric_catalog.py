@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.analysis import metric_catalog as catalog
+from app.analysis.summary import RequestArrays, level_summary_figures, summarize_requests
 from app.load.metrics import EngineDeltas, LevelSummary, RequestRecord, Stats, client_starved, summarize
-from db import metric_catalog as catalog
-from db.summary import RequestArrays, level_summary_figures, summarize_requests
 
 
 def _records() -> list[RequestRecord]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from app.analysis.metric_catalog import BY_KEY
 from app.bus import Bus
 from app.config import RunConfig
 from app.runner import Runner, RunResult
 from app.slo import SloError, parse_slo
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from db.metric_catalog import BY_KEY
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 RATE = 50.0  # tokens a second, each stream: a token every 20 ms

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 
 from app.cli import main
-from db.store import RunStore, create_at_revision
+from app.store import RunStore, create_at_revision
 from engine_adapters import secrets as sec
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.launcher import EngineProcess

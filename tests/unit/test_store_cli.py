@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from db.store import RunStore, SampleIn
+from app.store import RunStore, SampleIn
 
 
 @pytest.fixture()

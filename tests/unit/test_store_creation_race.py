@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from app.store import RunStore, StoreError
 from db.schema import foreign_tables, head_revision
-from db.store import RunStore, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 CREATOR = """

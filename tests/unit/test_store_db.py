@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from alembic.script import ScriptDirectory
 
-from db.compare import compare_runs
-from db.store import RunStore, SampleIn, StoreError, alembic_config, create_at_revision, default_db_path
+from app.analysis.compare import compare_runs
+from app.store import RunStore, SampleIn, StoreError, alembic_config, create_at_revision, default_db_path
 
 
 def _head() -> str | None:
@@ -157,7 +157,7 @@ def test_not_a_database_is_one_line_error(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys, time
-from db.store import RunStore, SampleIn
+from app.store import RunStore, SampleIn
 store = RunStore(sys.argv[1])
 run_id = store.create_run(name="doomed", t0_mono=0.0, started_at=1.9e9)
 store.write_batch(run_id, samples=[SampleIn("host", float(i), 1.9e9 + i, {"x": float(i)}) for i in range(5)],

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from db.store import RunStore, SampleIn, StoreError
+from app.store import RunStore, SampleIn, StoreError
 
 
 def _fill(path: Path, runs: int = 2) -> None:

@@ -17,9 +17,9 @@ from sqlalchemy import update
 from app.bus import Bus
 from app.cli import main
 from app.recording import RunRecorder, unspill
+from app.store import RunStore, SampleIn, StoreError
 from db import tune_store
 from db.models import Run, Tune
-from db.store import RunStore, SampleIn, StoreError
 from tests.pg_server import PgServer
 from tests.unit.test_store_recording import _finish, _request, _start
 

@@ -23,7 +23,7 @@ from app.events import (
 )
 from app.load.metrics import LevelSummary, RequestRecord
 from app.recording import RunRecorder
-from db.store import RunStore
+from app.store import RunStore
 from engine_adapters.base import Phase
 from engine_adapters.config import Features
 

@@ -17,8 +17,8 @@ from app.config import RunConfig
 from app.load.datasets import build_dataset, trace_dataset
 from app.load.tokens import ApproxTokenizer, load_token_counter
 from app.load.traces import Trace, TraceError, TraceRequest, read_trace
+from app.store import RunStore
 from app.workload import LoadConfig, WorkloadConfig
-from db.store import RunStore
 from engine_adapters.runtimes import demo_model_dir
 from tests.data import make_trace_samples
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer

@@ -19,13 +19,13 @@ from app.config import RunConfig
 from app.errors import UserError
 from app.profiles import load_profile, resolve_profile
 from app.recording import RunRecorder
+from app.store import RunStore
 from app.tuner.run import Tuner
 from app.tuner.slo import judge, per_user
 from app.tuner.space import build_space, candidates, parse_space, trial_config
 from app.tuner.state import TuneState, pareto_front, slo_frontier, tpot_floor
 from app.tuner.stored import load_tune, state_of
 from db import tune_store
-from db.store import RunStore
 from engine_adapters.hardware import GpuInfo, HardwareInfo
 from tests.fakes.tuner import FakeEngines, FakeTuneRunner, model_figures
 

@@ -12,10 +12,10 @@ import pytest
 from app.errors import UserError
 from app.export.sweep_import import AICONFIGURATOR, VLLM_SWEEP, import_into_tune, parse_sweep
 from app.export.tune_report import pareto_svg, pick_launch_script, render_tune_report
+from app.store import RunStore
 from app.tuner.state import Candidate, Pick, Trial, TuneState
 from app.tuner.stored import load_tune
 from db import tune_store
-from db.store import RunStore
 
 # As pandas writes it (an unnamed index column first); serve and bench parameters beside the result.
 SUMMARY_CSV = (

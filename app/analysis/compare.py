@@ -2,14 +2,14 @@
 (raw values, the change as a person says it: x1.9 throughput, -64% TTFT, and whether that is
 better, worse, within the noise or not to be trusted), and their telemetry on one time axis.
 
-The figures, their names, directions and reliability come from ``db.summary`` and
-``db.metric_catalog``; every face (CLI, GUI, HTML report) shows a :class:`Comparison` as it is,
+The figures, their names, directions and reliability come from ``app.analysis.summary`` and
+``app.analysis.metric_catalog``; every face (CLI, GUI, HTML report) shows a :class:`Comparison` as it is,
 so they cannot disagree.
 
 A column is a run or, when the run was one of a set of repeats (tag ``repeat:<id>``, written by
 ``app.campaign``), the whole set: its value is the mean over the repeats with a 95% confidence
 interval, and a change against a baseline set is "no significant difference" unless Welch's
-t-test says otherwise at the 5% level (``db.stats``; docs/metrics.md says why).
+t-test says otherwise at the 5% level (``app.analysis.stats``; docs/metrics.md says why).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from db import metric_catalog as catalog
-from db.stats import aggregate, significant
+from app.analysis import metric_catalog as catalog
+from app.analysis.stats import aggregate, significant
+from app.analysis.summary import judge_levels, level_extras, numbers
 from db.store import RunDetail, RunStore, StoreError
-from db.summary import judge_levels, level_extras, numbers
 
 _REPEAT_SUFFIX = re.compile(r" \(repeat \d+/\d+\)$")  # app.campaign names repeats "<name> (repeat i/N)"
 REPEAT_TAG = "repeat:"
@@ -61,7 +61,7 @@ def _number(value: Any) -> float | None:
 
 
 def run_metrics(run: RunDetail) -> dict[str, float]:
-    """The comparable numbers of a run: the store's figures (``db.summary``, the runner's
+    """The comparable numbers of a run: the store's figures (``app.analysis.summary``, the runner's
     definitions), engine-side and per-level figures from its recorded levels (also for runs
     stored before they were kept), startup facts, and any other number in its summary (an
     imported tool's own figures)."""

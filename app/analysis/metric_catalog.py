@@ -1,12 +1,10 @@
 """The metric catalogue: every figure tunebench shows, defined once (key, human name, unit,
 direction, group) with the rule that judges whether a run's value can be trusted.
 
-Why here: the CLI table (``app/cli/run_cmds.py``), Compare (``db/compare.py``), the GUI
+Why here: the CLI table (``app/cli/run_cmds.py``), Compare (``app/analysis/compare.py``), the GUI
 (``app/gui/history.py``) and the HTML report (``app/export``) all name, order, colour and judge
-figures. ``db`` may import only ``engine_adapters`` and ``app`` may import ``db``, so ``db`` is the
-lowest layer that every face can import; the figures themselves are computed from request rows in
-``db/summary.py``, the other half of "one metrics module". Nothing here imports Qt, SQLAlchemy or
-``app``.
+figures; the figures themselves are computed from request rows in ``app/analysis/summary.py``, the
+other half of "one metrics module". Nothing here imports Qt, SQLAlchemy or the rest of ``app``.
 
 Reliability. The load client measures TTFT, ITL, TPOT and E2E with its own clock. When its event
 loop is starved of CPU (an engine spinning on the same cores), it reads tokens late and in bunches:
