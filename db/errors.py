@@ -156,6 +156,10 @@ def _translate_postgresql(orig: BaseException, url: URL) -> StoreError | None:
         return None
     message = _redact(_pg_message(orig), url)
     host = f"{url.host or 'the local socket'}" + (f":{url.port}" if url.port else "")
+    if isinstance(orig, psycopg.OperationalError) and (message.startswith("connection is bad")
+                                                        or "failed to resolve host" in message):
+        return StoreError(f"cannot connect to the run database {where}: {message}; check the URL's host and "
+                          f"options")
     if isinstance(orig, psycopg.OperationalError) and message.startswith("connection failed"):
         lowered = message.lower()
         if "password" in lowered or "authentication" in lowered:
@@ -190,6 +194,6 @@ def _pg_message(exc: BaseException) -> str:
 def _redact(message: str, url: URL) -> str:
     from engine_adapters.secrets import mask_text
 
-    if url.password:
+    if url.password and len(str(url.password)) >= 4:  # a shorter one would mark letters of the message
         message = message.replace(str(url.password), "***")
     return mask_text(message)

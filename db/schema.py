@@ -76,8 +76,14 @@ def store_location(location: str | Path | URL) -> StoreLocation:
         return Path(text).expanduser()
     try:
         url = make_url(text)
+        if url.get_backend_name() in _POSTGRES_SCHEMES:
+            url.port  # noqa: B018 - parsed lazily: a port that is not a number fails here
     except ArgumentError:
         url = None
+    except ValueError:  # a port that is not a number, often a forgotten host (user:password/db)
+        raise StoreError(f"the {scheme.group(1)} URL given as the run database does not parse (is the host "
+                         f"missing, or the port not a number?); write {scheme.group(1)}://USER@HOST:5432/DATABASE "
+                         f"(it is not repeated here: it may hold a password)") from None
     if url is not None and url.get_backend_name() == SQLITE and url.database:
         return Path(url.database).expanduser()
     if url is not None and url.get_backend_name() in _POSTGRES_SCHEMES:
@@ -91,8 +97,14 @@ def _postgres_url(url: URL, text: str) -> URL:
     if url.drivername not in (*_POSTGRES_SCHEMES, POSTGRESQL_DRIVER):
         raise StoreError(f"tunebench reaches PostgreSQL through psycopg: {mask_url(text)} names the driver "
                          f"{url.drivername!r}; write postgresql://... or {POSTGRESQL_DRIVER}://...")
+    if url.host and "@" in url.host:  # an "@" in the password, not written %40
+        raise StoreError("the PostgreSQL URL given as the run database has an '@' in its password: write it as "
+                         "%40 (it is not repeated here: it holds a password)")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise StoreError(f"the PostgreSQL URL {mask_url(text)} has port {url.port}: a port is 1 to 65535")
     if not url.database and "service" not in url.query:  # a libpq service file may name it
-        raise StoreError(f"the PostgreSQL URL {mask_url(text)} names no database: add /DATABASE (or "
+        raise StoreError(f"the PostgreSQL URL {url.render_as_string(hide_password=True)} names no database: add "
+                         f"/DATABASE (or "
                          f"?service=NAME for a service in ~/.pg_service.conf)")
     return url.set(drivername=POSTGRESQL_DRIVER)
 
@@ -133,8 +145,12 @@ def open_engine(location: StoreLocation, busy_timeout_s: float) -> Engine:
     that are checked before use (a server restarted mid-run is reconnected to) and that give up
     on an unreachable host after ``busy_timeout_s``."""
     if isinstance(location, URL):
-        engine = create_engine(location, connect_args={
-            "connect_timeout": max(1, int(busy_timeout_s)), "application_name": "tunebench"})
+        try:
+            engine = create_engine(location, connect_args={
+                "connect_timeout": max(1, int(busy_timeout_s)), "application_name": "tunebench"})
+        except (ArgumentError, ValueError, TypeError) as exc:  # a query option SQLAlchemy cannot take
+            raise StoreError(f"the run database URL {location_text(location)} has an option that does not "
+                             f"parse ({str(exc).splitlines()[0]})") from None
         event.listen(engine, "checkin", _note_checkin)
         event.listen(engine, "checkout", functools.partial(_ping_if_idle, engine.dialect))
         return engine

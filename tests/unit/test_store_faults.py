@@ -283,6 +283,23 @@ def test_a_url_that_names_no_store_is_refused_before_anything_is_made(
     assert list(workdir.iterdir()) == []
 
 
+@pytest.mark.parametrize(("url", "said"), [
+    ("postgresql://admin:Hunter2Secret/db", "is the host missing"),  # the host forgotten: the password is a "port"
+    ("postgresql://127.0.0.1:abc/db", "is the host missing"),
+    ("postgresql://tb:Hunter2Secret@127.0.0.1/db?port=abc", "has an option that does not parse"),
+    ("postgresql://tb:Hunter2@Secret@127.0.0.1/db", "'@' in its password: write it as %40"),
+    ("postgresql://tb:Hunter2Secret@127.0.0.1:99999/db", "a port is 1 to 65535"),
+    ("postgresql://tb:Hunter2Secret@127.0.0.1:1/db?sslmode=bogus", 'invalid sslmode value: "bogus"'),
+    ("postgresql://", "names no database"),
+])
+def test_a_malformed_postgresql_url_is_one_line_without_its_password(
+        url: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "runs", "list", "--db", url)
+    assert code == 2 and out == ""
+    _one_line_error(err, said)
+    assert "Hunter2" not in err and "Secret" not in err
+
+
 def test_an_unreachable_postgresql_store_is_one_line_naming_the_host(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
