@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -90,6 +91,7 @@ class RunRecorder:
         self.bus = bus
         self.store = store
         self.outage_limit_s = outage_limit_s
+        self._outage_ends_at: float | None = None  # while the store is away: when the recorder stops waiting
         self.flush_interval_s = flush_interval_s
         self.owns_store = owns_store
         self.run_id: int | None = None  # store id of the run being recorded (or the last one)
@@ -111,7 +113,8 @@ class RunRecorder:
         self._dropped_written = 0
         self.unstored: dict[str, str] = {}
         """Runner run id -> why some of its data is not in the store (see check_stored)."""
-        self._uid = ""
+        self._uid = ""  # the runner's id of the open run (the key of ``unstored``)
+        self._stored_uid = ""  # the open run's uid in the store
         self._lost = 0  # items of the open run dropped after failed writes
         self._last_write_error = ""
         self._dropped_at_start = 0
@@ -240,23 +243,23 @@ class RunRecorder:
         """``method`` of the store, tried again while its server is unreachable, for up to
         ``outage_limit_s`` (the bus holds what arrives meanwhile). Every write is one
         transaction, so a failed try left nothing behind."""
-        give_up_at: float | None = None
         delay_s = 0.1
         while True:
             try:
                 result = method(*args, **kwargs)
             except StoreUnreachable as exc:
                 now = time.monotonic()
-                if give_up_at is None:
-                    give_up_at = now + self.outage_limit_s
+                if self._outage_ends_at is None:  # one limit per outage, not per call: close() can wait it out
+                    self._outage_ends_at = now + self.outage_limit_s
                     self._error(f"the run database went away ({_short(exc)}); retrying for up to "
                                 f"{self.outage_limit_s:g} s")
-                if now >= give_up_at:
+                if now >= self._outage_ends_at:
                     raise
-                time.sleep(min(delay_s, give_up_at - now))
+                time.sleep(min(delay_s, self._outage_ends_at - now))
                 delay_s = min(delay_s * 2, 2.0)
                 continue
-            if give_up_at is not None:
+            if self._outage_ends_at is not None:
+                self._outage_ends_at = None
                 self._error("the run database is back: recording goes on, nothing was lost")
             return result
 
@@ -269,17 +272,20 @@ class RunRecorder:
         if self._open:
             self._write_pending()
             self._finish("interrupted", "a new run started before this one finished", None, item.t_wall)
-        uid = p.run_id or None
-        self._uid = uid or ""
+        self._uid = p.run_id or ""
+        self._stored_uid = p.run_id or uuid.uuid4().hex  # chosen here: a retried create finds its first try
         self._lost = 0
         self._last_write_error = ""
         self._dropped_at_start = self._sub.dropped
         kwargs = dict(**run_columns(p), started_at=item.t_wall, t0_mono=item.t_mono)
         try:
             try:
-                self.run_id = self._store_call(self.store.create_run, uid=uid, **kwargs)
+                self.run_id = self._store_call(self.store.create_run, uid=self._stored_uid, **kwargs)
+            except StoreUnreachable:
+                raise
             except StoreError:  # the same run id published twice: keep both, the second under a fresh id
-                self.run_id = self._store_call(self.store.create_run, uid=None, **kwargs)
+                self._stored_uid = uuid.uuid4().hex
+                self.run_id = self._store_call(self.store.create_run, uid=self._stored_uid, **kwargs)
         except Exception as exc:  # disk full, read-only, locked: nothing of this run can be kept
             self.run_id = None
             self.unstored[self._uid] = f"the run could not be stored: {_short(exc)}"
@@ -336,7 +342,7 @@ class RunRecorder:
             def put(doc: Mapping[str, Any]) -> None:
                 handle.write(json.dumps(doc, default=str) + "\n")
 
-            put({"kind": "run", "store": self.store.where, "run_id": self._rid, "uid": self._uid})
+            put({"kind": "run", "store": self.store.where, "run_id": self._rid, "uid": self._stored_uid})
             for record in self._requests:
                 put({"kind": "request", "record": dict(record)})
             for sample in self._samples:
@@ -385,20 +391,31 @@ def unspill(path: Path, store: RunStore) -> tuple[int, int]:
     if not docs or docs[0].get("kind") != "run" or docs[-1].get("kind") != "finish":
         raise StoreError(f"{path} is not a tunebench spill file (it must start with the run and end with its end)")
     head, end = docs[0], docs[-1]
-    run_id = store.resolve(str(head.get("uid") or head.get("run_id")))
-    if store.get_run(run_id).status not in ("running", "interrupted"):  # interrupted: found orphaned meanwhile
-        raise StoreError(f"run {run_id} in {store.where} has already ended: {path} was stored before, or belongs "
-                         f"to another store ({head.get('store')})")
+    try:
+        run = store.get_run(int(head["run_id"]))
+    except (KeyError, TypeError, ValueError, StoreError):
+        run = None
+    if run is None or run.uid != head.get("uid"):  # ids are the store's own: the uid says it is the same run
+        raise StoreError(f"{path} belongs to another run database ({head.get('store')}), not {store.where}: "
+                         f"pass that one with --db")
+    if run.status not in ("running", "interrupted"):  # interrupted: found orphaned meanwhile
+        raise StoreError(f"run {run.id} in {store.where} has already ended: {path} was stored before")
     body = docs[1:-1]
-    store.write_batch(
-        run_id,
-        requests=[d["record"] for d in body if d.get("kind") == "request"],
-        samples=[SampleIn(d["source"], d["t_mono"], d["t_wall"], d["values"]) for d in body if d.get("kind") == "sample"],
-        log_lines=[d["line"] for d in body if d.get("kind") == "log"],
-        events=[(d["t_wall"], d["event"], d["payload"]) for d in body if d.get("kind") == "event"])
-    store.finish_run(run_id, end["status"], end.get("reason"), end.get("summary"), end.get("t_wall"))
+    if body:
+        store.write_batch(
+            run.id,
+            requests=[d["record"] for d in body if d.get("kind") == "request"],
+            samples=[SampleIn(d["source"], d["t_mono"], d["t_wall"], d["values"])
+                     for d in body if d.get("kind") == "sample"],
+            log_lines=[d["line"] for d in body if d.get("kind") == "log"],
+            events=[(d["t_wall"], d["event"], d["payload"]) for d in body if d.get("kind") == "event"])
+        # Stored: what is left to do is the end, so running this again cannot store the records twice.
+        rest = path.with_name(path.name + ".tmp")
+        rest.write_text("".join(json.dumps(d) + "\n" for d in (head, end)), encoding="utf-8")
+        rest.replace(path)
+    store.finish_run(run.id, end["status"], end.get("reason"), end.get("summary"), end.get("t_wall"))
     path.unlink()
-    return run_id, len(body)
+    return run.id, len(body)
 
 
 def record_to_default_store(bus: Bus, db_path: str | Path | None = None) -> RunRecorder:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from db.codecs import KNOWN_REQUEST_KEYS, EncodedRequests, encode_requests
 from db.dialects import driver_sql
@@ -135,7 +136,13 @@ class RunWrites(RunQueries):
             author=self.author, host=this_host(), gpu_model=gpu_model_of(hardware or {}),
         )
         with self.engine.begin() as conn:
-            if conn.execute(select(Run.id).where(Run.uid == values["uid"])).first() is not None:
+            found = conn.execute(select(Run.id, Run.status, Run.writer_pid, Run.writer_create_time, Run.host)
+                                 .where(Run.uid == values["uid"])).first()
+            if found is not None and status == found.status == "running" and \
+                    (found.writer_pid, found.writer_create_time, found.host) == (self._pid, self._create_time,
+                                                                                 values["host"]):
+                return int(found.id)  # this process made it: a retry whose first try's answer was lost
+            if found is not None:
                 raise StoreError(f"a run with id {values['uid']} is already stored")
             key = conn.execute(insert(Run).values(**values)).inserted_primary_key
             assert key is not None
@@ -156,25 +163,57 @@ class RunWrites(RunQueries):
         events: Sequence[tuple[float, str, Mapping[str, Any] | None]] = (),
         dropped_items: int | None = None,
     ) -> None:
-        """Everything that arrived since the last flush, in one transaction (all or nothing)."""
+        """Everything that arrived since the last flush, in one transaction (all or nothing).
+
+        Written again after a lost connection, a batch with requests or log lines is written once:
+        its chunks go where the first try put them, and finding them there means the first try's
+        commit arrived though its answer did not. (A batch of samples or events alone has no such
+        key: it is the rare one that a retry after a commit lost on its way back can repeat.)"""
         chunk = encode_requests(requests, mask_text) if requests else None  # before the write lock
-        with self.engine.begin() as conn:
+        positions: dict[tuple[int, str], int] = {}
+        try:
+            with self.engine.begin() as conn:
+                if chunk is not None:
+                    positions[(run_id, "requests")] = self._next_seq(conn, run_id, "requests")
+                if log_lines:
+                    positions[(run_id, "log")] = self._next_seq(conn, run_id, "log")
+                if chunk is not None:
+                    _insert_requests(conn, run_id, positions[(run_id, "requests")], chunk)
+                if samples:
+                    _insert_samples(conn, run_id, samples)
+                if log_lines:
+                    seq = positions[(run_id, "log")]
+                    conn.exec_driver_sql(driver_sql(conn, _LOG_INSERT), (run_id, seq, len(log_lines),
+                                                       encode_log([mask_text(line) for line in log_lines])))
+                if events:
+                    conn.execute(_EVENT_INSERT, [{"run_id": run_id, "t_wall": t, "kind": k, "payload": mask_obj(p)}
+                                                 for t, k, p in events])
+                if dropped_items is not None:
+                    conn.execute(update(Run).where(Run.id == run_id).values(dropped_items=dropped_items))
+        except IntegrityError:
+            if not positions or not self._stored_before(run_id, positions, chunk, len(log_lines)):
+                raise
+        # Only now: a try that did not commit leaves the next one the same places.
+        if chunk is not None:
+            self._seq[(run_id, "requests")] = positions[(run_id, "requests")] + chunk.n
+        if log_lines:
+            self._seq[(run_id, "log")] = positions[(run_id, "log")] + 1
+
+    def _stored_before(self, run_id: int, positions: Mapping[tuple[int, str], int], chunk: EncodedRequests | None,
+                       n_log_lines: int) -> bool:
+        """Whether a batch's chunks are already where this try put them (a retried commit)."""
+        with self.engine.connect() as conn:
             if chunk is not None:
-                seq_start = self._next_seq(conn, run_id, "requests")
-                _insert_requests(conn, run_id, seq_start, chunk)
-                self._seq[(run_id, "requests")] = seq_start + chunk.n
-            if samples:
-                _insert_samples(conn, run_id, samples)
-            if log_lines:
-                seq = self._next_seq(conn, run_id, "log")
-                conn.exec_driver_sql(driver_sql(conn, _LOG_INSERT), (run_id, seq, len(log_lines),
-                                                   encode_log([mask_text(line) for line in log_lines])))
-                self._seq[(run_id, "log")] = seq + 1
-            if events:
-                conn.execute(_EVENT_INSERT, [{"run_id": run_id, "t_wall": t, "kind": k, "payload": mask_obj(p)}
-                                             for t, k, p in events])
-            if dropped_items is not None:
-                conn.execute(update(Run).where(Run.id == run_id).values(dropped_items=dropped_items))
+                found = conn.execute(select(RequestChunk.n, RequestChunk.columns).where(
+                    RequestChunk.run_id == run_id, RequestChunk.seq_start == positions[(run_id, "requests")])).first()
+                if found is None or found.n != chunk.n or bytes(found.columns) != chunk.columns:
+                    return False
+            if n_log_lines:
+                lines = conn.execute(select(LogChunk.n_lines).where(
+                    LogChunk.run_id == run_id, LogChunk.seq == positions[(run_id, "log")])).scalar()
+                if lines != n_log_lines:
+                    return False
+        return True
 
     def _next_seq(self, conn: Connection, run_id: int, what: str) -> int:
         """Next sequence number of a run's requests or log chunks (cached: one writer per run)."""
@@ -265,6 +304,9 @@ class RunWrites(RunQueries):
         """Pack a run's per-flush telemetry chunks into one compressed chunk per source (smaller,
         and fast to read for comparisons)."""
         with self.engine.begin() as conn:
+            # Two processes ending one run (both found it orphaned) must not both pack the same chunks:
+            # on PostgreSQL the run's row is the lock (SQLite's one writer at a time needs none).
+            conn.execute(select(Run.id).where(Run.id == run_id).with_for_update())
             counts = conn.execute(select(SampleChunk.source, func.count(), func.min(SampleChunk.codec))
                                   .where(SampleChunk.run_id == run_id).group_by(SampleChunk.source)).all()
             if all(n <= 1 and codec == 1 for _, n, codec in counts):

@@ -4,6 +4,7 @@ config directory). Read and written from workers, never on the GUI thread."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
@@ -58,6 +59,8 @@ def load_settings(path: Path | None = None) -> GuiSettings:
 def save_settings(settings: GuiSettings, path: Path | None = None) -> None:
     path = path or settings_path()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(settings.model_dump_json(indent=2), encoding="utf-8")
-    tmp.chmod(0o600)  # the run database's URL may hold a password (as ~/.pgpass, for its owner only)
+    tmp.unlink(missing_ok=True)
+    # For its owner only from the first byte: the run database's URL may hold a password (~/.pgpass too).
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
+        handle.write(settings.model_dump_json(indent=2))
     tmp.replace(path)

@@ -417,3 +417,27 @@ def test_figures_that_are_not_finite_are_stored_as_they_are(store_at: str) -> No
         run = store.get_run(run_id)
         assert run.config["ratio"] == float("inf") and run.summary["speedup"] == float("-inf")
         assert np.isnan(run.levels[0].summary["ttft_ms_p99"])  # type: ignore[index]
+
+
+def test_a_batch_retried_after_its_commit_arrived_is_written_once(store_at: str) -> None:
+    """A connection lost while the commit's answer was on its way back: the store did write the
+    batch, the writer tries again at the same places, and finds it there."""
+    with RunStore(store_at) as store:
+        uid = "retried-run"
+        run_id = store.create_run(uid=uid, name="r")
+        assert store.create_run(uid=uid, name="r") == run_id  # the retried create: the same run
+        store.write_batch(run_id, requests=_requests(3, 1.0), log_lines=["first"])
+        places = dict(store._seq)  # what the writer knew before the batch whose answer was lost
+        batch = {"requests": _requests(4, 2.0), "log_lines": ["second", "third"]}
+        store.write_batch(run_id, **batch)  # type: ignore[arg-type]
+        store._seq.update(places)
+        store.write_batch(run_id, **batch)  # type: ignore[arg-type]  # the retry
+        store.write_batch(run_id, requests=_requests(1, 3.0))
+        store.finish_run(run_id, "completed")
+        run = store.get_run(run_id)
+        assert run.n_requests == 8 and run.n_log_lines == 3
+        assert store.requests(run_id).ttft_ms.tolist() == [1.0] * 3 + [2.0] * 4 + [3.0]
+        assert store.log_lines(run_id) == ["first", "second", "third"]
+        store._seq.update({(run_id, "requests"): 0})  # a different batch where one is stored: a real conflict
+        with pytest.raises(StoreError):
+            store.write_batch(run_id, requests=_requests(2, 9.0))

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -258,3 +259,42 @@ def test_an_idle_connection_to_a_restarted_server_is_replaced_before_use(
         pg_server.start()
         monkeypatch.setattr("db.schema.IDLE_PING_S", 0.0)  # as if idle for long
         assert [r.name for r in store.list_runs()] == ["before the restart"]
+
+
+def test_two_processes_ending_one_run_pack_its_telemetry_once(pg_server: PgServer,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes that found one run orphaned both end it: the second waits for the first,
+    where packing the telemetry at once would keep every sample twice."""
+    url = pg_server.create_database()
+    with RunStore(url) as store:
+        run_id = store.create_run(name="found orphaned twice")
+        for t in range(3):
+            store.write_batch(run_id, samples=[SampleIn("host", float(t), 1.9e9 + t, {"x": float(t)})])
+    import db.writes
+
+    packing, go_on = threading.Event(), threading.Event()
+    real_encode = db.writes.encode_series
+
+    def first_one_pauses(block: Any) -> bytes:  # the first process stops between reading and writing
+        if not packing.is_set():
+            packing.set()
+            go_on.wait(30)
+        return real_encode(block)
+
+    monkeypatch.setattr(db.writes, "encode_series", first_one_pauses)
+
+    def end_it() -> None:
+        with RunStore(url, mark_interrupted=False) as other:
+            other.finish_run(run_id, "interrupted", "its writer died")
+
+    first = threading.Thread(target=end_it)
+    first.start()
+    assert packing.wait(30)
+    second = threading.Thread(target=end_it)
+    second.start()
+    time.sleep(1.0)  # the second reads and packs now, unless it waits for the first
+    go_on.set()
+    first.join(60)
+    second.join(60)
+    with RunStore(url, mark_interrupted=False) as store:
+        assert store.samples(run_id)["host"].column("x").tolist() == [0.0, 1.0, 2.0]
