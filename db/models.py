@@ -57,6 +57,7 @@ class Run(Base):
     author: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     gpu_model: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
 
     __table_args__ = (
         Index("ix_runs_started_at", "started_at"),  # revision 0002
@@ -169,7 +170,7 @@ class Tune(Base):
     doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
-    writer_host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
 
 
 class TuneTrial(Base):

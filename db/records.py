@@ -127,6 +127,8 @@ class RunDetail(RunInfo):
     engine_info: dict[str, Any] = Field(default_factory=dict)
     summary: dict[str, Any] = Field(default_factory=dict)
     t0_mono: float | None = None
+    writer_namespace: str = ""
+    """Where the pid of the process recording it means something (``pid_namespace``)."""
     levels: list[LevelInfo] = Field(default_factory=list)
     events: list[dict[str, Any]] = Field(default_factory=list)
     n_requests: int = 0

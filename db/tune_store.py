@@ -19,8 +19,8 @@ from sqlalchemy import delete, insert, select, update
 from db.errors import StoreError, guarded
 from db.models import Tune, TuneTrial
 from db.store import RunStore
-from db.writes import this_host, writer_may_be_alive
-from engine_adapters.process_group import process_identity
+from db.writes import writer_may_be_alive
+from engine_adapters.process_group import pid_namespace, process_identity
 from engine_adapters.secrets import mask_obj, mask_text
 
 TUNE_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
@@ -44,19 +44,19 @@ class StoredTune:
     doc: dict[str, Any]
     writer_pid: int | None = None
     writer_create_time: float | None = None
-    writer_host: str = ""
+    writer_namespace: str = ""
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def writer_is_alive(self) -> bool:
-        return writer_may_be_alive(self.writer_pid, self.writer_create_time, self.writer_host)
+        return writer_may_be_alive(self.writer_pid, self.writer_create_time, self.writer_namespace)
 
 
 def _tune(row: Any, trials: list[dict[str, Any]]) -> StoredTune:
     return StoredTune(id=row.id, name=row.name, profile=row.profile, status=row.status, reason=row.reason,
                       strategy=row.strategy, slo=row.slo, created_at=row.created_at, updated_at=row.updated_at,
                       doc=dict(row.doc or {}), writer_pid=row.writer_pid, writer_create_time=row.writer_create_time,
-                      writer_host=row.writer_host, trials=trials)
+                      writer_namespace=row.writer_namespace, trials=trials)
 
 
 def _trial(row: Any) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def create_tune(store: RunStore, tune_id: str, *, name: str, profile: str, strat
         conn.execute(insert(Tune).values(id=tune_id, name=name, profile=profile, status="running", reason=None,
                                          strategy=strategy, slo=slo, created_at=now, updated_at=now,
                                          doc=mask_obj(dict(doc)), writer_pid=pid, writer_create_time=created,
-                                         writer_host=this_host()))
+                                         writer_namespace=pid_namespace()))
 
 
 @guarded
@@ -97,7 +97,7 @@ def update_tune(store: RunStore, tune_id: str, *, status: str | None = None, rea
             values["doc"] = mask_obj({**(row.doc or {}), **dict(doc)})
         if claim:
             values["writer_pid"], values["writer_create_time"] = process_identity()
-            values["writer_host"] = this_host()
+            values["writer_namespace"] = pid_namespace()
         conn.execute(update(Tune).where(Tune.id == tune_id).values(**values))
 
 

@@ -27,6 +27,7 @@ from db.models import RUN_STATUSES, Base, Level, LogChunk, RequestChunk, Run, Ru
 from db.queries import RunQueries, request_arrays
 from db.records import ImportedRun, LevelInfo, RequestArrays, SampleIn, SeriesBlock, gpu_model_of
 from db.series import encode_log, encode_series, pack_samples
+from engine_adapters.process_group import pid_namespace
 from engine_adapters.process_group import same_process_alive as writer_alive
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
@@ -47,10 +48,12 @@ def default_author() -> str:
         return f"uid {os.getuid()}"
 
 
-def writer_may_be_alive(pid: int | None, start: float | None, host: str | None) -> bool:
+def writer_may_be_alive(pid: int | None, start: float | None, namespace: str | None) -> bool:
     """Whether the process that writes a run (or a tune) may still be writing it. Only a writer
-    on this host can be looked at: one on another host (a shared store) is taken as alive."""
-    if host and host != this_host():
+    whose pids mean the same here (``pid_namespace``: this host, boot and container) can be looked
+    at: another one (a shared store) is taken as alive. An empty namespace: recorded before
+    namespaces were, on this machine."""
+    if namespace and namespace != pid_namespace():
         return True
     return writer_alive(pid, start)
 
@@ -134,13 +137,14 @@ class RunWrites(RunQueries):
             writer_pid=self._pid if status == "running" else None,
             writer_create_time=self._create_time if status == "running" else None, dropped_items=0,
             author=self.author, host=this_host(), gpu_model=gpu_model_of(hardware or {}),
+            writer_namespace=pid_namespace() if status == "running" else "",
         )
         with self.engine.begin() as conn:
-            found = conn.execute(select(Run.id, Run.status, Run.writer_pid, Run.writer_create_time, Run.host)
-                                 .where(Run.uid == values["uid"])).first()
+            found = conn.execute(select(Run.id, Run.status, Run.writer_pid, Run.writer_create_time,
+                                        Run.writer_namespace).where(Run.uid == values["uid"])).first()
             if found is not None and status == found.status == "running" and \
-                    (found.writer_pid, found.writer_create_time, found.host) == (self._pid, self._create_time,
-                                                                                 values["host"]):
+                    (found.writer_pid, found.writer_create_time, found.writer_namespace) == (
+                        self._pid, self._create_time, values["writer_namespace"]):
                 return int(found.id)  # this process made it: a retry whose first try's answer was lost
             if found is not None:
                 raise StoreError(f"a run with id {values['uid']} is already stored")
@@ -346,9 +350,10 @@ class RunWrites(RunQueries):
         host's writers can be looked at: a run another workbench records into a shared store
         stays ``running`` here."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(Run.id, Run.writer_pid, Run.writer_create_time, Run.host)
+            rows = conn.execute(select(Run.id, Run.writer_pid, Run.writer_create_time, Run.writer_namespace)
                                 .where(Run.status == "running")).all()
-        return [(r.id, r.writer_pid) for r in rows if not writer_may_be_alive(r.writer_pid, r.writer_create_time, r.host)]
+        return [(r.id, r.writer_pid) for r in rows
+                if not writer_may_be_alive(r.writer_pid, r.writer_create_time, r.writer_namespace)]
 
     # -- editing -------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import signal
 import subprocess
 import time
@@ -44,6 +45,21 @@ def process_start_s(pid: int) -> float | None:
     # plain, and the start time is field 22 of the whole line.
     fields = stat[stat.rindex(b")") + 2:].split()
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def pid_namespace() -> str:
+    """Where this process's pids mean something: the host name, the boot and the pid namespace.
+    Two containers on one host (``--net=host`` gives them one host name) or one host after a
+    reboot number their processes apart, so a pid recorded in one is never looked up in another."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        boot = "?"
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "?"
+    return f"{platform.node()}/{boot}/{namespace}"
 
 
 def process_identity(pid: int | None = None) -> tuple[int, float]:

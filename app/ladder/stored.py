@@ -105,8 +105,8 @@ def _assemble(ladder_id: str, runs: list[RunDetail]) -> tuple[LadderState, bool]
                 _row_from_run(row, run)
     found = False
     if state.status == "running":
-        hosts = {r.host for r in runs}
-        alive = writer_may_be_alive(state.writer_pid, state.writer_create_time, hosts.pop() if len(hosts) == 1 else "") \
+        places = {r.writer_namespace for r in runs}  # its writer recorded them: where its pid means something
+        alive = writer_may_be_alive(state.writer_pid, state.writer_create_time, places.pop() if len(places) == 1 else "") \
             if state.writer_pid else any(r.status == "running" for r in runs)
         if not alive:
             found = True

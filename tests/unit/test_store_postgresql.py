@@ -21,6 +21,7 @@ from app.recording import RunRecorder, unspill
 from app.store import RunStore, SampleIn, StoreError
 from db import tune_store
 from db.models import Run, Tune
+from engine_adapters.process_group import pid_namespace
 from tests.pg_server import PgServer
 from tests.unit.test_store_recording import _finish, _request, _start
 
@@ -132,17 +133,26 @@ def test_two_processes_write_fifty_runs_each_into_one_database(pg_server: PgServ
         assert store.requests(runs[0].id).ttft_ms.tolist() == [float(i) for i in range(REQUESTS_PER_RUN)]
 
 
-def test_a_run_another_host_is_recording_stays_running(pg_server: PgServer) -> None:
+def test_a_run_another_host_or_container_is_recording_stays_running(pg_server: PgServer) -> None:
+    """Only where its writer's pid means something can one tell a run's writer died: on another
+    host, or in another container of this host (one host name with --net=host, other pids)."""
     url = pg_server.create_database()
+    here = pid_namespace()
+    elsewhere = {"another host": "gpu-box-7/1234abcd/4026531836",
+                 "another container here": f"{here.rsplit('/', 1)[0]}/4026539999"}
     with RunStore(url) as store:
-        run_id = store.create_run(name="on the other workbench")
-        with store.engine.begin() as conn:  # its writer: a pid here that is long gone, on another host
-            conn.execute(update(Run).where(Run.id == run_id).values(host="gpu-box-7", writer_pid=2**22 + 7,
-                                                                    writer_create_time=1.0))
+        ids = {}
+        for name, namespace in {**elsewhere, "this one": here}.items():
+            ids[name] = store.create_run(name=name)
+            with store.engine.begin() as conn:  # its writer: a pid that is long gone (here)
+                conn.execute(update(Run).where(Run.id == ids[name]).values(
+                    host=namespace.split("/")[0], writer_pid=2**22 + 7, writer_create_time=1.0,
+                    writer_namespace=namespace))
     with RunStore(url) as store:
-        assert store.interrupted_on_open == [] and store.get_run(run_id).status == "running"
+        assert store.interrupted_on_open == [ids["this one"]]
+        assert [store.get_run(ids[name]).status for name in elsewhere] == ["running", "running"]
         (info,) = store.list_runs(host="gpu-box-7")
-        assert info.id == run_id and store.list_runs(host="elsewhere") == []
+        assert info.id == ids["another host"] and store.list_runs(host="elsewhere") == []
 
 
 def test_a_tune_another_host_is_running_is_not_taken_for_dead(pg_server: PgServer) -> None:
@@ -154,7 +164,7 @@ def test_a_tune_another_host_is_running_is_not_taken_for_dead(pg_server: PgServe
             conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_pid=2**22 + 7, writer_create_time=1.0))
         assert not tune_store.get_tune(store, "t-1").writer_is_alive  # a dead process of this host
         with store.engine.begin() as conn:
-            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_host="gpu-box-7"))
+            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_namespace="gpu-box-7/1234abcd/1"))
         assert tune_store.get_tune(store, "t-1").writer_is_alive  # only gpu-box-7 can tell
 
 

@@ -1,7 +1,7 @@
 """Who recorded a run and where: its author, host and GPU model, so that a team's shared store
 can be filtered by them (runs recorded before this revision take host and GPU model from their
-stored hardware, and no author); and the host of a tune's writer (only that host can tell
-whether it still runs).
+stored hardware, and no author); and where a run's or a tune's writer's pid means something
+(``engine_adapters.process_group.pid_namespace``: only there can one tell whether it still runs).
 
 Revision ID: 0006
 Revises: 0005
@@ -25,9 +25,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for column in ("author", "host", "gpu_model"):
+    for column in ("author", "host", "gpu_model", "writer_namespace"):
         op.add_column("runs", sa.Column(column, sa.Text, nullable=False, server_default=""))
-    op.add_column("tunes", sa.Column("writer_host", sa.Text, nullable=False, server_default=""))
+    op.add_column("tunes", sa.Column("writer_namespace", sa.Text, nullable=False, server_default=""))
     op.create_index("ix_runs_author", "runs", ["author"])
     op.create_index("ix_runs_host", "runs", ["host"])
     conn = op.get_bind()
@@ -45,6 +45,6 @@ def downgrade() -> None:
     op.drop_index("ix_runs_author", table_name="runs")
     # ALTER TABLE, not a batch copy: SQLite's copy drops the old ``runs``, and with foreign keys on
     # that deletes every run's rows in the tables that cascade from it.
-    for column in ("gpu_model", "host", "author"):
+    for column in ("writer_namespace", "gpu_model", "host", "author"):
         op.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    op.execute("ALTER TABLE tunes DROP COLUMN writer_host")
+    op.execute("ALTER TABLE tunes DROP COLUMN writer_namespace")
