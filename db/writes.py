@@ -51,10 +51,12 @@ def default_author() -> str:
 def writer_may_be_alive(pid: int | None, start: float | None, namespace: str | None) -> bool:
     """Whether the process that writes a run (or a tune) may still be writing it. Only a writer
     whose pids mean the same here (``pid_namespace``: this host, boot and container) can be looked
-    at: another one (a shared store) is taken as alive. An empty namespace: recorded before
-    namespaces were, on this machine."""
-    if namespace and namespace != pid_namespace():
-        return True
+    at: another one (a shared store) is taken as alive, unless it ran on this host before its
+    last boot. An empty namespace: recorded before namespaces were, on this machine."""
+    if namespace and namespace != (here := pid_namespace()):
+        host, boot, _ = (namespace.split("/") + ["", ""])[:3]
+        this_host_name, this_boot, _ = here.split("/")
+        return not (host == this_host_name and boot != this_boot)  # this host rebooted since: it died
     return writer_alive(pid, start)
 
 
