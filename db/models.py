@@ -148,51 +148,52 @@ class RunEvent(Base):
     payload: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
 
 
-# --- tuner (owned by the tuner: db/tune_store.py reads and writes these) ---------------------------
+# --- campaigns (db/campaign_store.py reads and writes these) -------------------------------------
+
+CAMPAIGN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
 
 
-class Tune(Base):
-    """One tune (``tunebench tune``): its SLO, strategy and search space, its status and pick.
-    ``doc`` holds the rest as JSON (space, base configuration, budget, candidates, pick), so a
-    stopped or crashed tune can be resumed from the store alone (revision 0005)."""
+class Campaign(Base):
+    """One campaign: a sequence of runs driven as one (an acceleration ladder, a tune). ``state``
+    is the campaign's own JSON (a ladder's staircase, a tune's space, candidates and pick) less its
+    run links, so a stopped or crashed campaign reads back, or resumes, from the store alone
+    (revision 0007, which carried the ``tunes`` table and the ladders kept in run summaries over)."""
 
-    __tablename__ = "tunes"
+    __tablename__ = "campaigns"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
     name: Mapped[str] = mapped_column(Text, default="")
     profile: Mapped[str] = mapped_column(Text, default="")
     status: Mapped[str] = mapped_column(String(16), default="running")
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    strategy: Mapped[str] = mapped_column(String(16), default="grid")
-    slo: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
-    doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    revision: Mapped[int] = mapped_column(Int64, default=0)
+    state: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
     writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
-    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+    __table_args__ = (Index("ix_campaigns_kind", "kind", "created_at"),)
 
 
-class TuneTrial(Base):
-    """One trial of a tune: an engine configuration (``knobs``, candidate ``candidate``) at one
-    load, measured by the run ``run_id`` (kept when the run is deleted: the figures stay here),
-    or a point imported from another tool (``source``)."""
+class CampaignRun(Base):
+    """A campaign's step and what measured it: the run ``run_id`` (kept when the run is deleted:
+    ``doc`` keeps a tune trial's figures), or a point imported from another tool (``role``).
+    A step repeated has one row per repeat (``idx``)."""
 
-    __tablename__ = "tune_trials"
+    __tablename__ = "campaign_runs"
 
-    tune_id: Mapped[str] = mapped_column(ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True)
+    campaign_id: Mapped[str] = mapped_column(ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Int64, primary_key=True)
     idx: Mapped[int] = mapped_column(Int64, primary_key=True)
-    candidate: Mapped[int] = mapped_column(Int64, default=0)
-    source: Mapped[str] = mapped_column(String(32), default="measured")
-    status: Mapped[str] = mapped_column(String(16), default="pending")
-    knobs: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
-    load_kind: Mapped[str] = mapped_column(String(16), default="concurrency")
-    load_value: Mapped[float | None] = mapped_column(Float, nullable=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), nullable=True)
-    figures: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    role: Mapped[str] = mapped_column(String(32), default="measured")
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     doc: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
 
-    __table_args__ = (Index("ix_tune_trials_candidate", "tune_id", "candidate"),)
+    __table_args__ = (Index("ix_campaign_runs_run", "run_id"),)

@@ -39,7 +39,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 PAGE_SIZE_BYTES = 8192
 """Pages of new files: a flush's request chunk (about 10 KiB in a busy run) fills one overflow page
 and leaves a small rest in its leaf page; with 4 KiB pages the rests waste about 5% of the file."""
-HISTORIC_TABLES = frozenset({"requests", "request_chunks_new", "request_chunks_old"})
+HISTORIC_TABLES = frozenset({"requests", "request_chunks_new", "request_chunks_old", "tunes", "tune_trials"})
 """Tables older revisions had, or that a migration makes on its way (beside ``db.models``'s)."""
 BATCH_TABLE_PREFIX = "_alembic_tmp_"
 """Alembic's batch mode copies a table to ``_alembic_tmp_<name>`` before it drops the old one."""

@@ -2,9 +2,10 @@
 
 A copy is row for row, in SQLAlchemy Core so that it reads and writes both backends the same way:
 every column of a run and of its tags, levels, request, sample and log chunks and events, then the
-tunes and their trials. Only the destination's own keys are new: a run's ``id`` (its ``uid`` is
-kept, and is what makes a copy idempotent), a sample chunk's and an event's ``id`` (their order is
-kept), and a trial's ``run_id``, which is mapped to the destination's id of the same run. JSON
+campaigns (ladders, tunes) and their links. Only the destination's own keys are new: a run's ``id``
+(its ``uid`` is kept, and is what makes a copy idempotent), a sample chunk's and an event's ``id``
+(their order is kept), and a link's ``run_id``, which is mapped to the destination's id of the
+same run. JSON
 columns keep the difference between SQL NULL and JSON ``null``; bytes are copied as they are.
 
 One run at a time, each in one destination transaction, its chunks read in batches: the memory a
@@ -23,7 +24,18 @@ from sqlalchemy import JSON, Connection, Table, bindparam, func, insert, select
 
 from db.dialects import json_type
 from db.errors import StoreError, quick_check, translate
-from db.models import Base, Level, LogChunk, RequestChunk, Run, RunEvent, RunTag, SampleChunk, Tune, TuneTrial
+from db.models import (
+    Base,
+    Campaign,
+    CampaignRun,
+    Level,
+    LogChunk,
+    RequestChunk,
+    Run,
+    RunEvent,
+    RunTag,
+    SampleChunk,
+)
 from db.schema import head_revision
 from db.store import RunStore
 
@@ -39,7 +51,7 @@ RUN_TABLES: tuple[Table, ...] = tuple(
     _TABLES[t.__tablename__] for t in (RunTag, Level, RequestChunk, SampleChunk, LogChunk, RunEvent))
 """A run's rows beside its ``runs`` row, in the order they are copied."""
 
-_RUNS, _TUNES, _TRIALS = (_TABLES[t.__tablename__] for t in (Run, Tune, TuneTrial))
+_RUNS, _CAMPAIGNS, _LINKS = (_TABLES[t.__tablename__] for t in (Run, Campaign, CampaignRun))
 _NULL_FLAG = "_tb_sql_null_"
 
 
@@ -51,9 +63,9 @@ class CopyReport:
     copied: int = 0
     skipped_existing: int = 0
     skipped_running: int = 0
-    tunes_copied: int = 0
-    tunes_skipped: int = 0
-    tunes_running: int = 0
+    campaigns_copied: int = 0
+    campaigns_skipped: int = 0
+    campaigns_running: int = 0
     running: list[str] = field(default_factory=list)
 
 
@@ -172,52 +184,54 @@ def _copy_run(src: RunStore, dst: RunStore, src_id: int, uid: str, blame: _Blame
     return "copied"
 
 
-def _copy_tunes(src: RunStore, dst: RunStore, report: CopyReport, blame: _Blame) -> None:
-    """Every finished tune not in ``dst`` yet, with its trials; a trial's run is ``dst``'s run of
+def _copy_campaigns(src: RunStore, dst: RunStore, report: CopyReport, blame: _Blame) -> None:
+    """Every finished campaign not in ``dst`` yet, with its links; a link's run is ``dst``'s run of
     the same uid (None when ``dst`` has no such run: it was still running, or deleted)."""
     blame.store = src
     with src.engine.connect() as sconn:
-        tunes = list(sconn.execute(select(_TUNES.c.id, _TUNES.c.status).order_by(_TUNES.c.created_at, _TUNES.c.id)))
+        campaigns = list(sconn.execute(select(_CAMPAIGNS.c.id, _CAMPAIGNS.c.status)
+                                       .order_by(_CAMPAIGNS.c.created_at, _CAMPAIGNS.c.id)))
         uid_of: dict[int, str] = dict(sconn.execute(select(_RUNS.c.id, _RUNS.c.uid)).all())
-    if not tunes:
+    if not campaigns:
         return
     blame.store = dst
     with dst.engine.connect() as dconn:
         dst_id_of: dict[str, int] = dict(dconn.execute(select(_RUNS.c.uid, _RUNS.c.id)).all())
-    tune_skip, trial_skip = frozenset[str](), frozenset({"tune_id"})
-    for tune_id, status in tunes:
+    campaign_skip, link_skip = frozenset[str](), frozenset({"campaign_id"})
+    for campaign_id, status in campaigns:
         if status == "running":
-            report.tunes_running += 1
+            report.campaigns_running += 1
             continue
         blame.store = dst
         with dst.engine.begin() as dconn:
-            if dconn.execute(select(_TUNES.c.id).where(_TUNES.c.id == tune_id)).first() is not None:
-                report.tunes_skipped += 1
+            if dconn.execute(select(_CAMPAIGNS.c.id).where(_CAMPAIGNS.c.id == campaign_id)).first() is not None:
+                report.campaigns_skipped += 1
                 continue
             blame.store = src
             with _snapshot(src) as sconn:
-                row = (sconn.execute(select(*_copied_columns(_TUNES, tune_skip)).where(_TUNES.c.id == tune_id))
-                       .mappings().first())
+                row = (sconn.execute(select(*_copied_columns(_CAMPAIGNS, campaign_skip))
+                                     .where(_CAMPAIGNS.c.id == campaign_id)).mappings().first())
                 if row is None:  # deleted meanwhile
                     continue
-                trials = []
-                for trial in sconn.execute(select(*_copied_columns(_TRIALS, trial_skip))
-                                           .where(_TRIALS.c.tune_id == tune_id).order_by(_TRIALS.c.idx)).mappings():
-                    values = _values(trial, _TRIALS, trial_skip)
+                links = []
+                for link in sconn.execute(select(*_copied_columns(_LINKS, link_skip))
+                                          .where(_LINKS.c.campaign_id == campaign_id)
+                                          .order_by(_LINKS.c.step, _LINKS.c.idx)).mappings():
+                    values = _values(link, _LINKS, link_skip)
                     run_uid = None if values["run_id"] is None else uid_of.get(values["run_id"])
                     values["run_id"] = None if run_uid is None else dst_id_of.get(run_uid)
-                    trials.append(values)
+                    links.append(values)
             blame.store = dst
-            dconn.execute(_insert_statement(_TUNES, tune_skip), _values(row, _TUNES, tune_skip))
-            if trials:
-                dconn.execute(_insert_statement(_TRIALS, trial_skip).values(tune_id=tune_id), trials)
-        report.tunes_copied += 1
+            dconn.execute(_insert_statement(_CAMPAIGNS, campaign_skip), _values(row, _CAMPAIGNS, campaign_skip))
+            if links:
+                dconn.execute(_insert_statement(_LINKS, link_skip).values(campaign_id=campaign_id), links)
+        report.campaigns_copied += 1
 
 
 def copy_runs(src: RunStore, dst: RunStore, *, on_progress: ProgressFn | None = None) -> CopyReport:
-    """Copy every finished run of ``src`` that ``dst`` lacks (by uid), then every finished tune it
-    lacks (by id). Runs still ``running`` are left behind (``CopyReport.running``), as are running
-    tunes. Each run is copied in one transaction of ``dst``, whole or not at all; a failure is a
+    """Copy every finished run of ``src`` that ``dst`` lacks (by uid), then every finished campaign
+    it lacks (by id). Runs still ``running`` are left behind (``CopyReport.running``), as are running
+    campaigns. Each run is copied in one transaction of ``dst``, whole or not at all; a failure is a
     one-line :class:`StoreError` naming the run, and the runs copied before it stay."""
     report = CopyReport()
     blame = _Blame(src)
@@ -245,9 +259,9 @@ def copy_runs(src: RunStore, dst: RunStore, *, on_progress: ProgressFn | None = 
         if on_progress is not None:
             on_progress(done, total, uid)
     try:
-        _copy_tunes(src, dst, report, blame)
+        _copy_campaigns(src, dst, report, blame)
     except Exception as exc:
-        raise StoreError(f"copying the tunes from {src.where} to {dst.where} failed: "
+        raise StoreError(f"copying the campaigns from {src.where} to {dst.where} failed: "
                          f"{_error(exc, blame.store)}") from None
     return report
 

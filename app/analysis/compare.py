@@ -65,7 +65,7 @@ def run_metrics(run: RunDetail) -> dict[str, float]:
     definitions), engine-side and per-level figures from its recorded levels (also for runs
     stored before they were kept), startup facts, and any other number in its summary (an
     imported tool's own figures)."""
-    own = {k: v for k, v in run.summary.items() if k not in ("repeat", "ladder")}  # a set's mean, a ladder's state
+    own = {k: v for k, v in run.summary.items() if k != "repeat"}  # a set's mean
     out = {k: v for k, raw in flatten(own).items() if (v := _number(raw)) is not None}
     if (v := _number(run.engine_info.get("startup_s"))) is not None:
         out["startup_s"] = v

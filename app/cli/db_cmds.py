@@ -81,9 +81,11 @@ def copy_summary(report: CopyReport, src: RunStore, dst: RunStore) -> str:
     """The one line ``db copy`` ends with: the stores by their display names (no password)."""
     line = (f"copied {_plural(report.copied, 'run')} from {src.where} to {dst.where} "
             f"({report.skipped_existing:,} already there, {report.skipped_running:,} still running: not copied)")
-    if report.tunes_copied or report.tunes_skipped or report.tunes_running:
-        line += (f"; {_plural(report.tunes_copied, 'tune')} ({report.tunes_skipped:,} already there"
-                 + (f", {report.tunes_running:,} still running: not copied" if report.tunes_running else "") + ")")
+    if report.campaigns_copied or report.campaigns_skipped or report.campaigns_running:
+        line += (f"; {_plural(report.campaigns_copied, 'campaign')} (ladders, tunes; "
+                 f"{report.campaigns_skipped:,} already there"
+                 + (f", {report.campaigns_running:,} still running: not copied" if report.campaigns_running else "")
+                 + ")")
     return line
 
 

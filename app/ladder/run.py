@@ -13,10 +13,10 @@ many runs: engine reuse, cold caches, recording, one stored group) and keeps the
 - **Against the physics.** Each step's output tok/s is set against the planner's decode ceiling
   at the batch the engine ran (its tokens per step, at most the concurrency): "% of limit"; a
   figure above the ceiling is flagged as a bug, never shown as 120%.
-- **Stored as one group.** Every run carries ``ladder:<id>`` (and the campaign's tags); after
-  each step the whole :class:`~app.ladder.state.LadderState` is written into the summary of every
-  run of the ladder, with the writer's pid, so a ladder whose process died is found and marked
-  interrupted (``app.ladder.stored``).
+- **Stored as a campaign.** Every run carries ``ladder:<id>`` (and the campaign's tags); at each
+  step the whole :class:`~app.ladder.state.LadderState` is written as the campaign's state and
+  its runs as the campaign's links, with the writer's pid, so a ladder whose process died is found
+  and marked interrupted (``app.ladder.stored``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from app.ladder.spec import (
     setting_label,
 )
 from app.ladder.state import (
-    SUMMARY_KEY,
     TAG,
     LadderState,
     SettingChange,
@@ -429,19 +428,20 @@ class Ladder:
         self._publish(store=True)
 
     def _publish(self, store: bool) -> None:
-        """The state on the bus, and into every stored run of the ladder."""
+        """The state on the bus, and into the store (the campaign and its runs)."""
         with self._lock:
             self.state.revision += 1
             snapshot = self.state.model_copy(deep=True)
-        if store and self.recorder is not None and snapshot.run_ids:
-            doc = {SUMMARY_KEY: snapshot.model_dump(mode="json")}
-            for run_id in snapshot.run_ids:
-                try:
-                    self.recorder.store.update_run(run_id, summary=doc)
-                except Exception as exc:  # the store's own error: said once, the ladder goes on
-                    errors = getattr(self.recorder, "errors", None)
-                    if isinstance(errors, list):
-                        errors.append(f"ladder state not stored in run {run_id}: {exc}")
+        if store and self.recorder is not None:
+            from app.ladder.stored import save_ladder
+
+            try:
+                save_ladder(self.recorder.store, snapshot)
+            except Exception as exc:  # the store's own error: said once, the ladder goes on
+                errors = getattr(self.recorder, "errors", None)
+                note = f"ladder state not stored: {exc}"
+                if isinstance(errors, list) and note not in errors:
+                    errors.append(note)
         self.bus.emit(CampaignUpdated(state=snapshot))
 
 

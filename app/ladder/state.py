@@ -1,8 +1,8 @@
 """What a ladder produced: one :class:`StepRow` per planned step and the ladder around them.
 
 The same object travels on the bus (``app.events.CampaignUpdated``: the CLI's live line, the
-GUI's staircase), is written into the summary of every stored run of the ladder (``summary["ladder"]``,
-so a ladder is read back from the store without a table of its own) and feeds the HTML report.
+GUI's staircase), is stored as the ladder's campaign (``app.ladder.stored``) and feeds the HTML
+report.
 The factors are computed here once (:func:`compute_factors`), so every face shows the same.
 """
 
@@ -16,8 +16,6 @@ from pydantic import BaseModel, Field
 StepStatus = Literal["pending", "skipped", "running", "completed", "failed", "cancelled", "interrupted"]
 LadderStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
 Verification = Literal["verified", "accepted", "not active", "unknown", "none"]
-SUMMARY_KEY = "ladder"
-"""Where a stored run keeps its ladder's state (``RunDetail.summary[SUMMARY_KEY]``)."""
 TAG = "ladder:"
 """Runs of one ladder share the tag ``ladder:<id>``."""
 
@@ -120,7 +118,7 @@ class LadderState(BaseModel):
     writer_pid: int | None = None
     writer_create_time: float | None = None
     revision: int = 0
-    """Bumped at every update: of the copies kept in the runs' summaries, the highest is current."""
+    """Bumped at every update (the stored campaign keeps the latest)."""
 
     @property
     def completed_rows(self) -> list[StepRow]:

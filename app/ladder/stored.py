@@ -1,10 +1,10 @@
-"""Ladders read back from the run store: listed (History's view of them), opened whole (Compare,
-the report), and marked ``interrupted`` when the process that ran one died.
+"""Ladders in the run store: written as campaigns (``db.campaign_store``, kind ``ladder``: the
+staircase as the campaign's state, each step's runs as its links), listed (History's view of
+them), opened whole (Compare, the report), and marked ``interrupted`` when the process that ran
+one died.
 
-A ladder has no table of its own: its runs share the tag ``ladder:<id>`` and each keeps the
-ladder's latest state in its summary (``app.ladder.run``). The copy with the highest revision is
-current; runs the state does not know yet (the step that was running when the process died) are
-added from their tags (``repeat:<id>-<step>``).
+A run the ladder had not linked yet (the step that was running when the process died) is found
+by its tags (``ladder:<id>``, ``repeat:<id>-<step>``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from pydantic import ValidationError
 
 from app.analysis.compare import REPEAT_TAG
 from app.errors import UserError
-from app.ladder.state import SUMMARY_KEY, TAG, LadderState, StepRow, compute_factors
+from app.ladder.state import TAG, LadderState, StepRow, compute_factors
 from app.store import RunDetail, RunStore, StoreError
-from db.writes import writer_may_be_alive
+from db import campaign_store
+from db.campaign_store import StoredCampaign, StoredLink
 
-MAX_LISTED_RUNS = 20_000
+KIND = "ladder"
+COLUMN_FIELDS = frozenset({"ladder_id", "name", "profile", "status", "reason", "revision", "writer_pid",
+                           "writer_create_time"})
+"""A ladder state's fields that are the campaign row's own columns."""
 
 
 @dataclass
@@ -51,19 +55,30 @@ def _step_index(run: RunDetail, ladder_id: str) -> int | None:
     return None
 
 
-def _latest_state(runs: list[RunDetail]) -> LadderState | None:
-    best: LadderState | None = None
-    for run in runs:
-        doc = run.summary.get(SUMMARY_KEY) if isinstance(run.summary, dict) else None
-        if not isinstance(doc, dict):
-            continue
-        try:
-            state = LadderState.model_validate(doc)
-        except ValidationError:
-            continue
-        if best is None or state.revision > best.revision:
-            best = state
-    return best
+def save_ladder(store: RunStore, state: LadderState) -> None:
+    """The ladder's state and its runs, step by step, in one transaction (the run ids live in the
+    links only, so a copy into another store maps them)."""
+    doc = state.model_dump(mode="json", exclude=set(COLUMN_FIELDS))
+    for row in doc["rows"]:
+        row.pop("run_ids", None)
+    links = [StoredLink(step=row.index, idx=i, run_id=run_id, status=row.status)
+             for row in state.rows for i, run_id in enumerate(row.run_ids)]
+    campaign_store.save_campaign(store, state.ladder_id, kind=KIND, name=state.name, profile=state.profile,
+                                 status=state.status, reason=state.reason, state=doc, revision=state.revision,
+                                 links=links)
+
+
+def _state_of(campaign: StoredCampaign) -> LadderState:
+    by_step = campaign.run_ids_by_step()
+    rows = [{**row, "run_ids": by_step.get(int(row["index"]), [])} for row in campaign.state.get("rows") or []]
+    try:
+        return LadderState.model_validate({
+            **campaign.state, "ladder_id": campaign.id, "name": campaign.name, "profile": campaign.profile,
+            "status": campaign.status, "reason": campaign.reason, "revision": campaign.revision,
+            "writer_pid": campaign.writer_pid, "writer_create_time": campaign.writer_create_time, "rows": rows})
+    except ValidationError as exc:
+        raise UserError(f"ladder {campaign.id}: its stored state is not readable by this version: "
+                        f"{exc.errors()[0]['msg']}") from None
 
 
 def _row_from_run(row: StepRow, run: RunDetail) -> None:
@@ -82,16 +97,37 @@ def _row_from_run(row: StepRow, run: RunDetail) -> None:
         row.reason = row.reason or run.reason
 
 
-def _assemble(ladder_id: str, runs: list[RunDetail]) -> tuple[LadderState, bool]:
-    """(the ladder's state, whether it was just found interrupted)."""
-    runs = sorted(runs, key=lambda r: (r.started_at, r.id))
-    state = _latest_state(runs)
-    if state is None:  # died during its first step: only the run and its tags are known
-        first = runs[0]
-        state = LadderState(ladder_id=ladder_id, name=first.name.split(" [", 1)[0], started_wall_s=first.started_at,
-                            model=first.model, engine_version=first.engine_version, hardware=first.hardware or {})
+def _unstored(store: RunStore, ladder_id: str, run_ids: list[int]) -> StoredCampaign:
+    """A ladder whose process died in its first step, before it stored itself: known from the
+    first of its runs and their tags."""
+    infos = sorted((i for i in store.list_runs(tag=f"{TAG}{ladder_id}") if i.id in run_ids),
+                   key=lambda i: (i.started_at, i.id))
+    first = store.get_run(infos[0].id) if infos else None
+    state = {} if first is None else {"started_wall_s": first.started_at, "model": first.model,
+                                      "engine_version": first.engine_version, "hardware": first.hardware or {}}
+    return StoredCampaign(id=ladder_id, kind=KIND, name="" if first is None else first.name.split(" [", 1)[0],
+                          profile="", status="running", reason=None, created_at=0.0, updated_at=0.0, revision=0,
+                          state=state)
+
+
+def _runs_of(store: RunStore, campaign: StoredCampaign) -> list[RunDetail]:
+    """The ladder's runs: linked, or tagged with it (one running when its process died)."""
+    ids = {link.run_id for link in campaign.links if link.run_id is not None}
+    ids |= {info.id for info in store.list_runs(tag=f"{TAG}{campaign.id}")}
+    runs = []
+    for run_id in ids:
+        try:
+            runs.append(store.get_run(run_id))
+        except StoreError:  # deleted meanwhile
+            continue
+    return sorted(runs, key=lambda r: (r.started_at, r.id))
+
+
+def _assemble(campaign: StoredCampaign, runs: list[RunDetail]) -> tuple[LadderState, bool]:
+    """(the ladder's state, whether it was just found interrupted and needs writing back)."""
+    state = _state_of(campaign)
     for run in runs:
-        index = _step_index(run, ladder_id)
+        index = _step_index(run, campaign.id)
         if index is None:
             continue
         while len(state.rows) <= index:
@@ -104,53 +140,36 @@ def _assemble(ladder_id: str, runs: list[RunDetail]) -> tuple[LadderState, bool]
             if row.status in ("pending", "running"):
                 _row_from_run(row, run)
     found = False
-    if state.status == "running":
-        places = {r.writer_namespace for r in runs}  # its writer recorded them: where its pid means something
-        alive = writer_may_be_alive(state.writer_pid, state.writer_create_time, places.pop() if len(places) == 1 else "") \
-            if state.writer_pid else any(r.status == "running" for r in runs)
-        if not alive:
-            found = True
-            state.status = "interrupted"
-            state.reason = state.reason or "the process that ran the ladder ended before the ladder finished"
-            state.ended_wall_s = max((r.finished_at or r.started_at) for r in runs)
-            for row in state.rows:
-                if row.status == "running":
-                    row.status, row.reason = "interrupted", row.reason or "interrupted"
-                elif row.status == "pending":
-                    row.reason = row.reason or "not run: the ladder was interrupted"
+    if state.status == "interrupted" and (state.ended_wall_s is None or any(r.status == "running" for r in state.rows)):
+        found = True
+        ends = [(r.finished_at or r.started_at) for r in runs]
+        state.ended_wall_s = state.ended_wall_s or (max(ends) if ends else campaign.updated_at)
+        for row in state.rows:
+            if row.status == "running":
+                row.status, row.reason = "interrupted", row.reason or "interrupted"
+            elif row.status == "pending":
+                row.reason = row.reason or "not run: the ladder was interrupted"
     compute_factors(state.rows)
     return state, found
 
 
-def _persist(store: RunStore, state: LadderState, runs: list[RunDetail]) -> None:
-    """Write a state found interrupted back into the runs, so it is marked once."""
-    state.revision += 1
-    doc = {SUMMARY_KEY: state.model_dump(mode="json")}
-    for run in runs:
-        store.update_run(run.id, summary=doc)
-
-
 def list_ladders(store: RunStore, *, mark_interrupted: bool = True) -> list[StoredLadder]:
     """Every stored ladder, newest first; one whose process died is marked interrupted."""
-    groups: dict[str, list[int]] = {}
-    for info in store.list_runs(limit=MAX_LISTED_RUNS):
-        lid = ladder_tag(info.tags)
-        if lid is not None:
-            groups.setdefault(lid, []).append(info.id)
     out = []
-    for lid, ids in groups.items():
-        runs = []
-        for run_id in ids:
-            try:
-                runs.append(store.get_run(run_id))
-            except StoreError:  # deleted meanwhile
-                continue
-        if not runs:
-            continue
-        state, found = _assemble(lid, runs)
+    campaigns = campaign_store.list_campaigns(store, kind=KIND, mark_interrupted=mark_interrupted)
+    campaigns += [_unstored(store, lid, ids) for lid, ids in campaign_store.unstored_tagged(store, TAG, KIND).items()]
+    for campaign in campaigns:
+        runs = _runs_of(store, campaign)
+        if not runs and not campaign.links and not campaign.state:
+            continue  # its runs were deleted meanwhile
+        if campaign.status == "running" and not (campaign_store.writer_may_run(store, campaign) if campaign.writer_pid
+                                                 else any(r.status == "running" for r in runs)):
+            campaign.status, campaign.reason = "interrupted", campaign.reason or campaign_store.interrupted_reason(KIND)
+        state, found = _assemble(campaign, runs)
         if found and mark_interrupted:
-            _persist(store, state, runs)
-        out.append(StoredLadder(state, sorted(runs, key=lambda r: (r.started_at, r.id))))
+            state.revision += 1
+            save_ladder(store, state)
+        out.append(StoredLadder(state, runs))
     out.sort(key=lambda s: s.state.started_wall_s, reverse=True)
     return out
 

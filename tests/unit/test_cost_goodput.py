@@ -223,11 +223,13 @@ def test_the_compare_report_has_every_runs_cost_with_its_good_output(runs: tuple
 
 def _store_ladder(store: RunStore, state: LadderState) -> None:
     """``state`` as a ladder run stores it: each step's runs tagged with the ladder and the step,
-    the state in every run's summary (what ``app.ladder.stored`` reads back)."""
+    the state as the ladder's campaign (what ``app.ladder.stored`` reads back)."""
+    from app.ladder.stored import save_ladder
+
     for row in state.rows:
         for run_id in row.run_ids:
             store.tag(run_id, add=[f"ladder:{state.ladder_id}", f"repeat:{state.ladder_id}-{row.index}"])
-            store.update_run(run_id, summary={"ladder": state.model_dump(mode="json")})
+    save_ladder(store, state)
 
 
 def test_ladders_show_and_report_price_good_output_under_the_slo_asked(runs: tuple[Path, list[Any]],

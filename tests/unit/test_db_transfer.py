@@ -96,7 +96,7 @@ def _dump(store: RunStore) -> dict[str, list[dict[str, Any]]]:
                     values["run_id"] = uid_of.get(values["run_id"])
                     values.pop("id", None)
                 rows.append(values)
-            if name not in ("tunes", "tune_trials"):  # by run (a stable sort: a run's rows keep their order)
+            if name not in ("campaigns", "campaign_runs"):  # by run (a stable sort: a run's rows keep their order)
                 rows.sort(key=lambda r: str(r.get("uid") or r.get("run_id")))
             out[name] = rows
     return out
@@ -129,9 +129,9 @@ def test_sqlite_to_postgresql_to_sqlite_keeps_every_row(tmp_path: Path, pg_serve
     progress: list[tuple[int, int, str]] = []
     with src, RunStore(pg_server.create_database()) as pg, RunStore(tmp_path / "second.db") as last:
         first = copy_runs(src, pg, on_progress=lambda *step: progress.append(step))
-        assert first == CopyReport(copied=3, skipped_running=1, tunes_copied=1, running=[running_uid])
+        assert first == CopyReport(copied=3, skipped_running=1, campaigns_copied=1, running=[running_uid])
         assert [(done, total) for done, total, _ in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
-        assert copy_runs(pg, last) == CopyReport(copied=3, tunes_copied=1)
+        assert copy_runs(pg, last) == CopyReport(copied=3, campaigns_copied=1)
 
         for uid in (src.get_run(ids[k]).uid for k in ("completed", "failed", "imported")):
             _same_runs(src, pg, uid)
@@ -140,9 +140,9 @@ def test_sqlite_to_postgresql_to_sqlite_keeps_every_row(tmp_path: Path, pg_serve
         expected["runs"] = [r for r in expected["runs"] if r["uid"] != running_uid]
         for name in ("run_tags", "levels", "request_chunks", "sample_chunks", "log_chunks", "run_events"):
             expected[name] = [r for r in expected[name] if r["run_id"] != running_uid]
-        trial_runs = [t["run_id"] for t in expected["tune_trials"]]
+        trial_runs = [t["run_id"] for t in expected["campaign_runs"]]
         assert trial_runs == [src.get_run(ids["completed"]).uid, running_uid, None]
-        expected["tune_trials"][1]["run_id"] = None  # its run was not copied
+        expected["campaign_runs"][1]["run_id"] = None  # its run was not copied
         assert _dump(pg) == expected
         assert _dump(last) == expected
         tune = tune_store.get_tune(last, "tune-1")
@@ -156,7 +156,7 @@ def test_copying_again_copies_nothing_twice(tmp_path: Path, store_at: str) -> No
         assert copy_runs(src, dst).copied == 3
         before = _dump(dst)
         again = copy_runs(src, dst)
-        assert again == CopyReport(skipped_existing=3, skipped_running=1, tunes_skipped=1,
+        assert again == CopyReport(skipped_existing=3, skipped_running=1, campaigns_skipped=1,
                                    running=[src.get_run(ids["running"]).uid])
         assert _dump(dst) == before
 
@@ -188,16 +188,16 @@ def test_cli_copy_names_both_stores_and_never_the_password(tmp_path: Path, pg_se
     assert code == 0, err
     shown = f"postgresql+psycopg://tb:***@127.0.0.1:{pg_server.port}/{database}"
     assert out == (f"copied 3 runs from {tmp_path / 'src.db'} to {shown} (0 already there, 1 still running: "
-                   f"not copied); 1 tune (0 already there)\n")
+                   f"not copied); 1 campaign (ladders, tunes; 0 already there)\n")
     assert err.splitlines() == [f"copying: {n}/4 runs ({25 * n}%)" for n in range(1, 5)]  # not a terminal
     code, out, err = _cli(capsys, "db", "copy", url, str(tmp_path / "back.db"), "--json")
     assert code == 0, err
     assert json.loads(out) == {"source": shown, "destination": str(tmp_path / "back.db"), "copied": 3,
-                               "skipped_existing": 0, "skipped_running": 0, "tunes_copied": 1, "tunes_skipped": 0,
-                               "tunes_running": 0, "running": []}
+                               "skipped_existing": 0, "skipped_running": 0, "campaigns_copied": 1, "campaigns_skipped": 0,
+                               "campaigns_running": 0, "running": []}
     code, out, err = _cli(capsys, "db", "copy", str(tmp_path / "src.db"), url)
     assert (code, out) == (0, f"copied 0 runs from {tmp_path / 'src.db'} to {shown} (3 already there, 1 still "
-                              f"running: not copied); 0 tunes (1 already there)\n")
+                              f"running: not copied); 0 campaigns (ladders, tunes; 1 already there)\n")
     code, out, err = _cli(capsys, "db", "copy", url, url.replace("Hunter2Secret", "other"))
     assert code == 2 and "both the source and the destination" in err
     code, out, err = _cli(capsys, "db", "copy", str(tmp_path / "src.db"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from app.analysis.compare import compare_runs
 from app.bus import Bus
@@ -23,10 +24,12 @@ from app.events import CampaignUpdated
 from app.ladder.run import Ladder, skip_reason
 from app.ladder.spec import LadderError, LadderSpec, LadderStepSpec, apply_step, default_ladder, ladder_base
 from app.ladder.state import LadderState, StepRow, compute_factors, limit_text
-from app.ladder.stored import list_ladders, load_ladder
+from app.ladder.stored import list_ladders, load_ladder, save_ladder
 from app.profiles import ProfileError, load_profile, profile_from_toml, profile_to_toml, resolve_profile
 from app.recording import RunRecorder
 from app.store import RunStore
+from db import campaign_store
+from db.models import Campaign
 from engine_adapters.base import ValidationIssue
 from engine_adapters.hardware import HardwareInfo
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
@@ -196,9 +199,12 @@ def test_a_ladder_reuses_the_engine_for_load_steps_and_stores_one_group(store: R
     assert [s.rows[1].status for s in seen].index("running") < [s.rows[1].status for s in seen].index("completed")
     (stored,) = list_ladders(store)
     assert stored.state.status == "completed" and stored.run_ids == state.run_ids == [1, 2, 3, 4]
+    campaign = campaign_store.get_campaign(store, state.ladder_id)
+    assert campaign.kind == "ladder" and campaign.revision == state.revision
+    assert [link.run_id for link in campaign.links] == stored.run_ids
     for run_id in stored.run_ids:
         run = store.get_run(run_id)
-        assert f"ladder:{state.ladder_id}" in run.tags and run.summary["ladder"]["revision"] == state.revision
+        assert f"ladder:{state.ladder_id}" in run.tags and "ladder" not in run.summary
     comparison = compare_runs(store, stored.run_ids)  # Compare opens it as a whole, the baseline first
     assert comparison.baseline == 0 and len(comparison.runs) == 4
     assert "ladder.revision" not in {m.name for m in comparison.metrics}  # the state is not a figure
@@ -275,10 +281,11 @@ def test_a_ladder_whose_process_died_reads_back_interrupted_once(store: RunStore
     state, _, _ = run_ladder(store)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    state.status, state.writer_pid, state.writer_create_time = "running", dead.pid, None
-    state.rows[3].status, state.revision = "running", state.revision + 1
-    for run_id in state.run_ids:
-        store.update_run(run_id, summary={"ladder": state.model_dump(mode="json")})
+    state.status, state.rows[3].status, state.revision = "running", "running", state.revision + 1
+    save_ladder(store, state)
+    with store.engine.begin() as conn:  # as if the dead process had written it
+        conn.execute(update(Campaign).where(Campaign.id == state.ladder_id)
+                     .values(writer_pid=dead.pid, writer_create_time=None))
     (found,) = list_ladders(store)
     assert found.state.status == "interrupted" and found.state.rows[3].status == "interrupted"
     assert found.state.rows[0].status == "completed" and found.state.rows[0].factor_baseline == 1.0

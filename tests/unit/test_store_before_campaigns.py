@@ -80,3 +80,41 @@ def test_a_stored_repeat_set_compares_as_it_did(old_db: Path) -> None:
 def test_the_runs_are_all_there(old_db: Path) -> None:
     listed = _json("runs", "list", "--db", str(old_db), "--json")
     assert len(listed) == EXPECTED["runs"]
+
+
+def test_the_campaigns_move_into_one_stored_form_and_back(tmp_path: Path) -> None:
+    """Revision 0007 carries every ladder (from its runs' summaries) and every tune (from its own
+    tables) into ``campaigns`` and ``campaign_runs``; its downgrade writes both old forms back,
+    and upgrading again shows the same."""
+    from alembic import command
+
+    from app.store import RunStore, alembic_config
+    from db import campaign_store
+    from db.schema import open_engine
+
+    path = tmp_path / "runs.db"
+    shutil.copyfile(DATA / "store-before-campaigns.db", path)
+    with RunStore(path) as store:
+        campaigns = {c.id: c for c in campaign_store.list_campaigns(store, mark_interrupted=False)}
+        assert {i for i, c in campaigns.items() if c.kind == "ladder"} == set(EXPECTED["ladders"])
+        assert {i for i, c in campaigns.items() if c.kind == "tune"} == set(EXPECTED["tunes"])
+        for ladder_id, shown in EXPECTED["ladders"].items():
+            linked = campaigns[ladder_id].run_ids_by_step()
+            assert {r["index"]: r["run_ids"] for r in shown["rows"] if r["run_ids"]} == linked
+        assert not any("ladder" in store.get_run(r.id).summary for r in store.list_runs())
+    engine = open_engine(path, 5.0)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0006")
+    with engine.connect() as conn:
+        tunes = conn.exec_driver_sql("SELECT count(*) FROM tunes").scalar()
+        trials = conn.exec_driver_sql("SELECT count(*) FROM tune_trials").scalar()
+        with_ladder = conn.exec_driver_sql("SELECT count(*) FROM runs WHERE summary LIKE '%\"ladder\"%'").scalar()
+    engine.dispose()
+    assert tunes == len(EXPECTED["tunes"]) and trials == sum(len(t["trials"]) for t in EXPECTED["tunes"].values())
+    assert with_ladder == sum(len(r["run_ids"]) for s in EXPECTED["ladders"].values() for r in s["rows"])
+    for ladder_id in EXPECTED["ladders"]:  # upgraded again on open
+        test_a_stored_ladder_shows_what_it_showed(path, ladder_id)
+    for tune_id in EXPECTED["tunes"]:
+        test_a_stored_tune_shows_what_it_showed(path, tune_id)

@@ -38,7 +38,7 @@ engine.dispose()
 print("created")
 """
 PAUSE_POINTS = ["CREATE TABLE requests", "CREATE TABLE log_chunks", "DROP TABLE request_chunks",
-                "CREATE TABLE tune_trials"]
+                "CREATE TABLE campaign_runs"]
 """Statements after which the creator stops: among the first revision's tables (made one by one),
 in a table rebuild between its copy and its rename, and in the last revision."""
 

@@ -20,7 +20,7 @@ from app.cli import main
 from app.recording import RunRecorder, unspill
 from app.store import RunStore, SampleIn, StoreError
 from db import tune_store
-from db.models import Run, Tune
+from db.models import Campaign, Run
 from engine_adapters.process_group import pid_namespace
 from tests.pg_server import PgServer
 from tests.unit.test_store_recording import _finish, _request, _start
@@ -163,10 +163,10 @@ def test_a_tune_another_host_is_running_is_not_taken_for_dead(pg_server: PgServe
         tune_store.create_tune(store, "t-1", name="t", profile="p", strategy="grid", slo="", doc={})
         assert tune_store.get_tune(store, "t-1").writer_is_alive  # this process
         with store.engine.begin() as conn:
-            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_pid=2**22 + 7, writer_create_time=1.0))
+            conn.execute(update(Campaign).where(Campaign.id == "t-1").values(writer_pid=2**22 + 7, writer_create_time=1.0))
         assert not tune_store.get_tune(store, "t-1").writer_is_alive  # a dead process of this host
         with store.engine.begin() as conn:
-            conn.execute(update(Tune).where(Tune.id == "t-1").values(writer_namespace="gpu-box-7/1234abcd/1"))
+            conn.execute(update(Campaign).where(Campaign.id == "t-1").values(writer_namespace="gpu-box-7/1234abcd/1"))
         assert tune_store.get_tune(store, "t-1").writer_is_alive  # only gpu-box-7 can tell
 
 

@@ -305,7 +305,7 @@ def test_resume_after_a_crash_keeps_completed_trials_and_reruns_the_rest(store: 
     # A process that dies by SIGKILL leaves the tune "running" with a dead writer: listed interrupted.
     tune_store.update_tune(store, crashed.id, status="running")
     with store.engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE tunes SET writer_pid = 999999999 WHERE id = ?", (crashed.id,))
+        conn.exec_driver_sql("UPDATE campaigns SET writer_pid = 999999999 WHERE id = ?", (crashed.id,))
     assert tune_store.find_tune(store, crashed.id).status == "interrupted"
 
     FakeTuneRunner.reset()
