@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fuzz.hostile import cli
+from tests.pg_server import PgServer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 EXPECTED = json.loads((DATA / "store-before-campaigns.expected.json").read_text())
@@ -118,3 +119,42 @@ def test_the_campaigns_move_into_one_stored_form_and_back(tmp_path: Path) -> Non
         test_a_stored_ladder_shows_what_it_showed(path, ladder_id)
     for tune_id in EXPECTED["tunes"]:
         test_a_stored_tune_shows_what_it_showed(path, tune_id)
+
+
+def test_the_campaigns_move_over_on_postgresql_too(tmp_path: Path, pg_server: PgServer) -> None:
+    """The fixture's rows at revision 0006, loaded into PostgreSQL at 0006, then opened: the same
+    revision 0007 carries them over there, and every ladder and tune shows what it showed."""
+    from sqlalchemy import Boolean, MetaData, insert
+
+    from app.store import RunStore, create_at_revision
+    from db.schema import open_engine, store_location
+
+    path = tmp_path / "runs.db"
+    shutil.copyfile(DATA / "store-before-campaigns.db", path)
+    create_at_revision(path, "0006")
+    url = pg_server.create_database()
+    create_at_revision(url, "0006")
+    source, target = open_engine(store_location(path), 5.0), open_engine(store_location(url), 5.0)
+    try:
+        tables = MetaData()
+        tables.reflect(target)
+        with source.connect() as sconn, target.begin() as tconn:
+            for table in tables.sorted_tables:
+                if table.name == "alembic_version":
+                    continue
+                columns = [c.name for c in table.columns]
+                rows = sconn.exec_driver_sql(f"SELECT {', '.join(columns)} FROM {table.name}").all()
+                if rows:
+                    tconn.execute(insert(table), [{c: bool(v) if isinstance(table.c[c].type, Boolean) and v is not None
+                                                   else v for c, v in zip(columns, row, strict=True)} for row in rows])
+    finally:
+        source.dispose()
+        target.dispose()
+    with RunStore(url) as store:
+        assert store.schema_revision() == "0007"
+    for ladder_id in EXPECTED["ladders"]:
+        shown = _json("ladders", "show", ladder_id, "--db", url, "--json")
+        assert not (lost := _kept(EXPECTED["ladders"][ladder_id], shown)), lost[:10]
+    for tune_id in EXPECTED["tunes"]:
+        shown = _json("tunes", "show", tune_id, "--db", url, "--json")
+        assert not (lost := _kept(EXPECTED["tunes"][tune_id], shown)), lost[:10]
