@@ -234,11 +234,14 @@ class Campaign:
         self.extra_tags = list(extra_tags)
         self._last_engine: EngineProcess | None = None
 
-    def run(self, cancel: threading.Event | None = None) -> CampaignResult:
+    def run(self, cancel: threading.Event | None = None, *, start_at: int = 0) -> CampaignResult:
+        """``start_at``: the first step to run (a resumed campaign keeps the steps before it)."""
         cancel = cancel or threading.Event()
         result = CampaignResult(self.campaign_id)
         try:
             for index, step in enumerate(self.steps):
+                if index < start_at:
+                    continue
                 if cancel.is_set():
                     result.status, result.reason = "cancelled", "cancelled"
                     break

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, insert, select, update
 
 from db.errors import StoreError, guarded
-from db.models import CAMPAIGN_STATUSES, Campaign, CampaignRun, Run, RunTag
+from db.models import CAMPAIGN_KINDS, CAMPAIGN_STATUSES, Campaign, CampaignRun, Run, RunTag
 from db.store import RunStore
 from db.writes import writer_may_be_alive
 from engine_adapters.process_group import pid_namespace, process_identity
@@ -233,17 +233,23 @@ def list_campaigns(store: RunStore, *, kind: str | None = None, mark_interrupted
     return campaigns
 
 
-def find_campaign(store: RunStore, ref: str, *, kind: str, mark_interrupted: bool = True) -> StoredCampaign:
-    """A campaign of ``kind`` by its id (``<kind>:`` prefix allowed; a unique start is enough)."""
-    text = ref.strip().removeprefix(f"{kind}:")
+def find_campaign(store: RunStore, ref: str, *, kind: str | None = None,
+                  mark_interrupted: bool = True) -> StoredCampaign:
+    """A campaign (of ``kind``) by its id (a ``<kind>:`` prefix allowed; a unique start is enough)."""
+    noun = kind or "campaign"
+    text = ref.strip()
+    prefix, _, rest = text.partition(":")
+    if rest and (prefix == kind or (kind is None and prefix in CAMPAIGN_KINDS)):
+        text = rest
     campaigns = list_campaigns(store, kind=kind, mark_interrupted=mark_interrupted)
     exact = [c for c in campaigns if c.id == text]
     found = exact or ([c for c in campaigns if c.id.startswith(text)] if text else [])
     if len(found) == 1:
         return found[0]
     if len(found) > 1:
-        raise StoreError(f"{kind} '{ref}' is ambiguous: {', '.join(c.id for c in found)}")
-    raise StoreError(f"no stored {kind} '{ref}' (tunebench {kind}s lists them)")
+        raise StoreError(f"{noun} '{ref}' is ambiguous: {', '.join(c.id for c in found)}")
+    where = f"tunebench {kind}s lists them" if kind else "tunebench ladders and tunebench tunes list them"
+    raise StoreError(f"no stored {noun} '{ref}' ({where})")
 
 
 @guarded

@@ -150,6 +150,7 @@ class RunEvent(Base):
 
 # --- campaigns (db/campaign_store.py reads and writes these) -------------------------------------
 
+CAMPAIGN_KINDS = ("ladder", "tune")
 CAMPAIGN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
 
 

@@ -250,12 +250,26 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         if json_path is not None:
             shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(r.status != "skipped" for r in planned.rows) else shared.EXIT_FAILED
+    if args.no_store and args.resume is not None:
+        raise UserError("--resume reads the ladder from the run database: it cannot go with --no-store")
+
+    def build(recorder: Any) -> Ladder:
+        if args.resume is None:
+            return Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry)
+        from app.ladder.stored import resumable_ladder
+
+        stored = resumable_ladder(recorder.store, args.resume or None, stem)
+        ladder = Ladder.resume(stored, bus, recorder=recorder, telemetry=not args.no_telemetry)
+        kept = sum(1 for r in stored.rows if r.status == "completed")
+        print(safe(f"resuming ladder {stored.ladder_id} ({stored.status}): {kept} completed step(s) kept"))
+        return ladder
+
     console = _LadderConsole(sys.stdout, args.verbose)
     state: LadderState
-    ladder, state, recorder = shared.run_campaign(
-        bus, args, lambda recorder: Ladder(config, bus, spec=spec, profile=stem, recorder=recorder,
-                                           telemetry=not args.no_telemetry),
-        console.handle, name="tunebench-ladder", extra_events=(CampaignUpdated,))
+    ladder, state, recorder = shared.run_campaign(bus, args, build, console.handle, name="tunebench-ladder",
+                                                  extra_events=(CampaignUpdated,),
+                                                  cancel_note="stopping requests and the engine; --resume goes on "
+                                                              "later")
     print()
     costs = _stored_step_costs(args, state)
     print(format_ladder_table(state, costs))
@@ -269,7 +283,9 @@ def cmd_ladder(args: argparse.Namespace) -> int:
                              + (f"; tunebench export {final.run_ids[-1]} --format bash: the final step's launch "
                                 "script" if final is not None and final.run_ids else "") + ")")
                    if state.run_ids else None)
-    return shared.exit_code("ladder", state.status, state.reason, ok=not any(r.status == "failed" for r in state.rows))
+    return shared.exit_code("ladder", state.status, state.reason, ok=not any(r.status == "failed" for r in state.rows),
+                            cancelled_note=f"tunebench: ladder cancelled: tunebench ladder {args.profile} --resume "
+                                           f"{state.ladder_id} goes on")
 
 
 # --- stored ladders ----------------------------------------------------------------------------
@@ -356,6 +372,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="write a step's launch script instead of running ('-': standard output)")
     ladder.add_argument("--format", "-f", choices=shared.SCRIPT_FORMATS, default="bash", help="with --export (default bash)")
     ladder.add_argument("--step", type=bounded_int(1, 1000), metavar="N", help="with --export: step N (default: the last that can run)")
+    ladder.add_argument("--resume", nargs="?", const="", default=None, metavar="LADDER",
+                        help="go on with a stopped or crashed ladder (default: this profile's newest unfinished one); "
+                             "the steps before the first unfinished one are kept")
     ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
     ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
     ladder.add_argument("-v", "--verbose", action="store_true", help="print the engine log")

@@ -27,13 +27,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.analysis import metric_catalog as catalog
 from app.bus import Bus
 from app.campaign import Campaign, EngineSource, Recorder, RunnerLike, Step, StepResult, engine_key
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
-from app.events import CampaignUpdated
+from app.events import CampaignUpdated, LogLine
 from app.ladder.spec import (
     LadderError,
     LadderSpec,
@@ -46,6 +48,7 @@ from app.ladder.spec import (
     setting_label,
 )
 from app.ladder.state import (
+    KEPT_STEPS,
     TAG,
     LadderState,
     SettingChange,
@@ -134,6 +137,7 @@ class Ladder:
         self._lock = threading.Lock()
         self.campaign: Campaign | None = None
         self.campaign_result: Any = None
+        self._resumed: LadderState | None = None
         self.state = self._new_state()
 
     # -- names ------------------------------------------------------------------------------------
@@ -148,7 +152,31 @@ class Ladder:
     def _new_state(self) -> LadderState:
         rows = [StepRow(index=i, name=s.name, note=s.note) for i, s in enumerate(self.spec.steps)]
         return LadderState(ladder_id=self.ladder_id, name=self.name, profile=self.profile, started_wall_s=time.time(),
-                           workload=workload_text(self.base), model=self.base.engine.model, rows=rows)
+                           workload=workload_text(self.base), model=self.base.engine.model, rows=rows,
+                           spec=self.spec.model_dump(mode="json", exclude_none=True),
+                           base_config=mask_obj(self.base.model_dump(mode="json", exclude_none=True)))
+
+    @classmethod
+    def resume(cls, stored: LadderState, bus: Bus, **options: Any) -> Ladder:
+        """A stored ladder that did not finish every step, to go on where it stopped: the steps
+        before the first one left unfinished are kept (their runs and figures), that one and every
+        later one run again (a step builds on the one before it). ``options``: as for the
+        constructor."""
+        if stored.status == "running":
+            raise UserError(f"ladder {stored.ladder_id} is still running (pid {stored.writer_pid}): nothing to resume")
+        if next((r for r in stored.rows if r.status not in KEPT_STEPS), None) is None:
+            raise UserError(f"ladder {stored.ladder_id} ran every step: nothing to resume")
+        if not stored.spec or not stored.base_config:
+            raise UserError(f"ladder {stored.ladder_id} was stored before ladders kept what a resume needs: run it "
+                            f"again (tunebench ladder {stored.profile or 'PROFILE'})")
+        try:
+            config, spec = RunConfig.model_validate(stored.base_config), LadderSpec.model_validate(stored.spec)
+        except ValidationError as exc:
+            raise UserError(f"ladder {stored.ladder_id} cannot be resumed: its stored configuration is not valid any "
+                            f"more: {exc.errors()[0]['msg']}") from None
+        ladder = cls(config, bus, spec=spec, profile=stored.profile, ladder_id=stored.ladder_id, **options)
+        ladder._resumed = stored
+        return ladder
 
     # -- checks -----------------------------------------------------------------------------------
 
@@ -231,6 +259,7 @@ class Ladder:
             row.change, row.changes, row.concurrency = plan_row.change, plan_row.changes, plan_row.concurrency
             row.engine_restart, row.config = plan_row.engine_restart, plan_row.config
             row.reference_tok_per_s, row.reference_label = plan_row.reference_tok_per_s, plan_row.reference_label
+        start_at = self._keep_resumed(state) if self._resumed is not None else 0
         self._publish(store=False)
         steps = [Step(s.name, self.base, self.spec.repeats) for s in self.spec.steps]
         self.campaign = Campaign(steps, self.bus, engines=self.engines, recorder=self.recorder,
@@ -239,7 +268,7 @@ class Ladder:
                                  on_step_start=self._step_started, on_step_done=self._step_done,
                                  extra_tags=[TAG + self.ladder_id])
         try:
-            result = self.campaign_result = self.campaign.run(cancel)
+            result = self.campaign_result = self.campaign.run(cancel, start_at=start_at)
         except BaseException as exc:
             self._end("interrupted", f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyboardInterrupt)
                       else "interrupted")
@@ -253,6 +282,30 @@ class Ladder:
             failed = [r for r in state.rows if r.status == "failed"]
             self._end("completed", "; ".join(f"step '{r.name}' failed: {r.reason}" for r in failed) or None)
         return state
+
+    def _keep_resumed(self, state: LadderState) -> int:
+        """Take over the resumed ladder's kept steps and claim it; the first step to run again."""
+        resumed = self._resumed
+        assert resumed is not None
+        start_at = next(i for i, r in enumerate(resumed.rows) if r.status not in KEPT_STEPS)
+        state.rows[:start_at] = [r.model_copy(deep=True) for r in resumed.rows[:start_at]]
+        state.replaced_run_ids = resumed.replaced_run_ids + [i for r in resumed.rows[start_at:] for i in r.run_ids]
+        state.started_wall_s, state.revision = resumed.started_wall_s, resumed.revision
+        state.engine_launches, state.engine_version = resumed.engine_launches, resumed.engine_version
+        state.hardware, state.model = resumed.hardware or state.hardware, resumed.model or state.model
+        previous = self.base
+        for index in range(start_at):  # the kept steps rebuilt: the next one builds on the last that ran
+            if resumed.rows[index].status == "completed":
+                config, _reason = self.build_step(index, previous)
+                if config is not None:
+                    previous = self._last_ran = config
+        self.bus.emit(LogLine.note(f"resuming ladder {self.ladder_id}: {start_at} step(s) kept, running from step "
+                                   f"{start_at + 1} ({state.rows[start_at].name})"))
+        if self.recorder is not None:
+            from app.ladder.stored import claim_ladder
+
+            claim_ladder(self.recorder.store, self.ladder_id)
+        return start_at
 
     def _prepare(self, index: int, step: Step, outcomes: Sequence[StepResult]) -> Step | str:
         row = self.state.rows[index]

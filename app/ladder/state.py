@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field
 StepStatus = Literal["pending", "skipped", "running", "completed", "failed", "cancelled", "interrupted"]
 LadderStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
 Verification = Literal["verified", "accepted", "not active", "unknown", "none"]
+KEPT_STEPS = frozenset({"completed", "skipped"})
+"""Steps a resumed ladder keeps while they come before the first step left unfinished."""
 TAG = "ladder:"
 """Runs of one ladder share the tag ``ladder:<id>``."""
 
@@ -114,7 +116,13 @@ class LadderState(BaseModel):
     reference: str | None = None
     """Where the reference figures come from (the seeds' table), when they apply here."""
     engine_launches: int = 0
+    spec: dict[str, Any] = Field(default_factory=dict)
+    """The ladder's steps as asked (``app.ladder.spec.LadderSpec``): what a resume rebuilds them from."""
+    base_config: dict[str, Any] = Field(default_factory=dict)
+    """The configuration the first step changes (masked): what a resume starts from."""
     rows: list[StepRow] = Field(default_factory=list)
+    replaced_run_ids: list[int] = Field(default_factory=list)
+    """Runs of steps a resume ran again: kept in the store, no longer the staircase's."""
     writer_pid: int | None = None
     writer_create_time: float | None = None
     revision: int = 0

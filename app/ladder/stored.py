@@ -15,12 +15,14 @@ from pydantic import ValidationError
 
 from app.analysis.compare import REPEAT_TAG
 from app.errors import UserError
-from app.ladder.state import TAG, LadderState, StepRow, compute_factors
+from app.ladder.state import KEPT_STEPS, TAG, LadderState, StepRow, compute_factors
 from app.store import RunDetail, RunStore, StoreError
 from db import campaign_store
 from db.campaign_store import StoredCampaign, StoredLink
 
 KIND = "ladder"
+REPLACED, REPLACED_STEP = "replaced", -1
+"""The role and step of a link to a run a resume replaced (``LadderState.replaced_run_ids``)."""
 COLUMN_FIELDS = frozenset({"ladder_id", "name", "profile", "status", "reason", "revision", "writer_pid",
                            "writer_create_time"})
 """A ladder state's fields that are the campaign row's own columns."""
@@ -58,11 +60,13 @@ def _step_index(run: RunDetail, ladder_id: str) -> int | None:
 def save_ladder(store: RunStore, state: LadderState) -> None:
     """The ladder's state and its runs, step by step, in one transaction (the run ids live in the
     links only, so a copy into another store maps them)."""
-    doc = state.model_dump(mode="json", exclude=set(COLUMN_FIELDS))
+    doc = state.model_dump(mode="json", exclude=set(COLUMN_FIELDS) | {"replaced_run_ids"})
     for row in doc["rows"]:
         row.pop("run_ids", None)
     links = [StoredLink(step=row.index, idx=i, run_id=run_id, status=row.status)
              for row in state.rows for i, run_id in enumerate(row.run_ids)]
+    links += [StoredLink(step=REPLACED_STEP, idx=i, run_id=run_id, status="replaced", role=REPLACED)
+              for i, run_id in enumerate(state.replaced_run_ids)]
     campaign_store.save_campaign(store, state.ladder_id, kind=KIND, name=state.name, profile=state.profile,
                                  status=state.status, reason=state.reason, state=doc, revision=state.revision,
                                  links=links)
@@ -70,12 +74,14 @@ def save_ladder(store: RunStore, state: LadderState) -> None:
 
 def _state_of(campaign: StoredCampaign) -> LadderState:
     by_step = campaign.run_ids_by_step()
+    replaced = by_step.pop(REPLACED_STEP, [])
     rows = [{**row, "run_ids": by_step.get(int(row["index"]), [])} for row in campaign.state.get("rows") or []]
     try:
         return LadderState.model_validate({
             **campaign.state, "ladder_id": campaign.id, "name": campaign.name, "profile": campaign.profile,
             "status": campaign.status, "reason": campaign.reason, "revision": campaign.revision,
-            "writer_pid": campaign.writer_pid, "writer_create_time": campaign.writer_create_time, "rows": rows})
+            "writer_pid": campaign.writer_pid, "writer_create_time": campaign.writer_create_time, "rows": rows,
+            "replaced_run_ids": replaced})
     except ValidationError as exc:
         raise UserError(f"ladder {campaign.id}: its stored state is not readable by this version: "
                         f"{exc.errors()[0]['msg']}") from None
@@ -112,8 +118,9 @@ def _unstored(store: RunStore, ladder_id: str, run_ids: list[int]) -> StoredCamp
 
 def _runs_of(store: RunStore, campaign: StoredCampaign) -> list[RunDetail]:
     """The ladder's runs: linked, or tagged with it (one running when its process died)."""
-    ids = {link.run_id for link in campaign.links if link.run_id is not None}
-    ids |= {info.id for info in store.list_runs(tag=f"{TAG}{campaign.id}")}
+    ids = {link.run_id for link in campaign.links if link.run_id is not None and link.role != REPLACED}
+    replaced = {link.run_id for link in campaign.links if link.role == REPLACED}
+    ids |= {info.id for info in store.list_runs(tag=f"{TAG}{campaign.id}") if info.id not in replaced}
     runs = []
     for run_id in ids:
         try:
@@ -172,6 +179,27 @@ def list_ladders(store: RunStore, *, mark_interrupted: bool = True) -> list[Stor
         out.append(StoredLadder(state, runs))
     out.sort(key=lambda s: s.state.started_wall_s, reverse=True)
     return out
+
+
+def claim_ladder(store: RunStore, ladder_id: str) -> None:
+    """This process goes on with the stored ladder (a resume): it becomes its writer."""
+    campaign_store.update_campaign(store, ladder_id, status="running", claim=True)
+
+
+RESUMABLE = ("interrupted", "cancelled", "failed", "completed")
+"""Statuses of a ladder that may have steps left to run (a completed one may hold a failed step)."""
+
+
+def resumable_ladder(store: RunStore, ref: str | None, profile: str) -> LadderState:
+    """The ladder to resume: ``ref`` (an id or a run id), or the newest ladder of ``profile`` with a
+    step left unfinished."""
+    if ref:
+        return load_ladder(store, ref).state
+    found = [s.state for s in list_ladders(store) if s.state.profile == profile and s.state.status in RESUMABLE
+             and any(r.status not in KEPT_STEPS for r in s.state.rows)]
+    if not found:
+        raise UserError(f"no unfinished ladder of profile '{profile}' to resume (tunebench ladders lists the ladders)")
+    return found[0]
 
 
 def load_ladder(store: RunStore, ref: str | int, *, mark_interrupted: bool = True) -> StoredLadder:

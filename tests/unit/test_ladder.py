@@ -20,11 +20,12 @@ from app.analysis.compare import compare_runs
 from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
+from app.errors import UserError
 from app.events import CampaignUpdated
 from app.ladder.run import Ladder, skip_reason
 from app.ladder.spec import LadderError, LadderSpec, LadderStepSpec, apply_step, default_ladder, ladder_base
 from app.ladder.state import LadderState, StepRow, compute_factors, limit_text
-from app.ladder.stored import list_ladders, load_ladder, save_ladder
+from app.ladder.stored import list_ladders, load_ladder, resumable_ladder, save_ladder
 from app.profiles import ProfileError, load_profile, profile_from_toml, profile_to_toml, resolve_profile
 from app.recording import RunRecorder
 from app.store import RunStore
@@ -406,3 +407,74 @@ def test_a_ladder_killed_in_its_first_step_is_read_back_from_its_tags(store: Run
                                                                         "interrupted")
     assert [(r.name, r.status, r.run_ids) for r in found.state.rows] == [("baseline", "interrupted", [run_id])]
     assert main(["ladders", "show", "feed", "--db", str(store.path)]) == 0
+
+
+def _cancelled_in_its_second_step(store: RunStore) -> LadderState:
+    cancel = threading.Event()
+    bus = Bus()
+    sub = bus.subscribe(kinds=(CampaignUpdated,))
+
+    def cancel_on_second_step() -> None:
+        while not cancel.is_set():
+            for ev in sub.drain(timeout_s=0.05):
+                if ev.payload.state.rows[1].status == "running":  # type: ignore[union-attr]
+                    cancel.set()
+
+    watcher = threading.Thread(target=cancel_on_second_step, daemon=True)
+    watcher.start()
+    first, _, _ = run_ladder(store, scripts={**SCRIPTS, "batching": Script(1600, 12.0, delay_s=30.0)}, bus=bus,
+                             cancel=cancel)
+    watcher.join(5)
+    assert [r.status for r in first.rows] == ["completed", "cancelled", "pending", "pending"]
+    return first
+
+
+def test_a_cancelled_ladder_resumes_keeping_the_steps_it_finished(store: RunStore) -> None:
+    first = _cancelled_in_its_second_step(store)
+    stored = resumable_ladder(store, None, "cpu-ladder")
+    assert stored.ladder_id == first.ladder_id and stored.status == "cancelled"
+
+    FakeLadderRunner.scripts, FakeLadderRunner.calls = SCRIPTS, []
+    recorder = RunRecorder(Bus(), store)
+    try:
+        resumed = Ladder.resume(stored, recorder.bus, engines=FakeEngines(), recorder=recorder,
+                                runner_factory=FakeLadderRunner, hardware=AVX512, discover_flags=False).run()
+    finally:
+        recorder.close()
+    assert resumed.ladder_id == first.ladder_id and resumed.status == "completed"
+    assert [r.status for r in resumed.rows] == ["completed"] * 4
+    assert resumed.rows[0].run_ids == first.rows[0].run_ids  # kept, not run again
+    assert len(FakeLadderRunner.calls) == 3
+    assert FakeLadderRunner.calls[0]["config"].load.concurrency == 16  # built on the kept baseline, as before
+    (again,) = list_ladders(store)
+    assert [r.status for r in again.state.rows] == ["completed"] * 4 and again.state.run_ids == resumed.run_ids
+    assert again.state.rows[1].factor_baseline == pytest.approx(resumed.rows[1].factor_baseline)
+    assert again.state.replaced_run_ids == first.rows[1].run_ids != []  # the cancelled run: kept, set aside
+    assert store.get_run(first.rows[1].run_ids[0]).status == "cancelled"
+    with pytest.raises(UserError, match="ran every step: nothing to resume"):
+        Ladder.resume(again.state, Bus())
+
+
+def test_cli_resume_goes_on_with_a_ladder_by_its_id(store: RunStore, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import app.campaign as campaign_mod
+    import app.ladder.run as run_mod
+
+    first = _cancelled_in_its_second_step(store)
+    engines = FakeEngines()
+    monkeypatch.setattr(run_mod, "Runner", FakeLadderRunner)
+    monkeypatch.setattr(run_mod, "check_config", lambda config, discover_flags=True, **kw: _report(config, kw))
+    monkeypatch.setattr(campaign_mod.EngineKeeper, "engine_for", lambda self, config, bus, cancel:
+                        engines.engine_for(config, bus, cancel))
+    FakeLadderRunner.scripts, FakeLadderRunner.calls = SCRIPTS, []
+    db = str(store.path)
+    assert main(["resume", first.ladder_id[:6], "--db", db, "--no-telemetry"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming ladder {first.ladder_id} (cancelled): 1 completed step(s) kept" in out
+    assert "== step 1/4" not in out and "== step 2/4" in out and len(FakeLadderRunner.calls) == 3
+    (again,) = list_ladders(store)
+    assert [r.status for r in again.state.rows] == ["completed"] * 4
+    assert main(["resume", first.ladder_id, "--db", db]) == 2
+    assert "ran every step: nothing to resume" in capsys.readouterr().err
+    assert main(["resume", "nope", "--db", db]) == 2
+    assert "no stored campaign 'nope' (tunebench ladders and tunebench tunes list them)" in capsys.readouterr().err

@@ -423,6 +423,8 @@ def test_cli_tune_show_report_and_export_every_format(tmp_path: Path, fake_cli: 
     assert main(["tunes", "report", tune_id, "-o", str(report), "--db", str(db)]) == 0
     html = report.read_text()
     assert "data:image/svg+xml;base64," in html and "The pick: max seqs 8" in html and "--max-num-seqs 8" in html
+    assert main(["resume", tune_id[:6], "--db", str(db)]) == 2  # the one resume command knows it is a tune
+    assert f"tune {tune_id} is complete: nothing to resume" in capsys.readouterr().err
 
 
 def test_cli_resume_and_user_errors(tmp_path: Path, fake_cli: FakeEngines, capsys: pytest.CaptureFixture[str]) -> None:

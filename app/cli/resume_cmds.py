@@ -1,0 +1,53 @@
+"""``tunebench resume CAMPAIGN``: the one way to go on with any stopped or crashed campaign (a
+ladder or a tune). The steps it finished are kept and the rest run again. It is ``tunebench
+ladder|tune PROFILE --resume CAMPAIGN`` with the campaign's own profile, so the two stay one
+path."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from app.cli import campaign_cmds as shared
+from app.cli.argtypes import db_parent
+from app.errors import UserError
+from app.profiles import ProfileError, resolve_profile
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from app.cli import build_parser
+    from db import campaign_store
+    from db.errors import StoreError
+
+    def find(store: Any) -> campaign_store.StoredCampaign:
+        try:
+            return campaign_store.find_campaign(store, args.campaign)
+        except StoreError as exc:
+            raise UserError(str(exc)) from None
+
+    campaign = shared.with_store(args, find)
+    try:
+        resolve_profile(campaign.profile)
+    except ProfileError:
+        raise UserError(f"{campaign.kind} {campaign.id} ran profile '{campaign.profile}', which is not found here: "
+                        f"tunebench {campaign.kind} PROFILE --resume {campaign.id}") from None
+    argv = [campaign.kind, campaign.profile, "--resume", campaign.id]
+    argv += ["--db", args.db] if args.db else []
+    argv += ["--no-telemetry"] if args.no_telemetry else []
+    argv += ["--verbose"] if args.verbose else []
+    argv += ["--json", args.json] if args.json else []
+    resumed = build_parser().parse_args(argv)
+    handler: Any = resumed.handler
+    return int(handler(resumed))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    resume = sub.add_parser("resume", parents=[db_parent()],
+                            help="go on with a stopped or crashed ladder or tune: what it finished is kept, the rest "
+                                 "runs again")
+    resume.add_argument("campaign", help="the ladder's or tune's id (a unique start is enough; tunebench ladders and "
+                                         "tunebench tunes list them)")
+    resume.add_argument("--json", metavar="FILE", help="write the campaign's result as JSON")
+    resume.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
+    resume.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    resume.set_defaults(handler=cmd_resume)
