@@ -13,8 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from app.campaign_state import CampaignStateBase, CampaignStatus
+
 StepStatus = Literal["pending", "skipped", "running", "completed", "failed", "cancelled", "interrupted"]
-LadderStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
+LadderStatus = CampaignStatus
 Verification = Literal["verified", "accepted", "not active", "unknown", "none"]
 KEPT_STEPS = frozenset({"completed", "skipped"})
 """Steps a resumed ladder keeps while they come before the first step left unfinished."""
@@ -94,18 +96,13 @@ class StepRow(BaseModel):
         return self.status == "completed" and self.output_tok_per_s is not None
 
 
-class LadderState(BaseModel):
+class LadderState(CampaignStateBase):
     """A whole ladder: its rows, where it ran, and how it ended."""
 
     campaign: Literal["ladder"] = "ladder"
-    """Which campaign this is (``app.events.CampaignUpdated`` carries a ladder's or a tune's state)."""
     ladder_id: str
     name: str
-    profile: str = ""
-    status: LadderStatus = "running"
-    reason: str | None = None
     started_wall_s: float
-    ended_wall_s: float | None = None
     workload: str = ""
     """The one workload every step runs, in words (said on screen)."""
     model: str = ""
@@ -115,7 +112,6 @@ class LadderState(BaseModel):
     """The hardware the ceilings are planned for."""
     reference: str | None = None
     """Where the reference figures come from (the seeds' table), when they apply here."""
-    engine_launches: int = 0
     spec: dict[str, Any] = Field(default_factory=dict)
     """The ladder's steps as asked (``app.ladder.spec.LadderSpec``): what a resume rebuilds them from."""
     base_config: dict[str, Any] = Field(default_factory=dict)
@@ -125,8 +121,10 @@ class LadderState(BaseModel):
     """Runs of steps a resume ran again: kept in the store, no longer the staircase's."""
     writer_pid: int | None = None
     writer_create_time: float | None = None
-    revision: int = 0
-    """Bumped at every update (the stored campaign keeps the latest)."""
+
+    @property
+    def campaign_id(self) -> str:
+        return self.ladder_id
 
     @property
     def completed_rows(self) -> list[StepRow]:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from app.campaign_state import CampaignStateBase, CampaignStatus
+
 TrialStatus = Literal["pending", "running", "passed", "failed", "infeasible", "error", "skipped", "cancelled",
                       "imported"]
 """passed / failed: measured, met / missed the SLO; infeasible: the engine could not start or died
@@ -22,7 +24,7 @@ TrialStatus = Literal["pending", "running", "passed", "failed", "infeasible", "e
 a lower load, or the budget ran out); cancelled: stopped (rerun on resume); imported: a point from
 another tool."""
 CandidateStatus = Literal["pending", "pruned", "searching", "done", "infeasible", "cut", "cancelled"]
-TuneStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
+TuneStatus = CampaignStatus
 DONE_TRIALS = frozenset({"passed", "failed", "infeasible", "error"})
 """Trials a resumed tune keeps (the others run again)."""
 MEASURED = "measured"
@@ -121,19 +123,14 @@ class Pick(BaseModel):
     confirmation: Confirmation | None = None
 
 
-class TuneState(BaseModel):
+class TuneState(CampaignStateBase):
+    """A whole tune: its space, candidates, trials and pick."""
+
     campaign: Literal["tune"] = "tune"
-    """Which campaign this is (``app.events.CampaignUpdated`` carries a ladder's or a tune's state)."""
     tune_id: str
-    name: str = ""
-    profile: str = ""
     slo: str = ""
     percentile: str = "p99"
     strategy: str = "grid"
-    status: TuneStatus = "running"
-    reason: str | None = None
-    started_wall_s: float = 0.0
-    ended_wall_s: float | None = None
     elapsed_s: float = 0.0
     """Wall time spent tuning, over every session of the tune (a resume adds to it)."""
     budget_candidates: int | None = None
@@ -144,9 +141,11 @@ class TuneState(BaseModel):
     candidates: list[Candidate] = Field(default_factory=list)
     trials: list[Trial] = Field(default_factory=list)
     pick: Pick | None = None
-    engine_launches: int = 0
     notes: list[str] = Field(default_factory=list)
-    revision: int = 0
+
+    @property
+    def campaign_id(self) -> str:
+        return self.tune_id
 
     @property
     def measured(self) -> list[Trial]:
