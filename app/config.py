@@ -11,14 +11,14 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from app.errors import UserError
-from app.ladder.spec import LadderSpec
 from app.money import check_price
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, StrictModel
 
 
 class RunConfig(StrictModel):
-    """A complete, reproducible description of one run (what a profile file holds)."""
+    """A complete, reproducible description of one run (a profile file holds one, and may add
+    campaigns over it: ``app.profiles.Profile``)."""
 
     name: str = "untitled"
     description: str = ""
@@ -27,8 +27,6 @@ class RunConfig(StrictModel):
     features: Features = Field(default_factory=Features)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
-    ladder: LadderSpec | None = Field(None, description="An acceleration ladder over this configuration "
-                                                        "(``tunebench ladder``; app.ladder.spec).")
     prices: dict[str, float] = Field(default_factory=dict, description=(
         "Your price per GPU-hour by GPU name (H100 = 2.49), or per core-hour (cpu = 0.05), over the "
         "shipped list: the costs of this profile's runs use them; --price on a command wins (app.cost)."))

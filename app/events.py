@@ -21,14 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
+from app.campaign_state import CampaignStateBase
 from app.config import RunConfig
-from app.ladder.state import LadderState
 from app.load.metrics import LevelSummary, RequestRecord
-from app.tuner.state import TuneState
 from engine_adapters.base import FeatureCheck, Phase
 from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, mask_url
 
@@ -281,17 +280,15 @@ class Notice(EventPayload):
         return mask_text(value) if isinstance(value, str) else value
 
 
-CampaignState = Annotated[LadderState | TuneState, Field(discriminator="campaign")]
-"""What a campaign is at a moment: a ladder's staircase or a tune's trials (``campaign`` says which)."""
-
-
 class CampaignUpdated(EventPayload):
     """A campaign moved: a ladder (``app.ladder.run``) or a tune (``app.tuner.run``) was planned,
     a step or trial started or ended, the campaign ended. Carries the whole state, so a consumer
     just redraws it; not stored with the run it happens in (a campaign stores itself)."""
 
     kind: ClassVar[str] = "campaign"
-    state: CampaignState
+    state: SerializeAsAny[CampaignStateBase]
+    """A ladder's (``app.ladder.state.LadderState``) or a tune's (``app.tuner.state.TuneState``)
+    state, as its owner built it (``state.campaign`` says which)."""
 
 
 AnyEvent = (RunStarted | PhaseChanged | LogLine | EngineReady | LevelStarted | RequestDone | Progress

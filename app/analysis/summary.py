@@ -1,5 +1,5 @@
 """The request summary: the one definition of every figure computed from request records, used by
-the runner (``app.load.metrics.summarize``, for the live result, the CLI table and ``--json``) and
+the runner (``app.load.aggregate.summarize``, for the live result, the CLI table and ``--json``) and
 by the store (``app.store.RunStore.metrics_of``, for History, Compare and every export), so a figure
 has the same value under the same name wherever it is shown.
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from app.cost import DEFAULT_HEADROOM, PERCENTILES
 from app.urls import BadEndpoint, check_api_key, check_endpoint
 
 MAX_PID = 2**31 - 1  # pid_t
@@ -102,3 +103,23 @@ def _short(text: str, limit: int = 24) -> str:
 
 endpoint_url.__name__ = "URL"
 api_key.__name__ = "API key"
+
+
+MAX_TOKENS_PER_DAY = 1e18
+
+
+def add_sizing_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """The traffic, headroom and price options, shared with ``tunebench export --format k8s`` so
+    both commands parse and bound them alike (``--slo`` is each command's own: required here,
+    optional there). ``defaults=False`` leaves every option None unless given, so a caller can tell
+    an option given from its default (the defaults then apply downstream, the same values)."""
+    p.add_argument("--percentile", choices=PERCENTILES, default="p99" if defaults else None,
+                   help="each SLO bound holds at this percentile of the level (default p99)")
+    p.add_argument("--users", type=bounded_int(1, MAX_COUNT), metavar="N", help="concurrent users to serve")
+    p.add_argument("--tokens-per-day", type=bounded_float(0.0, MAX_TOKENS_PER_DAY, exclusive_minimum=True),
+                   metavar="T", help="output tokens to generate per day")
+    p.add_argument("--headroom", type=bounded_float(0.0, 10.0), default=DEFAULT_HEADROOM if defaults else None,
+                   help=f"spare capacity on top, as a fraction (default {DEFAULT_HEADROOM:g}: "
+                        f"{DEFAULT_HEADROOM * 100:g} percent)")
+    add_price_argument(p)
+    p.add_argument("--gpu", metavar="NAME", help="the GPU the run used, for a run whose record names none")

@@ -25,7 +25,7 @@ from app.errors import UserError
 from app.events import EngineReady, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
 from app.export.files import STDOUT, check_folder, check_target, write_problem
 from app.export.launch import SINGLE_NODE_FORMATS
-from app.profiles import ProfileError, load_profile, resolve_profile
+from app.profiles import Profile, ProfileError, load_profile_file, resolve_profile
 from engine_adapters.secrets import mask_obj
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
@@ -38,13 +38,17 @@ T = TypeVar("T")
 Owner = TypeVar("Owner")
 
 
-def load_profile_arg(name: str) -> tuple[Any, str]:
-    """The profile named on the command line and its stem (the campaign's profile name)."""
+def load_profile_arg(name: str) -> tuple[Profile, str]:
+    """The profile named on the command line (its notes said on stderr) and its stem (the
+    campaign's profile name)."""
     try:
         path = resolve_profile(name)
-        return load_profile(path), path.stem
+        profile = load_profile_file(path)
     except ProfileError as exc:
         raise UserError(str(exc)) from None
+    for note in profile.notes:
+        print(safe(f"tunebench: note: {note}"), file=sys.stderr)
+    return profile, path.stem
 
 
 def json_target(arg: str | None) -> Path | None:

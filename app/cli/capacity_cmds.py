@@ -8,19 +8,11 @@ import argparse
 import json
 import sys
 
-from app.cli.argtypes import MAX_COUNT, add_price_argument, bounded_float, bounded_int, db_parent
+from app.cli.argtypes import add_sizing_arguments, bounded_int, db_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
-from app.cost import (
-    DEFAULT_HEADROOM,
-    PERCENTILES,
-    capacity_text,
-    plan_capacity,
-    price_table,
-)
+from app.cost import capacity_text, plan_capacity, price_table
 from app.slo import SLO_METRICS
-
-MAX_TOKENS_PER_DAY = 1e18
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -37,23 +29,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         print("\n".join(safe(line) for line in capacity_text(plan).splitlines()))
     return 0
-
-
-def add_sizing_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
-    """The traffic, headroom and price options, shared with ``tunebench export --format k8s`` so
-    both commands parse and bound them alike (``--slo`` is each command's own: required here,
-    optional there). ``defaults=False`` leaves every option None unless given, so a caller can tell
-    an option given from its default (the defaults then apply downstream, the same values)."""
-    p.add_argument("--percentile", choices=PERCENTILES, default="p99" if defaults else None,
-                   help="each SLO bound holds at this percentile of the level (default p99)")
-    p.add_argument("--users", type=bounded_int(1, MAX_COUNT), metavar="N", help="concurrent users to serve")
-    p.add_argument("--tokens-per-day", type=bounded_float(0.0, MAX_TOKENS_PER_DAY, exclusive_minimum=True),
-                   metavar="T", help="output tokens to generate per day")
-    p.add_argument("--headroom", type=bounded_float(0.0, 10.0), default=DEFAULT_HEADROOM if defaults else None,
-                   help=f"spare capacity on top, as a fraction (default {DEFAULT_HEADROOM:g}: "
-                        f"{DEFAULT_HEADROOM * 100:g} percent)")
-    add_price_argument(p)
-    p.add_argument("--gpu", metavar="NAME", help="the GPU the run used, for a run whose record names none")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

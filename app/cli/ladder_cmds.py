@@ -233,14 +233,15 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     from app.ladder.run import Ladder
 
     price_table(args.price or ())  # a bad --price is refused before anything is launched
-    config, stem = shared.load_profile_arg(args.profile)
-    spec, default = ladder_of(config)
+    profile, stem = shared.load_profile_arg(args.profile)
+    config = profile.run
+    spec, default = ladder_of(profile.ladder, config)
     if args.output is not None:
         shared.check_output(args.output)
     json_path = shared.json_target(args.json)
     if default:
-        print(safe(f"{stem} has no [ladder] section: using the default order (baseline, FP8 weights, batching, "
-                   "FP8 KV cache, prefix caching, speculative decoding)"), file=sys.stderr)
+        print(safe(f"{stem} has no [campaigns.ladder] table: using the default order (baseline, FP8 weights, "
+                   "batching, FP8 KV cache, prefix caching, speculative decoding)"), file=sys.stderr)
     bus = Bus()
     if args.dry_run or args.output is not None:
         planned = Ladder(config, bus, spec=spec, profile=stem, gpu=args.gpu).plan()
@@ -361,8 +362,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ladder = sub.add_parser("ladder", parents=[db],
                             help="the acceleration ladder: a plain engine, then one feature at a time, each step "
                                  "measured against the baseline, the previous step and the physical ceiling")
-    ladder.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-ladder); without a [ladder] "
-                                        "section, the default order after the seeds")
+    ladder.add_argument("profile", help="profile file or shipped profile name (e.g. cpu-ladder); without a "
+                                        "[campaigns.ladder] table, the default order after the seeds")
     ladder.add_argument("--json", metavar="FILE", help="write the ladder (its steps, figures and runs) as JSON")
     ladder.add_argument("--dry-run", action="store_true",
                         help="check and plan every step without launching anything (a GPU ladder on a machine without "

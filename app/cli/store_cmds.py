@@ -18,7 +18,14 @@ import numpy as np
 
 from app.analysis.compare import Comparison, MetricDelta, compare_runs
 from app.analysis.metric_catalog import metric
-from app.cli.argtypes import MAX_COUNT, add_good_slo_argument, add_price_argument, bounded_int, db_parent
+from app.cli.argtypes import (
+    MAX_COUNT,
+    add_good_slo_argument,
+    add_price_argument,
+    add_sizing_arguments,
+    bounded_int,
+    db_parent,
+)
 from app.cli.terminal import safe
 from app.cost import (
     PriceTable,
@@ -578,7 +585,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "output. Links, pipes and devices are refused")
     export.add_argument("--baseline", metavar="RUN", help="html: the baseline run (default: the first)")
     export.add_argument("--title", help="html: report title")
-    from app.cli.capacity_cmds import add_sizing_arguments  # capacity_cmds imports this module
 
     export.add_argument("--slo", help="k8s: size the Deployment's replicas at this SLO from the run's measured levels, "
                                       "as `tunebench capacity` does (with --users and/or --tokens-per-day)")

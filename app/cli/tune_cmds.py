@@ -123,7 +123,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     price_table(args.price or ())  # a bad --price is refused before anything is launched
     budget_s = parse_duration_s(args.budget) if args.budget else None
     json_path = shared.json_target(args.json)
-    config, stem = shared.load_profile_arg(args.profile)
+    profile, stem = shared.load_profile_arg(args.profile)
+    config = profile.run
     bus = Bus()
     if args.dry_run:
         space_raw = read_space_file(args.space) if args.space else None

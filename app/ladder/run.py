@@ -42,9 +42,9 @@ from app.ladder.spec import (
     LadderStepSpec,
     apply_step,
     config_diff,
+    default_ladder,
     describe_change,
     ladder_base,
-    ladder_of,
     setting_label,
 )
 from app.ladder.state import (
@@ -118,7 +118,7 @@ class Ladder:
                  runner_factory: Callable[..., RunnerLike] | None = None, hardware: HardwareInfo | None = None,
                  flags: FlagSet | None = None, discover_flags: bool = True, ladder_id: str | None = None,
                  gpu: str | None = None) -> None:
-        self.spec = spec or ladder_of(config)[0]
+        self.spec = spec or default_ladder(config)
         self.base = ladder_base(config, self.spec)
         self.bus = bus
         self.profile = profile
@@ -221,7 +221,7 @@ class Ladder:
     def plan(self) -> LadderState:
         """Every step built and checked without launching anything, with its planned ceiling at
         its concurrency (``tunebench ladder PROFILE --dry-run``; a GPU ladder on a machine
-        without a GPU is checked and planned for ``[ladder] gpu``)."""
+        without a GPU is checked and planned for the ladder's ``gpu``)."""
         self._ensure_checked(for_plan=True)
         state = self._new_state()
         previous = self.base

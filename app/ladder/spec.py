@@ -1,28 +1,28 @@
-"""The ``[ladder]`` section of a profile: a list of named steps, each a change to the previous one
-(features, load, or the checkpoint), run on one shared-prefix workload.
+"""The ``[campaigns.ladder]`` table of a profile: a list of named steps, each a change to the
+previous one (features, load, or the checkpoint), run on one shared-prefix workload.
 
 TOML shape (the profile's own engine, features, workload and load are the starting point)::
 
-    [ladder]
+    [campaigns.ladder]
     name = "CPU acceleration ladder"
     gpu = "H100"                 # optional: the card the ladder is written for (checks and plans
                                  # on a machine without it)
     reference = "seeds"          # optional: show the seeds' figures beside the measured ones
     repeats = 1                  # runs per step (more: each figure's mean and 95% CI)
-    [ladder.workload]            # optional: replaces the profile's workload for every step
-    [ladder.load]                # optional: replaces the profile's load before the first step
+    [campaigns.ladder.workload]  # optional: replaces the profile's workload for every step
+    [campaigns.ladder.load]      # optional: replaces the profile's load before the first step
 
-    [[ladder.steps]]
+    [[campaigns.ladder.steps]]
     name = "baseline"
     note = "a plain engine: one request at a time, nothing cached"
     features = { prefix_caching = false }
     load = { concurrency = 1 }
 
-    [[ladder.steps]]
+    [[campaigns.ladder.steps]]
     name = "+ continuous batching"
     load = { concurrency = 16 }
 
-    [[ladder.steps]]
+    [[campaigns.ladder.steps]]
     name = "+ FP8 KV cache"
     features = { kv_cache_dtype = "fp8" }
     concurrency_from_kv = true   # the concurrency the freed KV memory allows (x2 from 16-bit)
@@ -33,8 +33,8 @@ step's), ``model`` (another checkpoint: FP8 weights shipped as their own checkpo
 ``app.planner.seeds.SEED_ROWS``, whose figure is shown as the reference). A step never changes
 the workload: every step is measured on the same prompts.
 
-This module imports no runner or planner at import time: ``app.config`` embeds
-:class:`LadderSpec` in ``RunConfig``.
+A profile keeps its ladder beside its run (``app.profiles.Profile``): a run configuration
+describes one run and carries no campaign.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from app.analysis.compare import flatten
+from app.config import RunConfig
 from app.errors import UserError
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.config import ArgStr, Features, StrictModel
@@ -170,12 +171,9 @@ def shared_prefix_problem(workload: WorkloadConfig, where: str = "workload") -> 
 
 # --- building steps -----------------------------------------------------------------------------
 
-def ladder_base(config: Any, spec: LadderSpec) -> Any:
+def ladder_base(config: RunConfig, spec: LadderSpec) -> RunConfig:
     """The configuration the first step changes: the profile's, with the ladder's own workload
-    and load when it has them, every level on a cold prefix cache, and no ladder inside."""
-    from app.config import RunConfig
-
-    assert isinstance(config, RunConfig)
+    and load when it has them, every level on a cold prefix cache."""
     workload = (spec.workload or config.workload).model_copy(update={"cache": "cold"})
     try:
         shared_prefix_problem(workload)
@@ -183,21 +181,19 @@ def ladder_base(config: Any, spec: LadderSpec) -> Any:
         raise LadderError(str(exc)) from None
     load = spec.load or config.load
     if load.pattern == "sweep":
-        raise LadderError("load: a ladder step is one load level; a sweep is not (set [ladder.load] to a closed "
+        raise LadderError("load: a ladder step is one load level; a sweep is not (set [campaigns.ladder.load] to a closed "
                           "or open-loop load)")
-    return config.model_copy(update={"workload": workload, "load": load, "ladder": None})
+    return config.model_copy(update={"workload": workload, "load": load})
 
 
 KV_BYTES = {"auto": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 """Bytes per KV element by ``kv_cache_dtype`` (auto: the model's 16-bit dtype)."""
 
 
-def apply_step(previous: Any, step: LadderStepSpec, *, name: str | None = None, tags: list[str] | None = None) -> Any:
+def apply_step(previous: RunConfig, step: LadderStepSpec, *, name: str | None = None,
+               tags: list[str] | None = None) -> RunConfig:
     """The configuration of ``step``: ``previous`` with the step's change applied (features and
     load merged, the checkpoint replaced), validated as a whole; a LadderError names the step."""
-    from app.config import RunConfig
-
-    assert isinstance(previous, RunConfig)
     data = previous.model_dump(mode="json", exclude_none=True)
     data["features"] = deep_merge(data["features"], step.features)
     data["load"] = deep_merge(data["load"], step.load)
@@ -207,7 +203,6 @@ def apply_step(previous: Any, step: LadderStepSpec, *, name: str | None = None, 
         data["name"] = name
     if tags is not None:
         data["tags"] = tags
-    data.pop("ladder", None)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -240,10 +235,10 @@ def setting_label(key: str) -> str:
     return rest.replace("_", " ") if section in ("features", "load") else key
 
 
-def config_diff(previous: Any | None, config: Any) -> list[tuple[str, Any, Any]]:
+def config_diff(previous: RunConfig | None, config: RunConfig) -> list[tuple[str, Any, Any]]:
     """``(key, before, after)`` for each engine, feature and load setting that differs (all of
     them against None for the first step): the step's change, in full."""
-    def settings(c: Any) -> dict[str, Any]:
+    def settings(c: RunConfig | None) -> dict[str, Any]:
         if c is None:
             return {}
         dumped = c.model_dump(mode="json")
@@ -276,14 +271,11 @@ def describe_change(diff: list[tuple[str, Any, Any]], *, limit: int = 4) -> str:
 
 # --- the default order --------------------------------------------------------------------------
 
-def default_ladder(config: Any) -> LadderSpec:
+def default_ladder(config: RunConfig) -> LadderSpec:
     """The seeds' order for any profile: baseline (nothing cached, one request at a time) ->
     FP8 weights -> continuous batching -> FP8 KV cache (the concurrency the freed KV memory
     allows) -> prefix caching -> speculative decoding (the profile's method, or n-gram, which
     needs no draft model). Steps this machine cannot run are skipped when the ladder runs."""
-    from app.config import RunConfig
-
-    assert isinstance(config, RunConfig)
     spec = config.features.speculative
     speculative: dict[str, Any] = ({"method": "ngram", "num_speculative_tokens": 3} if spec.method == "off"
                                    else spec.model_dump(mode="json", exclude_none=True))
@@ -306,9 +298,9 @@ def default_ladder(config: Any) -> LadderSpec:
     ])
 
 
-def ladder_of(config: Any) -> tuple[LadderSpec, bool]:
-    """The profile's ladder, or the default order (second value: whether it is the default)."""
-    spec = getattr(config, "ladder", None)
+def ladder_of(spec: LadderSpec | None, config: RunConfig) -> tuple[LadderSpec, bool]:
+    """A profile's ladder, or the default order over its run (second value: whether it is the
+    default)."""
     if spec is not None:
         return spec, False
     return default_ladder(config), True

@@ -14,7 +14,7 @@ bytes a request: 23 MB for those 700,000.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class Distribution:
 
 class LevelAccumulator:
     """Running totals and distributions of one level; :meth:`summary` gives its LevelSummary
-    (the one definition of a level's figures: ``metrics.summarize`` goes through here)."""
+    (the one definition of a level's figures: :func:`summarize` goes through here)."""
 
     def __init__(self, slo: str | None = None) -> None:
         self.slo = slo
@@ -251,3 +251,20 @@ class LevelAccumulator:
             out.delivered = delivered(self.times, target, planned_requests)
             out.steady, out.steady_note = steady_window(self.times, target, duration_s, planned_requests)
         return out
+
+
+def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str | None = None,
+              peak_concurrency: int = 0, lengths_exact: bool = True,
+              engine: EngineDeltas | None = None, stop_reason: str = "completed",
+              client_lag_ms: Sequence[float] = ()) -> LevelSummary:
+    """The figures of one level from its request records (see docs/metrics.md). The runner
+    builds them one record at a time (:class:`LevelAccumulator`); this is the same
+    computation over a list."""
+    acc = LevelAccumulator(slo)
+    for r in records:
+        acc.add(r)
+    return acc.summary(duration_s, peak_concurrency=peak_concurrency, lengths_exact=lengths_exact, engine=engine,
+                       stop_reason=stop_reason, client_lag_ms=client_lag_ms)
+
+
+# --- what a person should know about a level ---------------------------------------------------

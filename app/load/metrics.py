@@ -7,7 +7,7 @@ per second) and say where they differ (ITL is per token, not per chunk).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -286,24 +286,6 @@ def engine_deltas(before: Scrape, after: Scrape) -> EngineDeltas:
 
 
 # --- a level ------------------------------------------------------------------------------------
-
-def summarize(records: Iterable[RequestRecord], duration_s: float, *, slo: str | None = None,
-              peak_concurrency: int = 0, lengths_exact: bool = True,
-              engine: EngineDeltas | None = None, stop_reason: str = "completed",
-              client_lag_ms: Sequence[float] = ()) -> LevelSummary:
-    """The figures of one level from its request records (see docs/metrics.md). The runner
-    builds them one record at a time (``app.load.aggregate.LevelAccumulator``); this is the same
-    computation over a list."""
-    from app.load.aggregate import LevelAccumulator  # local: aggregate imports this module
-
-    acc = LevelAccumulator(slo)
-    for r in records:
-        acc.add(r)
-    return acc.summary(duration_s, peak_concurrency=peak_concurrency, lengths_exact=lengths_exact, engine=engine,
-                       stop_reason=stop_reason, client_lag_ms=client_lag_ms)
-
-
-# --- what a person should know about a level ---------------------------------------------------
 
 def format_figure(value: float | None, digits: int = 1) -> str:
     """A figure for a table or note: thousands separated, ``-`` when unknown."""

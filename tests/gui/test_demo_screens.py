@@ -19,7 +19,8 @@ from app.config import RunConfig
 from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress
 from app.gui.dashboard import Dashboard
 from app.gui.main_window import MainWindow
-from app.load.metrics import EngineDeltas, RequestRecord, summarize
+from app.load.aggregate import summarize
+from app.load.metrics import EngineDeltas, RequestRecord
 from app.runner import LevelResult, RunResult
 from app.store import RunStore
 from engine_adapters.config import Features

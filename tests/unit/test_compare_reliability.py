@@ -12,7 +12,8 @@ import pytest
 from app.analysis.compare import compare_runs
 from app.cli import main
 from app.export import render_report
-from app.load.metrics import EngineDeltas, RequestRecord, summarize
+from app.load.aggregate import summarize
+from app.load.metrics import EngineDeltas, RequestRecord
 from app.store import RunStore
 
 

@@ -401,7 +401,8 @@ def test_a_corrupt_stored_price_leaves_the_run_unpriced_in_one_line(tmp_path: Pa
 def _requests_run(store: RunStore, slo: str, seed: int = 7) -> tuple[int, list[Any]]:
     """One level of 200 requests with spread TTFT, TPOT and lengths (one-token outputs and a
     failure among them, within capacity's 1% error budget), recorded as the runner records them, its goodput counted under ``slo``."""
-    from app.load.metrics import RequestRecord, summarize
+    from app.load.aggregate import summarize
+    from app.load.metrics import RequestRecord
 
     rng = np.random.default_rng(seed)
     records = []

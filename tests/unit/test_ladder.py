@@ -26,7 +26,16 @@ from app.ladder.run import Ladder, skip_reason
 from app.ladder.spec import LadderError, LadderSpec, LadderStepSpec, apply_step, default_ladder, ladder_base
 from app.ladder.state import LadderState, StepRow, compute_factors, limit_text
 from app.ladder.stored import list_ladders, load_ladder, resumable_ladder, save_ladder
-from app.profiles import ProfileError, load_profile, profile_from_toml, profile_to_toml, resolve_profile
+from app.profiles import (
+    Profile,
+    ProfileError,
+    load_profile,
+    load_profile_file,
+    profile_from_toml,
+    profile_to_toml,
+    read_profile,
+    resolve_profile,
+)
 from app.recording import RunRecorder
 from app.store import RunStore
 from db import campaign_store
@@ -58,6 +67,10 @@ def cpu_ladder() -> RunConfig:
     return load_profile(resolve_profile("cpu-ladder"))
 
 
+def cpu_ladder_profile() -> Profile:
+    return load_profile_file(resolve_profile("cpu-ladder"))
+
+
 SCRIPTS = {"baseline": Script(400, 1.2), "batching": Script(1600, 12.0), "FP8 KV": Script(1500, 12.0),
            "prefix": Script(2000, 13.0)}
 
@@ -75,7 +88,8 @@ def run_ladder(store: RunStore, config: RunConfig | None = None, hardware: Hardw
     bus = bus or Bus()
     recorder = RunRecorder(bus, store)
     engines = FakeEngines()
-    ladder = Ladder(config or cpu_ladder(), bus, profile="cpu-ladder", engines=engines, recorder=recorder,
+    ladder = Ladder(config or cpu_ladder(), bus, spec=cpu_ladder_profile().ladder, profile="cpu-ladder",
+                    engines=engines, recorder=recorder,
                     runner_factory=FakeLadderRunner, hardware=hardware, discover_flags=False)
     try:
         state = ladder.run(cancel)
@@ -87,13 +101,30 @@ def run_ladder(store: RunStore, config: RunConfig | None = None, hardware: Hardw
 # --- the profile's section ---------------------------------------------------------------------
 
 def test_cpu_ladder_profile_has_the_four_steps_and_round_trips() -> None:
-    config = cpu_ladder()
-    assert config.ladder is not None
-    assert [s.name for s in config.ladder.steps] == ["baseline", "+ continuous batching", "+ FP8 KV cache",
-                                                     "+ prefix caching"]
-    assert profile_from_toml(profile_to_toml(config)) == config
-    base = ladder_base(config, config.ladder)
-    assert base.ladder is None and base.workload.kind == "shared_prefix" and base.workload.cache == "cold"
+    profile = cpu_ladder_profile()
+    config, spec = profile.run, profile.ladder
+    assert spec is not None and profile.notes == []
+    assert [s.name for s in spec.steps] == ["baseline", "+ continuous batching", "+ FP8 KV cache",
+                                            "+ prefix caching"]
+    assert read_profile(profile_to_toml(config, spec)) == profile
+    assert "ladder" not in RunConfig.model_fields  # a run configuration describes one run
+    base = ladder_base(config, spec)
+    assert base.workload.kind == "shared_prefix" and base.workload.cache == "cold"
+
+
+def test_a_profile_with_the_old_ladder_section_loads_with_a_note() -> None:
+    text = resolve_profile("cpu-ladder").read_text()
+    old = text.replace("[campaigns.ladder", "[ladder").replace("[[campaigns.ladder", "[[ladder")
+    assert "[ladder]" in old and "[[ladder.steps]]" in old
+    profile = read_profile(old, "old.toml")
+    assert profile.ladder == cpu_ladder_profile().ladder and profile.run == cpu_ladder()
+    assert profile.notes == ["old.toml: [ladder] is read as [campaigns.ladder], where a profile keeps its ladder "
+                             "now (saving the profile writes it there)"]
+    assert "[campaigns.ladder]" in profile_to_toml(profile.run, profile.ladder)  # saved in the new place
+    with pytest.raises(ProfileError, match="both \\[ladder\\] and \\[campaigns.ladder\\]: keep one"):
+        read_profile(old + "\n" + text[text.index("[campaigns.ladder]"):], "both.toml")
+    with pytest.raises(ProfileError, match="campaigns.ladder.steps.0.features"):
+        read_profile('[[campaigns.ladder.steps]]\nname = "a"\nfeatures = { prefix_cashing = true }\n', "new.toml")
 
 
 @pytest.mark.parametrize(("section", "message"), [
@@ -111,7 +142,7 @@ def test_a_bad_ladder_section_is_one_line_naming_it(section: str, message: str) 
 
 
 def test_steps_apply_to_the_previous_step() -> None:
-    base = ladder_base(cpu_ladder(), cpu_ladder().ladder)  # type: ignore[arg-type]
+    base = ladder_base(cpu_ladder(), cpu_ladder_profile().ladder)  # type: ignore[arg-type]
     one = apply_step(base, LadderStepSpec(name="b", load={"concurrency": 32}))
     two = apply_step(one, LadderStepSpec(name="kv", features={"kv_cache_dtype": "fp8"}, concurrency_from_kv=True))
     assert (two.load.concurrency, two.features.kv_cache_dtype, two.features.prefix_caching) == (64, "fp8", False)
@@ -145,7 +176,7 @@ def test_the_skip_rule_errors_and_warnings_on_changed_settings() -> None:
 # --- planning ----------------------------------------------------------------------------------
 
 def test_plan_with_avx512_runs_every_step_and_says_which_relaunch() -> None:
-    state = Ladder(cpu_ladder(), Bus(), hardware=AVX512, discover_flags=False).plan()
+    state = Ladder(cpu_ladder(), Bus(), spec=cpu_ladder_profile().ladder, hardware=AVX512, discover_flags=False).plan()
     assert [r.status for r in state.rows] == ["pending"] * 4
     assert [r.engine_restart for r in state.rows] == [True, False, True, True]
     assert state.rows[1].change == "concurrency 1 \u2192 16" and state.rows[1].concurrency == 16
@@ -155,7 +186,8 @@ def test_plan_with_avx512_runs_every_step_and_says_which_relaunch() -> None:
 
 
 def test_fp8_kv_on_a_cpu_without_avx512_is_skipped_and_the_next_step_builds_on_the_last_that_ran() -> None:
-    state = Ladder(cpu_ladder(), Bus(), hardware=AVX2_ONLY, discover_flags=False).plan()
+    state = Ladder(cpu_ladder(), Bus(), spec=cpu_ladder_profile().ladder, hardware=AVX2_ONLY,
+                   discover_flags=False).plan()
     skipped = state.rows[2]
     assert skipped.status == "skipped" and "AVX-512" in (skipped.reason or "")
     last = state.rows[3]
@@ -312,9 +344,10 @@ def test_factors_and_the_limit_words() -> None:
 @pytest.mark.parametrize("profile", ["qwen3-27b-fp8-h100", "llama-70b-tp4"])
 def test_gpu_ladders_are_validated_planned_and_exported_without_a_gpu(profile: str, tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    config = load_profile(resolve_profile(profile))
-    assert config.ladder is not None and config.ladder.gpu == "H100"
-    state = Ladder(config, Bus(), discover_flags=False).plan()
+    loaded = load_profile_file(resolve_profile(profile))
+    config = loaded.run
+    assert loaded.ladder is not None and loaded.ladder.gpu == "H100"
+    state = Ladder(config, Bus(), spec=loaded.ladder, discover_flags=False).plan()
     assert [r.status for r in state.rows] == ["pending"] * len(state.rows), [(r.name, r.reason) for r in state.rows]
     assert all(r.ceiling_tok_per_s and r.ceiling_tok_per_s > 0 for r in state.rows)
     assert state.planned_for.startswith("H100 SXM x" + ("4" if "tp4" in profile else "1"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.load.aggregate import BINS_PER_OCTAVE, Distribution, LevelAccumulator
-from app.load.metrics import RequestRecord, Stats, summarize
+from app.load.aggregate import BINS_PER_OCTAVE, Distribution, LevelAccumulator, summarize
+from app.load.metrics import RequestRecord, Stats
 
 
 def rec(i: int, ok: bool = True, itl: list[float] | None = None, error_kind: str | None = None) -> RequestRecord:

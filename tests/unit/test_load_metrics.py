@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.load.aggregate import summarize
 from app.load.metrics import (
     RequestRecord,
     SloError,
@@ -16,7 +17,6 @@ from app.load.metrics import (
     level_notes,
     meets_slo,
     parse_slo,
-    summarize,
 )
 from engine_adapters.prometheus import MetricMap, Scrape
 from engine_adapters.vllm import METRIC_NAMES

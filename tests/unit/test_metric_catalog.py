@@ -7,7 +7,8 @@ import pytest
 
 from app.analysis import metric_catalog as catalog
 from app.analysis.summary import RequestArrays, level_summary_figures, summarize_requests
-from app.load.metrics import EngineDeltas, LevelSummary, RequestRecord, Stats, client_starved, summarize
+from app.load.aggregate import summarize
+from app.load.metrics import EngineDeltas, LevelSummary, RequestRecord, Stats, client_starved
 
 
 def _records() -> list[RequestRecord]:
