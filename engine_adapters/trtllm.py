@@ -71,7 +71,8 @@ from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.paths import state_dir
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_executable, resolve_model, resolve_python
-from engine_adapters.sglang import docker_image, needs_gpu_issue  # what every GPU-only engine shares
+from engine_adapters.command_line import docker_image
+from engine_adapters.spec import needs_gpu_issue
 
 RECORDED_VERSION = "main@00209af"
 """The TensorRT-LLM source whose ``trtllm-serve serve --help`` and LLM API fields the tests check against."""
