@@ -45,6 +45,7 @@ from typing import Any
 
 from engine_adapters.base import (
     FeatureCheck,
+    FeatureStatus,
     FlagSet,
     MetricNames,
     Phase,
@@ -408,7 +409,7 @@ class LlamaCppAdapter(CommandLineAdapter):
         if features.flash_attention is not None:
             fa = next((m.group(1) for m in map(FLASH_ATTN_RE.search, log_lines) if m), None)
             want = "enabled" if features.flash_attention else "disabled"
-            status = "unknown" if fa is None else "accepted" if fa == want else "not active"
+            status: FeatureStatus = "unknown" if fa is None else "accepted" if fa == want else "not active"
             checks.append(FeatureCheck("flash_attention", str(features.flash_attention), status,
                                        f"engine logged flash_attn = {fa}"))
         if features.gpu_layers is not None:

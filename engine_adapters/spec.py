@@ -238,22 +238,27 @@ class CommandLineAdapter:
     ``verify_kv_cache_dtype``, ``verify_prefix_caching``, ``verify_speculation``, ``verify_settings``."""
 
     spec: ClassVar[EngineSpec]
+    kind: str
+    display_name: str
+    health_path: str
+    metrics_path: str
+    metric_names: MetricNames
+    phase_patterns: Sequence[PhasePattern]
+    api_key_env: str
+    client_keep_alive: bool
+    engine_defaults: Mapping[str, object]
     gpu_verified: bool = True
     maturity: str | None = None
 
-    def __init__(self) -> None:
-        spec = self.spec
-        self.kind = spec.kind
-        self.display_name = spec.display_name
-        self.health_path = spec.health_path
-        self.metrics_path = spec.metrics_path
-        self.metric_names = spec.metric_names
-        self.phase_patterns: Sequence[PhasePattern] = spec.phase_patterns
-        self.api_key_env = spec.api_key_env
-        self.client_keep_alive = spec.client_keep_alive
-        self.engine_defaults: Mapping[str, object] = spec.engine_defaults
-        self.gpu_verified = spec.gpu_verified
-        self.maturity = spec.maturity
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The protocol's attributes, read from the spec once per adapter class (class
+        attributes, so a subclass that overrides ``__init__`` keeps them)."""
+        super().__init_subclass__(**kwargs)
+        spec = cls.spec
+        cls.kind, cls.display_name, cls.api_key_env = spec.kind, spec.display_name, spec.api_key_env
+        cls.health_path, cls.metrics_path, cls.metric_names = spec.health_path, spec.metrics_path, spec.metric_names
+        cls.phase_patterns, cls.client_keep_alive = spec.phase_patterns, spec.client_keep_alive
+        cls.engine_defaults, cls.gpu_verified, cls.maturity = spec.engine_defaults, spec.gpu_verified, spec.maturity
 
     # -- flags ----------------------------------------------------------------------------------
 
