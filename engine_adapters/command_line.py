@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from engine_adapters.base import Diagnosis, FlagSet, ValidationIssue
+from engine_adapters.base import Diagnosis, FlagSet, Phase, PhasePattern, ValidationIssue
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.paths import cache_dir
 from engine_adapters.prometheus import metric_total
@@ -36,8 +36,25 @@ class FlagRule:
 
 
 def rendered_flags(rules: Iterable[FlagRule], features: Features) -> dict[str, list[str]]:
-    """Per feature key, the flags it contributes (empty when the engine default applies)."""
-    return {rule.key: rule.render(features) for rule in rules}
+    """Per feature key, the flags it contributes (empty when the engine default applies);
+    ``extra_args`` last, as given."""
+    flags = {rule.key: rule.render(features) for rule in rules}
+    flags["extra_args"] = list(features.extra_args)
+    return flags
+
+
+def value_flag(key: str, flag: str, *, unset: object = None, text: Callable[[Any], str] = str) -> FlagRule:
+    """A feature given as ``FLAG VALUE``, left out while it has the value that means "not requested"."""
+    def render(features: Features) -> list[str]:
+        value = getattr(features, key)
+        return [] if value == unset else [flag, text(value)]
+
+    return FlagRule(key, render)
+
+
+def switch_flag(key: str, on: Sequence[str], off: Sequence[str]) -> FlagRule:
+    """A switch left to the engine while unset (None): ``on`` when True, ``off`` when False."""
+    return FlagRule(key, lambda features: [] if (value := getattr(features, key)) is None else list(on if value else off))
 
 
 def flag_terms(flags_by_feature: Mapping[str, list[str]]) -> dict[str, str]:
@@ -285,6 +302,11 @@ def docker_run_prefix(engine: EngineConfig, port: int, *, gpus: bool, api_key_en
 
 
 # --- the log ------------------------------------------------------------------------------------------
+
+def phase_patterns(*markers: tuple[Phase, tuple[str, ...]]) -> tuple[PhasePattern, ...]:
+    """Each phase with the log lines that mark it (regular expressions, any of which names it)."""
+    return tuple(PhasePattern(phase, re.compile("|".join(rxs))) for phase, rxs in markers)
+
 
 @dataclass(frozen=True)
 class DiagnosisRule:

@@ -49,7 +49,6 @@ from engine_adapters.base import (
     FlagSet,
     MetricNames,
     Phase,
-    PhasePattern,
     ValidationIssue,
 )
 from engine_adapters.command_line import (
@@ -62,6 +61,9 @@ from engine_adapters.command_line import (
     kv_capacity,
     logged_ints,
     package_version,
+    phase_patterns,
+    switch_flag,
+    value_flag,
 )
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
@@ -156,30 +158,24 @@ def _ctx_size(features: Features) -> list[str]:
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_TYPES.get(f.kv_cache_dtype)) is None
              else ["-ctk", t, "-ctv", t]),
-    FlagRule("prefix_caching", lambda f: [] if f.prefix_caching is None else
-             ["--cache-prompt"] if f.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]),
+    switch_flag("prefix_caching", on=["--cache-prompt"], off=["--no-cache-prompt", "--cache-ram", "0"]),
     FlagRule("speculative.method", speculative_flags),
-    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["-np", str(f.max_num_seqs)]),
-    FlagRule("max_num_batched_tokens", lambda f: [] if f.max_num_batched_tokens is None else
-             ["-b", str(f.max_num_batched_tokens)]),
-    FlagRule("max_model_len", _ctx_size),
-    FlagRule("gpu_layers", lambda f: [] if f.gpu_layers is None else ["-ngl", str(f.gpu_layers)]),
-    FlagRule("flash_attention", lambda f: [] if f.flash_attention is None else ["-fa", "on" if f.flash_attention else "off"]),
-    FlagRule("extra_args", lambda f: list(f.extra_args)),
+    value_flag("max_num_seqs", "-np"), value_flag("max_num_batched_tokens", "-b"), FlagRule("max_model_len", _ctx_size),
+    value_flag("gpu_layers", "-ngl"), switch_flag("flash_attention", on=["-fa", "on"], off=["-fa", "off"]),
 )
 
 
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"server is listening on|serving on http"),
-        (Phase.STARTING_SERVER, r"init: model loaded|starting the main loop"),
-        (Phase.WARMING_UP, r"warming up the model"),
-        (Phase.KV_CACHE, r"llama_kv_cache:|llama_context: n_ctx"),
-        (Phase.PROFILING, r"fitting params to (device|free) memory|common_params_fit"),
-        (Phase.LOADING_WEIGHTS, r"load_model: loading model|llama_model_loader: loaded meta data|load_tensors:"),
-    )
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"server is listening on", r"serving on http")),
+    (Phase.STARTING_SERVER, (r"init: model loaded", r"starting the main loop")),
+    (Phase.WARMING_UP, (r"warming up the model",)),
+    (Phase.KV_CACHE, (r"llama_kv_cache:", r"llama_context: n_ctx")),
+    (Phase.PROFILING, (r"fitting params to (device|free) memory", r"common_params_fit")),
+    (Phase.LOADING_WEIGHTS, (
+        r"load_model: loading model", r"llama_model_loader: loaded meta data", r"load_tensors:",
+    )),
 )
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 
 _LOG_INT = {key: re.compile(rx) for key, rx in (
     ("n_ctx", r"llama_context: n_ctx\s+= (\d+)"),

@@ -36,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine_adapters.base import FeatureCheck, FlagSet, MetricNames, Phase, PhasePattern, ValidationIssue
+from engine_adapters.base import FeatureCheck, FlagSet, MetricNames, Phase, ValidationIssue
 from engine_adapters.command_line import (
     ARGPARSE_BAD_ARGUMENT,
     DOCKER_RULES,
@@ -52,6 +52,9 @@ from engine_adapters.command_line import (
     logged_ints,
     number_text,
     package_version,
+    phase_patterns,
+    switch_flag,
+    value_flag,
 )
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
@@ -171,38 +174,29 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS[f.weights_dtype])),
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_DTYPES.get(f.kv_cache_dtype)) is None
              else ["--kv-cache-dtype", t]),
-    FlagRule("prefix_caching", lambda f: ["--disable-radix-cache"] if f.prefix_caching is False else []),
+    switch_flag("prefix_caching", on=[], off=["--disable-radix-cache"]),
     FlagRule("speculative.method", speculative_flags),
-    FlagRule("cpu_offload_gib", lambda f: ["--cpu-offload-gb", number_text(f.cpu_offload_gib)] if f.cpu_offload_gib > 0 else []),
-    FlagRule("kv_offload_gib", _kv_offload),
-    FlagRule("gpu_memory_utilization", lambda f: [] if f.gpu_memory_utilization is None else
-             ["--mem-fraction-static", number_text(f.gpu_memory_utilization)]),
-    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["--max-running-requests", str(f.max_num_seqs)]),
-    FlagRule("max_num_batched_tokens", _batched_tokens),
-    FlagRule("max_model_len", lambda f: [] if f.max_model_len is None else ["--context-length", str(f.max_model_len)]),
+    value_flag("cpu_offload_gib", "--cpu-offload-gb", unset=0.0, text=number_text), FlagRule("kv_offload_gib", _kv_offload),
+    value_flag("gpu_memory_utilization", "--mem-fraction-static", text=number_text),
+    value_flag("max_num_seqs", "--max-running-requests"), FlagRule("max_num_batched_tokens", _batched_tokens),
+    value_flag("max_model_len", "--context-length"),
     FlagRule("cuda_graphs", lambda f: [] if f.cuda_graphs else ["--disable-cuda-graph"]),
-    FlagRule("tensor_parallel_size", lambda f: [] if f.tensor_parallel_size == 1 else
-             ["--tp-size", str(f.tensor_parallel_size)]),
-    FlagRule("pipeline_parallel_size", lambda f: [] if f.pipeline_parallel_size == 1 else
-             ["--pp-size", str(f.pipeline_parallel_size)]),
-    FlagRule("reasoning_parser", lambda f: [] if f.reasoning_parser is None else ["--reasoning-parser", f.reasoning_parser]),
-    FlagRule("extra_args", lambda f: list(f.extra_args)),
+    value_flag("tensor_parallel_size", "--tp-size", unset=1), value_flag("pipeline_parallel_size", "--pp-size", unset=1),
+    value_flag("reasoning_parser", "--reasoning-parser"),
 )
 """``chunked_prefill`` has no rule of its own: it shapes ``max_num_batched_tokens``'s flags."""
 
 ENGINE_DEFAULTS: Mapping[str, object] = {"prefix_caching": True, "chunked_prefill": True}
 """SGLang 0.5.23: the radix (prefix) cache and chunked prefill are on unless switched off."""
 
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"The server is fired up and ready to roll"),
-        (Phase.STARTING_SERVER, r"Uvicorn running on|Application startup complete|Starting server at"),
-        (Phase.WARMING_UP, r"Capture (cuda|CUDA) graph|cuda graph capture|torch\.compile"),
-        (Phase.KV_CACHE, r"KV Cache is allocated|Memory pool end|max_total_num_tokens="),
-        (Phase.LOADING_WEIGHTS, r"Load weight begin|Loading safetensors|Load weight end"),
-    )
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"The server is fired up and ready to roll",)),
+    (Phase.STARTING_SERVER, (r"Uvicorn running on", r"Application startup complete", r"Starting server at")),
+    (Phase.WARMING_UP, (r"Capture (cuda|CUDA) graph", r"cuda graph capture", r"torch\.compile")),
+    (Phase.KV_CACHE, (r"KV Cache is allocated", r"Memory pool end", r"max_total_num_tokens=")),
+    (Phase.LOADING_WEIGHTS, (r"Load weight begin", r"Loading safetensors", r"Load weight end")),
 )
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 
 KV_ALLOC_RE = re.compile(r"KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), "
                          r"(?:K size: (?P<k>[\d.]+) GB, V size: (?P<v>[\d.]+) GB|KV size: (?P<kv>[\d.]+) GB)")

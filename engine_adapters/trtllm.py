@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine_adapters.base import BESIDE_SCRIPT, FlagSet, MetricNames, Phase, PhasePattern, ValidationIssue
+from engine_adapters.base import BESIDE_SCRIPT, FlagSet, MetricNames, Phase, ValidationIssue
 from engine_adapters.command_line import (
     PORT_IN_USE_ADVICE,
     DiagnosisRule,
@@ -51,6 +51,7 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     docker_image,
     docker_run_prefix,
+    phase_patterns,
 )
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
@@ -202,16 +203,14 @@ CLI_FOR_OPTION: dict[str, str] = {
 RESERVED_FLAGS = frozenset({"--host", "--port", "--backend", "--tokenizer", "--config", OPTIONS_FLAG, "--log_level"})
 
 
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"Application startup complete|Uvicorn running on"),
-        (Phase.STARTING_SERVER, r"Started server process"),
-        (Phase.WARMING_UP, r"[Ww]arm(ing)?[ -]?up|CUDA graph"),
-        (Phase.KV_CACHE, r"paged KV cache|KV cache|kv_cache_manager"),
-        (Phase.LOADING_WEIGHTS, r"Loading (model|weights|checkpoint)|load_weights|Loading safetensors"),
-    )
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"Application startup complete", r"Uvicorn running on")),
+    (Phase.STARTING_SERVER, (r"Started server process",)),
+    (Phase.WARMING_UP, (r"[Ww]arm(ing)?[ -]?up", r"CUDA graph")),
+    (Phase.KV_CACHE, (r"paged KV cache", r"KV cache", r"kv_cache_manager")),
+    (Phase.LOADING_WEIGHTS, (r"Loading (model|weights|checkpoint)", r"load_weights", r"Loading safetensors")),
 )
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 KV_TOKENS_RE = re.compile(r"max tokens in paged KV cache \((?P<tokens>[\d,]+)\)")
 
 
@@ -323,8 +322,8 @@ class TrtllmAdapter(CommandLineAdapter):
         docker = engine.runtime.kind == "docker"
         local = BESIDE_SCRIPT + OPTIONS_FILE if portable else str(self.options_path(features))
         options = f"{CONTAINER_DIR}/{OPTIONS_FILE}" if docker else local
-        argv = [*super().build_argv(engine, features, port, portable=portable), OPTIONS_FLAG, options,
-                *features.extra_args]
+        argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
+                *self.server_args(engine, port), *SPEC.fixed_args, OPTIONS_FLAG, options, *features.extra_args]
         return [local + token[len("{options}"):] if token.startswith("{options}:") else token for token in argv]
 
     def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:

@@ -22,7 +22,6 @@ from engine_adapters.base import (
     FlagSet,
     MetricNames,
     Phase,
-    PhasePattern,
     ValidationIssue,
 )
 from engine_adapters.command_line import (
@@ -37,6 +36,9 @@ from engine_adapters.command_line import (
     docker_run_prefix,
     kv_bytes_per_token,
     number_text,
+    phase_patterns,
+    switch_flag,
+    value_flag,
 )
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
@@ -83,48 +85,39 @@ def speculative_config_json(features: Features) -> str | None:
 
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS[f.weights_dtype])),
-    FlagRule("kv_cache_dtype", lambda f: [] if f.kv_cache_dtype == "auto" else ["--kv-cache-dtype", f.kv_cache_dtype]),
-    FlagRule("prefix_caching", lambda f: [] if f.prefix_caching is None else
-             ["--enable-prefix-caching" if f.prefix_caching else "--no-enable-prefix-caching"]),
+    value_flag("kv_cache_dtype", "--kv-cache-dtype", unset="auto"),
+    switch_flag("prefix_caching", on=["--enable-prefix-caching"], off=["--no-enable-prefix-caching"]),
     FlagRule("speculative.method", lambda f: [] if (s := speculative_config_json(f)) is None else ["--speculative-config", s]),
-    FlagRule("cpu_offload_gib", lambda f: ["--cpu-offload-gb", number_text(f.cpu_offload_gib)] if f.cpu_offload_gib > 0 else []),
-    FlagRule("kv_offload_gib", lambda f: (["--kv-offloading-size", number_text(f.kv_offload_gib)] if f.kv_offload_gib > 0 else [])
-             + (["--kv-offloading-backend", f.kv_offload_backend] if f.kv_offload_backend and f.kv_offload_gib > 0 else [])),
-    FlagRule("gpu_memory_utilization", lambda f: [] if f.gpu_memory_utilization is None else
-             ["--gpu-memory-utilization", number_text(f.gpu_memory_utilization)]),
-    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["--max-num-seqs", str(f.max_num_seqs)]),
-    FlagRule("max_num_batched_tokens", lambda f: [] if f.max_num_batched_tokens is None else
-             ["--max-num-batched-tokens", str(f.max_num_batched_tokens)]),
-    FlagRule("max_model_len", lambda f: [] if f.max_model_len is None else ["--max-model-len", str(f.max_model_len)]),
+    value_flag("cpu_offload_gib", "--cpu-offload-gb", unset=0.0, text=number_text),
+    FlagRule("kv_offload_gib", lambda f: [] if f.kv_offload_gib == 0 else ["--kv-offloading-size", number_text(
+        f.kv_offload_gib), *(["--kv-offloading-backend", f.kv_offload_backend] if f.kv_offload_backend else [])]),
+    value_flag("gpu_memory_utilization", "--gpu-memory-utilization", text=number_text),
+    value_flag("max_num_seqs", "--max-num-seqs"), value_flag("max_num_batched_tokens", "--max-num-batched-tokens"),
+    value_flag("max_model_len", "--max-model-len"),
     FlagRule("cuda_graphs", lambda f: [] if f.cuda_graphs else ["--enforce-eager"]),
-    FlagRule("chunked_prefill", lambda f: [] if f.chunked_prefill is None else
-             ["--enable-chunked-prefill" if f.chunked_prefill else "--no-enable-chunked-prefill"]),
-    FlagRule("tensor_parallel_size", lambda f: [] if f.tensor_parallel_size == 1 else
-             ["--tensor-parallel-size", str(f.tensor_parallel_size)]),
-    FlagRule("pipeline_parallel_size", lambda f: [] if f.pipeline_parallel_size == 1 else
-             ["--pipeline-parallel-size", str(f.pipeline_parallel_size)]),
-    FlagRule("data_parallel_size", lambda f: [] if f.data_parallel_size == 1 else
-             ["--data-parallel-size", str(f.data_parallel_size)]),
-    FlagRule("distributed_executor_backend", lambda f: [] if f.distributed_executor_backend is None else
-             ["--distributed-executor-backend", f.distributed_executor_backend]),
+    switch_flag("chunked_prefill", on=["--enable-chunked-prefill"], off=["--no-enable-chunked-prefill"]),
+    *(value_flag(f"{kind}_parallel_size", f"--{kind}-parallel-size", unset=1) for kind in ("tensor", "pipeline", "data")),
+    value_flag("distributed_executor_backend", "--distributed-executor-backend"),
     # Export-only: the launch recipes (app.export) place the GPUs on machines; validate refuses
     # nodes > 1 for a local launch, so no flag is ever rendered for it.
     FlagRule("nodes", lambda f: []),
-    FlagRule("reasoning_parser", lambda f: [] if f.reasoning_parser is None else ["--reasoning-parser", f.reasoning_parser]),
-    FlagRule("extra_args", lambda f: list(f.extra_args)),
+    value_flag("reasoning_parser", "--reasoning-parser"),
 )
 
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"Application startup complete"),
-        (Phase.STARTING_SERVER, r"Starting vLLM (API )?server on|Available routes are"),
-        (Phase.KV_CACHE, r"(CPU|GPU) KV cache size|# (GPU|CPU) blocks|Maximum concurrency for"),
-        (Phase.WARMING_UP, r"Warming up model|Capturing CUDA graph|torch\.compile|Compiling a graph|init engine .* took"),
-        (Phase.PROFILING, r"Memory profiling takes|profil(e|ing) run|Available KV cache memory"),
-        (Phase.LOADING_WEIGHTS, r"Starting to load model|Loading weights|Loading safetensors|Model loading took"),
-    )
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"Application startup complete",)),
+    (Phase.STARTING_SERVER, (r"Starting vLLM (API )?server on", r"Available routes are")),
+    (Phase.KV_CACHE, (r"(CPU|GPU) KV cache size", r"# (GPU|CPU) blocks", r"Maximum concurrency for")),
+    (Phase.WARMING_UP, (
+        r"Warming up model", r"Capturing CUDA graph", r"torch\.compile", r"Compiling a graph",
+        r"init engine .* took",
+    )),
+    (Phase.PROFILING, (r"Memory profiling takes", r"profil(e|ing) run", r"Available KV cache memory")),
+    (Phase.LOADING_WEIGHTS, (
+        r"Starting to load model", r"Loading weights", r"Loading safetensors", r"Model loading took",
+    )),
 )
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 
 KV_CACHE_RE = re.compile(r"(?P<device>CPU|GPU) KV cache size: (?P<tokens>[\d,]+) tokens")
 CONCURRENCY_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.,]+)x")
