@@ -47,7 +47,6 @@ from engine_adapters.base import (
     FeatureCheck,
     FeatureStatus,
     FlagSet,
-    MetricNames,
     Phase,
     ValidationIssue,
 )
@@ -58,8 +57,6 @@ from engine_adapters.command_line import (
     FlagRule,
     HelpLayout,
     diagnosis_rule,
-    kv_capacity,
-    logged_ints,
     package_version,
     phase_patterns,
     switch_flag,
@@ -76,7 +73,14 @@ from engine_adapters.runtimes import (
     resolve_executable,
     resolve_python,
 )
-from engine_adapters.spec import CommandLineAdapter, EngineSpec, ProbeSpec, SettingEcho, draft_model_ignored
+from engine_adapters.spec import (
+    CommandLineAdapter,
+    EngineSpec,
+    ProbeSpec,
+    SettingEcho,
+    draft_model_ignored,
+    metric_names,
+)
 
 SERVE_SCRIPT = Path(__file__).with_name("llamacpp_serve.py")
 API_KEY_ENV = "LLAMA_API_KEY"
@@ -99,26 +103,17 @@ precaution: it did not change the keep-alive failures in docs/engines.md, "Known
 # ``prompt_tokens_cached_total``), so there is no count of prefix-cache queries and no hit rate.
 # llama.cpp has no latency histograms.
 
-METRIC_NAMES = MetricNames(
-    gauges={
-        "requests_running": ("llamacpp:requests_processing",),
-        "requests_waiting": ("llamacpp:requests_deferred",),
-        "kv_cache_usage_ratio": ("llamacpp:kv_cache_usage_ratio",),
-        "kv_cache_tokens": ("llamacpp:kv_cache_tokens",),
-    },
+METRIC_NAMES = metric_names(
+    "llamacpp:",
+    gauges={"requests_running": "requests_processing", "requests_waiting": "requests_deferred",
+            "kv_cache_usage_ratio": "kv_cache_usage_ratio", "kv_cache_tokens": "kv_cache_tokens"},
     counters={
-        "generation_tokens": ("llamacpp:tokens_predicted_total",),
-        "prompt_tokens": ("llamacpp:prompt_tokens_total",),
-        "prefix_cache_hits": ("llamacpp:prompt_tokens_cached_total",),
-        "spec_decode_drafts": ("llamacpp:spec_decode_num_drafts_total",),
-        "spec_decode_draft_tokens": ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:tokens_drafted_total"),
-        "spec_decode_accepted_tokens": ("llamacpp:spec_decode_num_accepted_tokens_total",
-                                        "llamacpp:tokens_drafted_accepted_total"),
-        "decode_steps": ("llamacpp:n_decode_total",),
-        "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",),
-        "prompt_seconds": ("llamacpp:prompt_seconds_total",),
-    },
-    histograms={},
+        "generation_tokens": "tokens_predicted_total", "prompt_tokens": "prompt_tokens_total",
+        "prefix_cache_hits": "prompt_tokens_cached_total", "spec_decode_drafts": "spec_decode_num_drafts_total",
+        "spec_decode_draft_tokens": ("spec_decode_num_draft_tokens_total", "tokens_drafted_total"),
+        "spec_decode_accepted_tokens": ("spec_decode_num_accepted_tokens_total", "tokens_drafted_accepted_total"),
+        "decode_steps": "n_decode_total", "generation_seconds": "tokens_predicted_seconds_total",
+        "prompt_seconds": "prompt_seconds_total"},
 )
 
 # --- feature -> flag mapping --------------------------------------------------------------------
@@ -177,7 +172,7 @@ PHASE_PATTERNS = phase_patterns(
 )
 """Log markers of each startup phase, latest phase first (the first that matches names it)."""
 
-_LOG_INT = {key: re.compile(rx) for key, rx in (
+LOGGED_SIZES = {key: re.compile(rx) for key, rx in (
     ("n_ctx", r"llama_context: n_ctx\s+= (\d+)"),
     ("n_ctx_seq", r"llama_context: n_ctx_seq\s+= (\d+)"),
     ("n_seq_max", r"llama_context: n_seq_max\s+= (\d+)"),
@@ -192,15 +187,6 @@ KV_ALLOC_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB .*K \((?P<k>\w+)\)
                          r"V \((?P<v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 
-def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
-    """The sizes llama.cpp logged while starting (context, slots, batch, layer shapes)."""
-    return logged_ints(log_lines, _LOG_INT)
-
-
-def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
-    """Tokens the context holds in all, and how many requests of the per-request length fit."""
-    ints = log_ints(log_lines)
-    return kv_capacity(ints.get("n_ctx"), ints.get("n_ctx_seq"))
 
 
 _rule = diagnosis_rule
@@ -255,6 +241,9 @@ SPEC = EngineSpec(
     # reuses it fails its next POST ("Can not write request body"): a fresh connection per request.
     client_keep_alive=False,
     # llama.cpp counts a request in /metrics after answering it: a fence request makes sure the last is counted.
+    # The sizes llama.cpp logs while starting (context, slots, batch, layer shapes): the context's
+    # tokens in all and per request are its KV capacity.
+    logged_sizes=LOGGED_SIZES, kv_capacity_sizes=("n_ctx", "n_ctx_seq"),
     probe=ProbeSpec(fence_request=True), prefix_cache_noun="prompt cache",
     setting_echoes=(SettingEcho("max_num_seqs", "n_slots"), SettingEcho("max_model_len", "n_ctx_seq"),
                     SettingEcho("max_num_batched_tokens", "n_batch")),
@@ -270,9 +259,6 @@ class LlamaCppAdapter(CommandLineAdapter):
     """llama.cpp's server (the xllamacpp wheel, or a llama-server executable)."""
 
     spec = SPEC
-
-    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
-        return parse_kv_cache(log_lines)
 
     # -- launch ---------------------------------------------------------------------------------
 
@@ -396,9 +382,6 @@ class LlamaCppAdapter(CommandLineAdapter):
 
     # -- verification ---------------------------------------------------------------------------
 
-    def echoed_settings(self, log_lines: Sequence[str]) -> Mapping[str, object]:
-        return log_ints(log_lines)
-
     def verify_settings(self, features: Features, log_lines: Sequence[str]) -> list[FeatureCheck]:
         """The sizes llama.cpp logged, then the flash attention and GPU layers it reports."""
         checks = super().verify_settings(features, log_lines)
@@ -425,7 +408,7 @@ class LlamaCppAdapter(CommandLineAdapter):
                               model_config: Mapping[str, Any] | None) -> FeatureCheck:
         """The KV cache llama.cpp allocated: the type it names for K and V, and its size, which for
         a block-quantized type is the bytes per value times the values (q8_0: 1.06, f16: 2)."""
-        ints = log_ints(log_lines)
+        ints = self.logged_sizes(log_lines)
         want = KV_CACHE_TYPES.get(dtype, dtype)
         alloc = next((m for m in map(KV_ALLOC_RE.search, log_lines) if m), None)
         if alloc is None:
@@ -481,3 +464,4 @@ feature_flags = ADAPTER.feature_flags
 flag_names = ADAPTER.flag_names
 flag_values = ADAPTER.flag_values
 parse_help = ADAPTER.parse_help
+parse_kv_cache = ADAPTER.kv_cache

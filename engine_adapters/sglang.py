@@ -36,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine_adapters.base import FeatureCheck, FlagSet, MetricNames, Phase, ValidationIssue
+from engine_adapters.base import FeatureCheck, FlagSet, Phase, ValidationIssue
 from engine_adapters.command_line import (
     ARGPARSE_BAD_ARGUMENT,
     DOCKER_RULES,
@@ -48,8 +48,6 @@ from engine_adapters.command_line import (
     diagnosis_rule,
     docker_image,
     docker_run_prefix,
-    kv_capacity,
-    logged_ints,
     number_text,
     package_version,
     phase_patterns,
@@ -68,6 +66,7 @@ from engine_adapters.spec import (
     draft_model_issues,
     fp8_weights_issue,
     kv_offload_size_issue,
+    metric_names,
     needs_gpu_issue,
 )
 
@@ -99,32 +98,21 @@ RUNTIME_KINDS = (f"SGLang runs from a Python interpreter that has sglang (runtim
 # queries and hits. It has no draft/accepted-token counters: speculation shows as its running
 # accept length and rate (gauges) and as verify passes (``spec_verify_calls_total``).
 
-METRIC_NAMES = MetricNames(
+METRIC_NAMES = metric_names(
+    "sglang:",
     gauges={
-        "requests_running": ("sglang:num_running_reqs",),
-        "requests_waiting": ("sglang:num_queue_reqs",),
-        "kv_cache_usage_ratio": ("sglang:token_usage",),
+        "requests_running": "num_running_reqs", "requests_waiting": "num_queue_reqs",
+        "kv_cache_usage_ratio": "token_usage",
         # SGLang's own running estimates; counter-derived rates take precedence when present.
-        "generation_tok_per_s": ("sglang:gen_throughput",),
-        "prefix_cache_hit_ratio": ("sglang:cache_hit_rate",),
-        "spec_mean_acceptance_length": ("sglang:spec_accept_length",),
-        "spec_acceptance_ratio": ("sglang:spec_accept_rate",),
-    },
-    counters={
-        "generation_tokens": ("sglang:generation_tokens_total",),
-        "prompt_tokens": ("sglang:prompt_tokens_total",),
-        "prefix_cache_queries": ("sglang:prompt_tokens_total",),
-        "prefix_cache_hits": ("sglang:cached_tokens_total",),
-        "requests_finished": ("sglang:num_requests_total",),
-        "preemptions": ("sglang:num_retracted_requests_total",),
-        "spec_verify_passes": ("sglang:spec_verify_calls_total",),
-    },
-    histograms={
-        "ttft_s": ("sglang:time_to_first_token_seconds",),
-        "itl_s": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
-        "e2e_s": ("sglang:e2e_request_latency_seconds",),
-        "queue_s": ("sglang:queue_time_seconds",),
-    },
+        "generation_tok_per_s": "gen_throughput", "prefix_cache_hit_ratio": "cache_hit_rate",
+        "spec_mean_acceptance_length": "spec_accept_length", "spec_acceptance_ratio": "spec_accept_rate"},
+    counters={"generation_tokens": "generation_tokens_total", "prompt_tokens": "prompt_tokens_total",
+              "prefix_cache_queries": "prompt_tokens_total", "prefix_cache_hits": "cached_tokens_total",
+              "requests_finished": "num_requests_total", "preemptions": "num_retracted_requests_total",
+              "spec_verify_passes": "spec_verify_calls_total"},
+    histograms={"ttft_s": "time_to_first_token_seconds",
+                "itl_s": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+                "e2e_s": "e2e_request_latency_seconds", "queue_s": "queue_time_seconds"},
 )
 
 # --- feature -> flag mapping --------------------------------------------------------------------
@@ -202,19 +190,7 @@ KV_ALLOC_RE = re.compile(r"KV Cache is allocated\. dtype: (?P<dtype>\S+), #token
                          r"(?:K size: (?P<k>[\d.]+) GB, V size: (?P<v>[\d.]+) GB|KV size: (?P<kv>[\d.]+) GB)")
 _SCHEDULER_RE = {key: re.compile(rf"\b{key}=(-?\d+)") for key in (
     "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "context_len")}
-_SCHEDULER_RE = {key: re.compile(rf"\b{key}=(-?\d+)") for key in (
-    "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "context_len")}
-
-
-def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
-    """What the scheduler logged it set up (``max_total_num_tokens=..., max_running_requests=...``)."""
-    return logged_ints((line for line in log_lines if "max_total_num_tokens=" in line), _SCHEDULER_RE)
-
-
-def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
-    """The token pool SGLang allocated, and how many requests of its context length fit."""
-    ints = log_ints(log_lines)
-    return kv_capacity(ints.get("max_total_num_tokens"), ints.get("context_len"))
+"""What the scheduler logs it set up, on one line (``max_total_num_tokens=..., max_running_requests=...``)."""
 
 
 _rule = diagnosis_rule
@@ -258,6 +234,9 @@ SPEC = EngineSpec(
     ),
     # SGLang 0.5.23: the radix (prefix) cache and chunked prefill are on unless switched off.
     engine_defaults={"prefix_caching": True, "chunked_prefill": True},
+    # The token pool SGLang allocated, and how many requests of its context length fit.
+    logged_sizes=_SCHEDULER_RE, logged_sizes_marker="max_total_num_tokens=",
+    kv_capacity_sizes=("max_total_num_tokens", "context_len"),
     prefix_cache_noun="radix cache", hits_counter_lazy=True,  # cached tokens are reported once some were cached
     setting_echoes=(SettingEcho("max_num_seqs", "max_running_requests"), SettingEcho("max_model_len", "context_len"),
                     SettingEcho("max_num_batched_tokens", "chunked_prefill_size")),
@@ -275,9 +254,6 @@ class SglangAdapter(CommandLineAdapter):
                     "python -m sglang.launch_server with the key from SGLANG_API_KEY)")
     image_hint = f"{DOCKER_IMAGE}:v{RECORDED_VERSION}"
     default_image = f"{DOCKER_IMAGE}:latest"
-
-    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
-        return parse_kv_cache(log_lines)
 
     # -- launch ---------------------------------------------------------------------------------
 
@@ -347,9 +323,6 @@ class SglangAdapter(CommandLineAdapter):
 
     # -- verification ---------------------------------------------------------------------------
 
-    def echoed_settings(self, log_lines: Sequence[str]) -> Mapping[str, object]:
-        return log_ints(log_lines)
-
     def requested_setting(self, features: Features, echo: SettingEcho) -> object:
         """With chunked prefill off the batched-token budget is not the chunk size SGLang logs."""
         if echo.key == "max_num_batched_tokens" and features.chunked_prefill is False:
@@ -389,3 +362,4 @@ feature_flags = ADAPTER.feature_flags
 flag_names = ADAPTER.flag_names
 flag_values = ADAPTER.flag_values
 parse_help = ADAPTER.parse_help
+parse_kv_cache = ADAPTER.kv_cache

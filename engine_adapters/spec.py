@@ -38,6 +38,8 @@ from engine_adapters.command_line import (
     flag_names_of,
     flag_terms,
     flag_values_of,
+    kv_capacity,
+    logged_ints,
     model_path_issues,
     parse_help_text,
     probe_prompt_len,
@@ -127,6 +129,12 @@ class EngineSpec:
     hits_counter_lazy: bool = False
     """The cache-hit counter appears only once something was cached: its absence after a probe
     with caching off is the effect wanted."""
+    logged_sizes: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
+    """Sizes the engine logs as it starts (group 1 of each pattern), read by name."""
+    logged_sizes_marker: str = ""
+    """Read the sizes only from lines that contain this (one log line that states them all)."""
+    kv_capacity_sizes: tuple[str, str] | None = None
+    """Which logged sizes are the KV cache's tokens in all and one request's tokens."""
     setting_echoes: tuple[SettingEcho, ...] = ()
     echo_evidence: str = "engine logged {name}={value}"
     echo_absent_status: FeatureStatus = "unknown"
@@ -171,6 +179,20 @@ class ProbeReading:
             if (after := metric_total(self.metrics_text, name)) is not None:
                 return after - (metric_total(self.before_text or "", name) or 0.0)
         return None
+
+
+MetricTable = Mapping[str, "str | tuple[str, ...]"]
+
+
+def metric_names(prefix: str, *, gauges: MetricTable, counters: MetricTable,
+                 histograms: MetricTable | None = None) -> MetricNames:
+    """An engine's metric table with each Prometheus name written without the engine's prefix
+    (``vllm:``, ``trtllm_``); a name with aliases is a tuple, newest first."""
+    def table(names: MetricTable | None) -> dict[str, tuple[str, ...]]:
+        return {key: tuple(prefix + name for name in ((value,) if isinstance(value, str) else value))
+                for key, value in (names or {}).items()}
+
+    return MetricNames(gauges=table(gauges), counters=table(counters), histograms=table(histograms))
 
 
 def needs_gpu_issue(display: str, hardware: HardwareInfo | None, parallel: int) -> list[ValidationIssue]:
@@ -287,8 +309,18 @@ class CommandLineAdapter:
         """The server answers its health path with 200 once the model is loaded."""
         return http_ok(base_url + self.health_path, timeout_s)
 
+    def logged_sizes(self, log_lines: Sequence[str]) -> dict[str, int]:
+        """The sizes the engine logged while starting (``spec.logged_sizes``)."""
+        marker = self.spec.logged_sizes_marker
+        return logged_ints((line for line in log_lines if marker in line), self.spec.logged_sizes)
+
     def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
-        return {}
+        """The KV capacity the engine logged: tokens in all, and requests of one's length that fit."""
+        if self.spec.kv_capacity_sizes is None:
+            return {}
+        total, per_request = self.spec.kv_capacity_sizes
+        sizes = self.logged_sizes(log_lines)
+        return kv_capacity(sizes.get(total), sizes.get(per_request))
 
     def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
         spec = self.spec
@@ -473,8 +505,9 @@ class CommandLineAdapter:
         return None
 
     def echoed_settings(self, log_lines: Sequence[str]) -> Mapping[str, object]:
-        """The settings the engine reported back, by the names in ``spec.setting_echoes``."""
-        return {}
+        """The settings the engine reported back, by the names in ``spec.setting_echoes``: by
+        default the sizes it logged."""
+        return self.logged_sizes(log_lines)
 
     def requested_setting(self, features: Features, echo: SettingEcho) -> object:
         return getattr(features, echo.key)

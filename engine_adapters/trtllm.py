@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine_adapters.base import BESIDE_SCRIPT, FlagSet, MetricNames, Phase, ValidationIssue
+from engine_adapters.base import BESIDE_SCRIPT, FlagSet, Phase, ValidationIssue
 from engine_adapters.command_line import (
     PORT_IN_USE_ADVICE,
     DiagnosisRule,
@@ -64,6 +64,7 @@ from engine_adapters.spec import (
     block_quantized_kv_issue,
     draft_model_issues,
     kv_offload_size_issue,
+    metric_names,
     needs_gpu_issue,
 )
 
@@ -90,28 +91,19 @@ GIB = 2**30
 # prompt tokens queried, so there is no token hit rate from counters: TensorRT-LLM's own block
 # hit rate is the gauge.
 
-METRIC_NAMES = MetricNames(
-    gauges={
-        "requests_running": ("trtllm_num_requests_running",),
-        "requests_waiting": ("trtllm_num_requests_waiting",),
-        "kv_cache_usage_ratio": ("trtllm_kv_cache_utilization",),
-        "prefix_cache_hit_ratio": ("trtllm_kv_cache_hit_rate",),
-        "spec_mean_acceptance_length": ("trtllm_spec_decode_acceptance_length",),
-    },
+METRIC_NAMES = metric_names(
+    "trtllm_",
+    gauges={"requests_running": "num_requests_running", "requests_waiting": "num_requests_waiting",
+            "kv_cache_usage_ratio": "kv_cache_utilization", "prefix_cache_hit_ratio": "kv_cache_hit_rate",
+            "spec_mean_acceptance_length": "spec_decode_acceptance_length"},
     counters={
-        "generation_tokens": ("trtllm_generation_tokens_total",),
-        "prompt_tokens": ("trtllm_prompt_tokens_total",),
-        "prefix_cache_hits": ("trtllm_prompt_cached_tokens_total",),
-        "spec_decode_draft_tokens": ("trtllm_spec_decode_num_draft_tokens_total",),
-        "spec_decode_accepted_tokens": ("trtllm_spec_decode_num_accepted_tokens_total",),
-        "requests_finished": ("trtllm_request_success_total",),
-    },
-    histograms={
-        "ttft_s": ("trtllm_time_to_first_token_seconds",),
-        "itl_s": ("trtllm_time_per_output_token_seconds",),
-        "e2e_s": ("trtllm_e2e_request_latency_seconds",),
-        "queue_s": ("trtllm_request_queue_time_seconds",),
-    },
+        "generation_tokens": "generation_tokens_total", "prompt_tokens": "prompt_tokens_total",
+        "prefix_cache_hits": "prompt_cached_tokens_total",
+        "spec_decode_draft_tokens": "spec_decode_num_draft_tokens_total",
+        "spec_decode_accepted_tokens": "spec_decode_num_accepted_tokens_total",
+        "requests_finished": "request_success_total"},
+    histograms={"ttft_s": "time_to_first_token_seconds", "itl_s": "time_per_output_token_seconds",
+                "e2e_s": "e2e_request_latency_seconds", "queue_s": "request_queue_time_seconds"},
 )
 
 # --- feature -> LLM API options -----------------------------------------------------------------

@@ -20,7 +20,6 @@ from engine_adapters.base import (
     FeatureCheck,
     FeatureStatus,
     FlagSet,
-    MetricNames,
     Phase,
     ValidationIssue,
 )
@@ -52,6 +51,7 @@ from engine_adapters.spec import (
     draft_model_issues,
     fp8_weights_issue,
     kv_offload_size_issue,
+    metric_names,
 )
 
 __all__ = ["kv_bytes_per_token"]  # re-exported: where tests and callers have always found it
@@ -170,32 +170,25 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
 
 
 
-METRIC_NAMES = MetricNames(
-    gauges={
-        "requests_running": ("vllm:num_requests_running",),
-        "requests_waiting": ("vllm:num_requests_waiting",),
-        "kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
-    },
+METRIC_NAMES = metric_names(
+    "vllm:",
+    gauges={"requests_running": "num_requests_running", "requests_waiting": "num_requests_waiting",
+            "kv_cache_usage_ratio": ("kv_cache_usage_perc", "gpu_cache_usage_perc", "cpu_cache_usage_perc")},
     counters={
-        "generation_tokens": ("vllm:generation_tokens_total",),
-        "prompt_tokens": ("vllm:prompt_tokens_total",),
-        "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-        "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-        "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total",),
-        "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
-        "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
-        "requests_finished": ("vllm:request_success_total",),
-        "preemptions": ("vllm:num_preemptions_total",),
-    },
+        "generation_tokens": "generation_tokens_total", "prompt_tokens": "prompt_tokens_total",
+        "prefix_cache_queries": ("prefix_cache_queries_total", "gpu_prefix_cache_queries_total"),
+        "prefix_cache_hits": ("prefix_cache_hits_total", "gpu_prefix_cache_hits_total"),
+        "spec_decode_drafts": "spec_decode_num_drafts_total",
+        "spec_decode_draft_tokens": "spec_decode_num_draft_tokens_total",
+        "spec_decode_accepted_tokens": "spec_decode_num_accepted_tokens_total",
+        "requests_finished": "request_success_total", "preemptions": "num_preemptions_total"},
     histograms={
-        "ttft_s": ("vllm:time_to_first_token_seconds",),
-        "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-        "e2e_s": ("vllm:e2e_request_latency_seconds",),
-        "queue_s": ("vllm:request_queue_time_seconds",),
+        "ttft_s": "time_to_first_token_seconds",
+        "itl_s": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+        "e2e_s": "e2e_request_latency_seconds", "queue_s": "request_queue_time_seconds",
         # Tokens scheduled per engine step (prefill and decode): how much batching the engine
         # actually achieves, which a memory-bound decode turns into throughput.
-        "tokens_per_step": ("vllm:iteration_tokens_total",),
-    },
+        "tokens_per_step": "iteration_tokens_total"},
 )
 
 
