@@ -56,12 +56,12 @@ from engine_adapters.command_line import (
     DiagnosisRule,
     FlagRule,
     HelpLayout,
-    diagnosis_rule,
     package_version,
     phase_patterns,
     switch_flag,
     value_flag,
 )
+from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
@@ -188,8 +188,6 @@ KV_ALLOC_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB .*K \((?P<k>\w+)\)
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 
 
-
-_rule = diagnosis_rule
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (

@@ -45,7 +45,6 @@ from engine_adapters.command_line import (
     DiagnosisRule,
     FlagRule,
     HelpLayout,
-    diagnosis_rule,
     docker_image,
     docker_run_prefix,
     number_text,
@@ -54,6 +53,7 @@ from engine_adapters.command_line import (
     switch_flag,
     value_flag,
 )
+from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_python
@@ -192,8 +192,6 @@ _SCHEDULER_RE = {key: re.compile(rf"\b{key}=(-?\d+)") for key in (
     "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "context_len")}
 """What the scheduler logs it set up, on one line (``max_total_num_tokens=..., max_running_requests=...``)."""
 
-
-_rule = diagnosis_rule
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (

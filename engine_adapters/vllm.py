@@ -31,7 +31,6 @@ from engine_adapters.command_line import (
     DiagnosisRule,
     FlagRule,
     HelpLayout,
-    diagnosis_rule,
     docker_run_prefix,
     kv_bytes_per_token,
     number_text,
@@ -39,6 +38,7 @@ from engine_adapters.command_line import (
     switch_flag,
     value_flag,
 )
+from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, managed_runtime, resolve_executable, resolve_python
@@ -124,8 +124,6 @@ CONCURRENCY_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per
 NON_DEFAULT_RE = re.compile(r"non-default args: (?P<args>\{.*\})")
 KV_MEMORY_RE = re.compile(r"(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache"
                           r"|Available KV cache memory: (?P<gpu>[\d.]+) GiB")
-_rule = diagnosis_rule
-
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
     _rule("fp8_kv_cpu", r"FP8 KV cache on CPU requires",
