@@ -1,8 +1,8 @@
 """What every adapter of a command-line server shares: features rendered as flags, flags told
 apart from values in argv, the installed version's flags read from its ``--help`` in one of the
 help layouts engines print (cached per version), flags checked against them before a launch,
-the ``docker run`` prefix, the log read for a known cause of failure, and counters compared
-around a probe.
+the ``docker run`` prefix, the log read for startup phases, sizes and a known cause of failure,
+and the KV-cache arithmetic verification needs.
 
 An engine's spec (``engine_adapters.spec``) names which of these pieces it uses; vLLM, llama.cpp,
 SGLang and TensorRT-LLM all go through here, so a rule such as "a flag the installed version
@@ -23,7 +23,6 @@ from typing import Any
 from engine_adapters.base import Diagnosis, FlagSet, Phase, PhasePattern, ValidationIssue
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.paths import cache_dir
-from engine_adapters.prometheus import metric_total
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 
 
@@ -60,10 +59,6 @@ def switch_flag(key: str, on: Sequence[str], off: Sequence[str]) -> FlagRule:
 def flag_terms(flags_by_feature: Mapping[str, list[str]]) -> dict[str, str]:
     """``engine_terms`` of a command-line engine: each feature's flags as written."""
     return {key: " ".join(tokens) for key, tokens in flags_by_feature.items() if tokens and key != "extra_args"}
-
-
-def argv_of(flags_by_feature: Mapping[str, list[str]]) -> list[str]:
-    return [token for tokens in flags_by_feature.values() for token in tokens]
 
 
 def number_text(value: float) -> str:
@@ -379,7 +374,7 @@ def kv_capacity(total_tokens: float | None, per_request_tokens: float | None) ->
     return out
 
 
-# --- verification by effect ---------------------------------------------------------------------------
+# --- verification by effect (the checks themselves: engine_adapters.spec) ------------------------
 
 def kv_bytes_per_token(model_config: Mapping[str, Any], element_bytes: int) -> int | None:
     """KV-cache bytes per token of a standard-attention model (keys and values of every layer),
@@ -395,17 +390,6 @@ def kv_bytes_per_token(model_config: Mapping[str, Any], element_bytes: int) -> i
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     return 2 * layers * kv_heads * head_dim * element_bytes
-
-
-def counter_change(metrics_text: str, before_text: str | None) -> Callable[[str], float | None]:
-    """How much a counter moved across a probe (None: the engine does not expose it)."""
-    def change(name: str) -> float | None:
-        after = metric_total(metrics_text, name)
-        if after is None:
-            return None
-        return after - (metric_total(before_text or "", name) or 0.0)
-
-    return change
 
 
 def probe_prompt_len(features: Features, wanted_tokens: int) -> int:
