@@ -247,7 +247,6 @@ SPEC = EngineSpec(
                     SettingEcho("max_num_batched_tokens", "n_batch")),
     echo_evidence="engine logged {name} = {value}",
 )
-RESERVED_FLAGS = SPEC.reserved_flags
 KV_BYTES_TOLERANCE = 0.1  # MiB are logged to two decimals
 LLAMACPP_RUNTIMES = ("llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp (runtime kind 'python') or "
                      "a llama-server executable")

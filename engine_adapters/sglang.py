@@ -174,9 +174,6 @@ FLAG_RULES: tuple[FlagRule, ...] = (
 )
 """``chunked_prefill`` has no rule of its own: it shapes ``max_num_batched_tokens``'s flags."""
 
-ENGINE_DEFAULTS: Mapping[str, object] = {"prefix_caching": True, "chunked_prefill": True}
-"""SGLang 0.5.23: the radix (prefix) cache and chunked prefill are on unless switched off."""
-
 PHASE_PATTERNS = phase_patterns(
     (Phase.READY, (r"The server is fired up and ready to roll",)),
     (Phase.STARTING_SERVER, (r"Uvicorn running on", r"Application startup complete", r"Starting server at")),
@@ -240,8 +237,6 @@ SPEC = EngineSpec(
                     SettingEcho("max_num_batched_tokens", "chunked_prefill_size")),
     gpu_verified=GPU_VERIFIED, maturity=MATURITY,
 )
-ENGINE_DEFAULTS = SPEC.engine_defaults
-RESERVED_FLAGS = SPEC.reserved_flags
 
 
 class SglangAdapter(CommandLineAdapter):

@@ -213,8 +213,6 @@ SPEC = EngineSpec(
     )),
     echo_evidence="engine parsed {name}={value}", echo_absent_status="not active",
 )
-ENGINE_DEFAULTS = SPEC.engine_defaults
-RESERVED_FLAGS = SPEC.reserved_flags
 PREFIX_PROBE_MIN_TOKENS = 2 * 128  # shorter (a small max_model_len): no hit does not prove caching is off
 KV_RATIO_TOLERANCE = 0.1  # capacity within 10% of a prediction (GiB are logged to two decimals)
 
