@@ -476,7 +476,7 @@ class CommandLineAdapter:
         if reading.probed and hits is not None:
             if not wanted and hits == 0:
                 return FeatureCheck("prefix_caching", "False", "verified", f"no prompt tokens came from a cache in {probe}")
-            return FeatureCheck("prefix_caching", str(wanted), "verified" if wanted == (hits > 0) else "not active",
+            return FeatureCheck("prefix_caching", str(wanted), "verified" if wanted and hits > 0 else "not active",
                                 f"{hits:,.0f} prompt tokens came from the {noun} in {probe}")
         if reading.probed and not wanted and self.spec.hits_counter_lazy:
             return FeatureCheck("prefix_caching", "False", "verified", f"no prompt tokens came from a cache in {probe}")
@@ -493,7 +493,7 @@ class CommandLineAdapter:
         if not reading.probed or drafted is None:
             return FeatureCheck("speculative.method", method, "unknown",
                                 "no speculative-decoding counter was read" + reading.unmeasured)
-        if drafted == 0:
+        if drafted <= 0:
             return FeatureCheck("speculative.method", method, "not active", f"no drafts in {probe}")
         counted = f" ({drafts:,.0f} drafts)" if drafts is not None else ""
         return FeatureCheck("speculative.method", method, "verified" if accepted > 0 else "accepted",
