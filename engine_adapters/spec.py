@@ -230,6 +230,7 @@ def draft_model_issues(features: Features, needs_draft: Iterable[str], what: str
 
 
 def draft_model_ignored(features: Features) -> list[ValidationIssue]:
+    """A draft model set for a method that drafts without one: a warning, not an error."""
     spec = features.speculative
     if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
         return [ValidationIssue("speculative.draft_model",
@@ -238,6 +239,7 @@ def draft_model_ignored(features: Features) -> list[ValidationIssue]:
 
 
 def kv_offload_size_issue(features: Features) -> list[ValidationIssue]:
+    """A KV offload backend with nothing to offload: a warning, the setting does nothing."""
     if features.kv_offload_backend and features.kv_offload_gib == 0:
         return [ValidationIssue("kv_offload_gib", "a KV offload backend is set but kv_offload_gib is 0: nothing is "
                                                   "offloaded", "warning")]
@@ -254,10 +256,9 @@ def block_quantized_kv_issue(features: Features, instead: str) -> list[Validatio
 
 class CommandLineAdapter:
     """The adapter protocol for an engine started as one command line, driven by ``spec``.
-    A subclass sets ``spec`` and overrides only its engine's quirks: ``base_command`` and
-    ``installed_version`` (always), and where needed the hooks ``model_args``, ``help_command``,
-    ``setup_issues``, ``feature_issues``, ``model_issues``, ``echoed_settings``,
-    ``verify_kv_cache_dtype``, ``verify_prefix_caching``, ``verify_speculation``, ``verify_settings``."""
+    A subclass sets ``spec`` and writes ``base_command`` and ``installed_version``; every other
+    method is a hook it overrides only for a genuine quirk of its engine (docs/engines.md,
+    "Adding a fifth engine", says which exist)."""
 
     spec: ClassVar[EngineSpec]
     kind: str
