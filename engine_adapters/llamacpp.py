@@ -30,11 +30,8 @@ llama.cpp has no utilization fraction, GiB offload, tensor/pipeline parallel siz
 CUDA-graph switch: those are refused with what to do instead.
 
 Facts about llama.cpp live here; ``llamacpp_serve.py`` (the wheel's command line),
-``llamacpp_gguf.py`` (the GGUF demo model) and ``llamacpp_runtime.py`` (its cache) serve it.
-
-Why one module: everything tunebench knows about one engine (its flags, help layout,
-log, diagnosis, metric names, verification) kept together, so a new release's changes land in
-one file; what all adapters share is ``engine_adapters.command_line``.
+``llamacpp_gguf.py`` (the GGUF demo model) and ``llamacpp_runtime.py`` (its cache) serve it, and
+what every engine shares is ``engine_adapters.spec``.
 """
 
 from __future__ import annotations
@@ -42,40 +39,30 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from engine_adapters.base import (
-    Diagnosis,
     FeatureCheck,
     FeatureStatus,
     FlagSet,
-    MetricNames,
     Phase,
-    PhasePattern,
     ValidationIssue,
-    http_ok,
 )
 from engine_adapters.command_line import (
+    PORT_IN_USE_ADVICE,
+    SHORT_OR_LONG_FLAG_RE,
     DiagnosisRule,
     FlagRule,
-    cached_flag_set,
-    counter_change,
-    diagnose_log,
-    diagnosis_rule,
-    env_with_api_key,
-    extra_args_issues,
-    flag_terms,
-    kv_capacity,
-    logged_ints,
-    probe_prompt_len,
-    rendered_flags,
-    run_help,
-    version_issues,
+    HelpLayout,
+    package_version,
+    phase_patterns,
+    switch_flag,
+    value_flag,
 )
+from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
-from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
 from engine_adapters.runtimes import (
@@ -85,6 +72,14 @@ from engine_adapters.runtimes import (
     managed_runtime,
     resolve_executable,
     resolve_python,
+)
+from engine_adapters.spec import (
+    CommandLineAdapter,
+    EngineSpec,
+    ProbeSpec,
+    SettingEcho,
+    draft_model_ignored,
+    metric_names,
 )
 
 SERVE_SCRIPT = Path(__file__).with_name("llamacpp_serve.py")
@@ -108,26 +103,17 @@ precaution: it did not change the keep-alive failures in docs/engines.md, "Known
 # ``prompt_tokens_cached_total``), so there is no count of prefix-cache queries and no hit rate.
 # llama.cpp has no latency histograms.
 
-METRIC_NAMES = MetricNames(
-    gauges={
-        "requests_running": ("llamacpp:requests_processing",),
-        "requests_waiting": ("llamacpp:requests_deferred",),
-        "kv_cache_usage_ratio": ("llamacpp:kv_cache_usage_ratio",),
-        "kv_cache_tokens": ("llamacpp:kv_cache_tokens",),
-    },
+METRIC_NAMES = metric_names(
+    "llamacpp:",
+    gauges={"requests_running": "requests_processing", "requests_waiting": "requests_deferred",
+            "kv_cache_usage_ratio": "kv_cache_usage_ratio", "kv_cache_tokens": "kv_cache_tokens"},
     counters={
-        "generation_tokens": ("llamacpp:tokens_predicted_total",),
-        "prompt_tokens": ("llamacpp:prompt_tokens_total",),
-        "prefix_cache_hits": ("llamacpp:prompt_tokens_cached_total",),
-        "spec_decode_drafts": ("llamacpp:spec_decode_num_drafts_total",),
-        "spec_decode_draft_tokens": ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:tokens_drafted_total"),
-        "spec_decode_accepted_tokens": ("llamacpp:spec_decode_num_accepted_tokens_total",
-                                        "llamacpp:tokens_drafted_accepted_total"),
-        "decode_steps": ("llamacpp:n_decode_total",),
-        "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",),
-        "prompt_seconds": ("llamacpp:prompt_seconds_total",),
-    },
-    histograms={},
+        "generation_tokens": "tokens_predicted_total", "prompt_tokens": "prompt_tokens_total",
+        "prefix_cache_hits": "prompt_tokens_cached_total", "spec_decode_drafts": "spec_decode_num_drafts_total",
+        "spec_decode_draft_tokens": ("spec_decode_num_draft_tokens_total", "tokens_drafted_total"),
+        "spec_decode_accepted_tokens": ("spec_decode_num_accepted_tokens_total", "tokens_drafted_accepted_total"),
+        "decode_steps": "n_decode_total", "generation_seconds": "tokens_predicted_seconds_total",
+        "prompt_seconds": "prompt_seconds_total"},
 )
 
 # --- feature -> flag mapping --------------------------------------------------------------------
@@ -167,75 +153,26 @@ def _ctx_size(features: Features) -> list[str]:
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_TYPES.get(f.kv_cache_dtype)) is None
              else ["-ctk", t, "-ctv", t]),
-    FlagRule("prefix_caching", lambda f: [] if f.prefix_caching is None else
-             ["--cache-prompt"] if f.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]),
+    switch_flag("prefix_caching", on=["--cache-prompt"], off=["--no-cache-prompt", "--cache-ram", "0"]),
     FlagRule("speculative.method", speculative_flags),
-    FlagRule("max_num_seqs", lambda f: [] if f.max_num_seqs is None else ["-np", str(f.max_num_seqs)]),
-    FlagRule("max_num_batched_tokens", lambda f: [] if f.max_num_batched_tokens is None else
-             ["-b", str(f.max_num_batched_tokens)]),
-    FlagRule("max_model_len", _ctx_size),
-    FlagRule("gpu_layers", lambda f: [] if f.gpu_layers is None else ["-ngl", str(f.gpu_layers)]),
-    FlagRule("flash_attention", lambda f: [] if f.flash_attention is None else ["-fa", "on" if f.flash_attention else "off"]),
-    FlagRule("extra_args", lambda f: list(f.extra_args)),
+    value_flag("max_num_seqs", "-np"), value_flag("max_num_batched_tokens", "-b"), FlagRule("max_model_len", _ctx_size),
+    value_flag("gpu_layers", "-ngl"), switch_flag("flash_attention", on=["-fa", "on"], off=["-fa", "off"]),
 )
 
-ALIASES: tuple[tuple[str, ...], ...] = (
-    ("-m", "--model"), ("-a", "--alias"), ("-c", "--ctx-size"), ("-np", "--parallel"), ("-b", "--batch-size"),
-    ("-ngl", "--gpu-layers", "--n-gpu-layers"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"),
-    ("-fa", "--flash-attn"), ("-md", "--model-draft"), ("-cram", "--cache-ram"), ("--cache-prompt", "--no-cache-prompt"),
-    ("-lv", "--verbosity", "--log-verbosity"), ("-hf", "-hfr", "--hf-repo"),
+
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"server is listening on", r"serving on http")),
+    (Phase.STARTING_SERVER, (r"init: model loaded", r"starting the main loop")),
+    (Phase.WARMING_UP, (r"warming up the model",)),
+    (Phase.KV_CACHE, (r"llama_kv_cache:", r"llama_context: n_ctx")),
+    (Phase.PROFILING, (r"fitting params to (device|free) memory", r"common_params_fit")),
+    (Phase.LOADING_WEIGHTS, (
+        r"load_model: loading model", r"llama_model_loader: loaded meta data", r"load_tensors:",
+    )),
 )
-"""Spellings of one llama-server option (the first is the one tunebench writes)."""
-_CANONICAL = {name: group[0] for group in ALIASES for name in group}
-RESERVED_FLAGS = frozenset({"-m", "-a", "--host", "--port", "--api-key", "--api-key-file", "--metrics", "-lv", "-hf",
-                            "--threads-http"})
-"""Set by tunebench from the configuration; extra_args must not override them behind its back."""
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 
-_FLAG_TOKEN_RE = re.compile(r"^--?[A-Za-z][\w-]*")
-
-
-def canonical_flag(flag: str) -> str:
-    return _CANONICAL.get(flag, flag)
-
-
-def feature_flags(features: Features) -> dict[str, list[str]]:
-    """Per feature key, the flags it contributes (empty when the engine default applies)."""
-    return rendered_flags(FLAG_RULES, features)
-
-
-def flag_names(tokens: Iterable[str]) -> list[str]:
-    """The flags among argv tokens (``-np``, ``--ctx-size=4`` counts as ``--ctx-size``; ``-1`` is a value)."""
-    return [t.split("=", 1)[0] for t in tokens if _FLAG_TOKEN_RE.match(t)]
-
-
-def flag_values(tokens: Sequence[str]) -> list[tuple[str, str]]:
-    pairs = []
-    for i, token in enumerate(tokens):
-        if not _FLAG_TOKEN_RE.match(token):
-            continue
-        if token.startswith("--") and "=" in token:
-            flag, value = token.split("=", 1)
-            pairs.append((flag, value))
-        elif i + 1 < len(tokens) and not _FLAG_TOKEN_RE.match(tokens[i + 1]):
-            pairs.append((token, tokens[i + 1]))
-    return pairs
-
-
-# --- log knowledge ----------------------------------------------------------------------------
-
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"server is listening on|serving on http"),
-        (Phase.STARTING_SERVER, r"init: model loaded|starting the main loop"),
-        (Phase.WARMING_UP, r"warming up the model"),
-        (Phase.KV_CACHE, r"llama_kv_cache:|llama_context: n_ctx"),
-        (Phase.PROFILING, r"fitting params to (device|free) memory|common_params_fit"),
-        (Phase.LOADING_WEIGHTS, r"load_model: loading model|llama_model_loader: loaded meta data|load_tensors:"),
-    )
-)
-
-_LOG_INT = {key: re.compile(rx) for key, rx in (
+LOGGED_SIZES = {key: re.compile(rx) for key, rx in (
     ("n_ctx", r"llama_context: n_ctx\s+= (\d+)"),
     ("n_ctx_seq", r"llama_context: n_ctx_seq\s+= (\d+)"),
     ("n_seq_max", r"llama_context: n_seq_max\s+= (\d+)"),
@@ -251,18 +188,6 @@ KV_ALLOC_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB .*K \((?P<k>\w+)\)
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 
 
-def log_ints(log_lines: Sequence[str]) -> dict[str, int]:
-    """The sizes llama.cpp logged while starting (context, slots, batch, layer shapes)."""
-    return logged_ints(log_lines, _LOG_INT)
-
-
-def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
-    """Tokens the context holds in all, and how many requests of the per-request length fit."""
-    ints = log_ints(log_lines)
-    return kv_capacity(ints.get("n_ctx"), ints.get("n_ctx_seq"))
-
-
-_rule = diagnosis_rule
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
@@ -285,7 +210,7 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
     _rule("model_load", r"error loading model: (.*)",
           lambda m: f"llama.cpp could not load the model: {m.group(1).strip()}"),
     _rule("port_in_use", r"couldn't bind HTTP server socket|Address already in use|bind failed",
-          "The port is already in use by another process: choose another port, or 0 for a free one."),
+          PORT_IN_USE_ADVICE),
     _rule("out_of_memory", r"failed to allocate .* buffer|cudaMalloc failed|out of memory",
           "llama.cpp could not allocate memory for the model or its KV cache: lower the context size (max model "
           "length), the slots or the GPU layers, or use a smaller quantization."),
@@ -295,64 +220,42 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
           lambda m: f"llama.cpp's server did not start ({m.group(1).strip()}); the log above says why."),
 )
 
-_GENERIC_ERROR_RE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
-
-
-_HELP_FLAGS_RE = re.compile(r"(--?[A-Za-z][\w-]*)(?:,\s*|\s+|$)")
-_HELP_BRACKET_RE = re.compile(r"^\[([\w.-]+(?:\|[\w.-]+)+)\]")
-_HELP_ALLOWED_RE = re.compile(r"allowed values: (.+)")
-
-
-def parse_help(text: str, version: str) -> FlagSet:
-    """Flags and their choices from llama-server's ``--help`` (or the wheel runner's, which
-    prints the same layout): an option line starts with its spellings, then the metavar
-    (``[on|off|auto]`` lists the choices), and an ``allowed values:`` line may follow."""
-    flags: set[str] = set()
-    choices: dict[str, list[str]] = {}
-    current: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("-"):
-            current, rest = [], stripped
-            while m := _HELP_FLAGS_RE.match(rest):  # "-h,    --help, --usage" then the metavar
-                current.append(m.group(1))
-                rest = rest[m.end():]
-            flags.update(current)
-            if m := _HELP_BRACKET_RE.match(rest):
-                for flag in current:
-                    choices[flag] = m.group(1).split("|")
-        if current and (m := _HELP_ALLOWED_RE.search(stripped)):
-            for flag in current:
-                choices[flag] = [c.strip() for c in m.group(1).split(",") if c.strip()]
-    return FlagSet(engine="llamacpp", version=version, flags=sorted(flags), choices=choices)
-
-
-class LlamaCppAdapter:
-    """llama.cpp's server (the xllamacpp wheel, or a llama-server executable)."""
-
-    kind = "llamacpp"
-    display_name = "llama.cpp"
-    health_path = "/health"
-    metrics_path = "/metrics"
-    metric_names = METRIC_NAMES
-    phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
-    api_key_env = API_KEY_ENV
+SPEC = EngineSpec(
+    kind="llamacpp", display_name="llama.cpp", api_key_env=API_KEY_ENV, metric_names=METRIC_NAMES,
+    phase_patterns=PHASE_PATTERNS, diagnosis_rules=DIAGNOSIS_RULES, flag_rules=FLAG_RULES,
+    generic_error=re.compile(r"\b(\w+(?:Error|Exception)): (.+)"),
+    help_layout=HelpLayout.LLAMA, help_with_stderr=True, flag_token=SHORT_OR_LONG_FLAG_RE, comma_lists=True,
+    reserved_flags=frozenset({"-m", "-a", "--host", "--port", "--api-key", "--api-key-file", "--metrics", "-lv", "-hf",
+                              "--threads-http"}),
+    model_flag="-m", served_name_flag="-a",
+    fixed_args=("--metrics", "-lv", LOG_VERBOSITY, "--threads-http", HTTP_THREADS),
+    aliases=(
+    ("-m", "--model"), ("-a", "--alias"), ("-c", "--ctx-size"), ("-np", "--parallel"), ("-b", "--batch-size"),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"),
+    ("-fa", "--flash-attn"), ("-md", "--model-draft"), ("-cram", "--cache-ram"), ("--cache-prompt", "--no-cache-prompt"),
+    ("-lv", "--verbosity", "--log-verbosity"), ("-hf", "-hfr", "--hf-repo"),
+    ),
     # llama-server (cpp-httplib) closes a kept-alive connection after a few requests; a client that
     # reuses it fails its next POST ("Can not write request body"): a fresh connection per request.
-    client_keep_alive = False
+    client_keep_alive=False,
+    # llama.cpp counts a request in /metrics after answering it: a fence request makes sure the last is counted.
+    # The sizes llama.cpp logs while starting (context, slots, batch, layer shapes): the context's
+    # tokens in all and per request are its KV capacity.
+    logged_sizes=LOGGED_SIZES, kv_capacity_sizes=("n_ctx", "n_ctx_seq"),
+    probe=ProbeSpec(fence_request=True), prefix_cache_noun="prompt cache",
+    setting_echoes=(SettingEcho("max_num_seqs", "n_slots"), SettingEcho("max_model_len", "n_ctx_seq"),
+                    SettingEcho("max_num_batched_tokens", "n_batch")),
+    echo_evidence="engine logged {name} = {value}",
+)
+KV_BYTES_TOLERANCE = 0.1  # MiB are logged to two decimals
+LLAMACPP_RUNTIMES = ("llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp (runtime kind 'python') or "
+                     "a llama-server executable")
 
-    # -- readiness ------------------------------------------------------------------------------
 
-    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
-        """llama-server answers /health with 200 once the model is loaded (503 while loading);
-        /health needs no API key."""
-        return http_ok(base_url + self.health_path, timeout_s)
+class LlamaCppAdapter(CommandLineAdapter):
+    """llama.cpp's server (the xllamacpp wheel, or a llama-server executable)."""
 
-    def engine_terms(self, features: Features) -> dict[str, str]:
-        return flag_terms(feature_flags(features))
-
-    def kv_cache(self, log_lines: Sequence[str]) -> dict[str, float]:
-        return parse_kv_cache(log_lines)
+    spec = SPEC
 
     # -- launch ---------------------------------------------------------------------------------
 
@@ -367,10 +270,9 @@ class LlamaCppAdapter:
         if runtime.kind == "executable":
             assert runtime.executable is not None
             return [runtime.executable if portable else resolve_executable(engine)]
-        raise RuntimeErrorMessage("llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp (runtime kind "
-                                  "'python') or a llama-server executable; docker images are not supported yet")
+        raise RuntimeErrorMessage(f"{LLAMACPP_RUNTIMES}; docker images are not supported yet")
 
-    def model_path(self, engine: EngineConfig) -> str:
+    def model_name(self, engine: EngineConfig) -> str:
         """The GGUF file: the demo model's (converted on first use when a runtime with gguf is
         at hand) or the configured path."""
         if engine.model != DEMO_MODEL:
@@ -380,45 +282,19 @@ class LlamaCppAdapter:
         python = resolve_python(engine) if engine.runtime.kind in ("managed", "python") else None
         return str(ensure_gguf_demo_model(python))
 
-    def model_args(self, engine: EngineConfig) -> list[str]:
-        args = ["-m", self.model_path(engine)]
-        if engine.served_model_name:
-            args += ["-a", engine.served_model_name]
-        return args
-
-    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
-        return ["--host", engine.host, "--port", str(port)]
-
-    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
-        argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
-                *self.server_args(engine, port), "--metrics", "-lv", LOG_VERBOSITY, "--threads-http", HTTP_THREADS]
-        for flags in feature_flags(features).values():
-            argv += flags
-        return argv
-
-    def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
-        return env_with_api_key(engine, self.api_key_env, api_key)
-
-    # -- flag discovery -------------------------------------------------------------------------
-
-    def discover_flags(self, engine: EngineConfig) -> FlagSet:
-        """Parse ``--help`` of the installed runtime once per (command, version, runner script)."""
-        base = self.base_command(engine)
-        version = self.installed_version(engine)
-        identity = " ".join(base)
+    def help_identity(self, engine: EngineConfig, command: Sequence[str]) -> str:
+        """The wheel's flags are its runner script's: the script's hash is part of the identity."""
+        identity = " ".join(command)
         if engine.runtime.kind in ("managed", "python"):
-            identity += hashlib.sha256(SERVE_SCRIPT.read_bytes()).hexdigest()  # its flags are the script's
-        return cached_flag_set("llamacpp", version, identity, lambda: run_help(base, 120, with_stderr=True), parse_help)
+            identity += hashlib.sha256(SERVE_SCRIPT.read_bytes()).hexdigest()
+        return identity
 
     def installed_version(self, engine: EngineConfig) -> str:
         """``xllamacpp-<wheel version>`` for the wheel; ``b<build>`` for a llama-server."""
         python = resolve_python(engine) if engine.runtime.kind in ("managed", "python") else None
         if python is not None:
-            cmd = [python, "-c", "import importlib.metadata as m; print(m.version('xllamacpp'))"]
-            result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
-            lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
-            if lines:
-                return f"xllamacpp-{lines[-1].strip()}"
+            if (version := package_version(python, "xllamacpp", 60)) is not None:
+                return f"xllamacpp-{version}"
             raise RuntimeErrorMessage(f"could not determine the installed xllamacpp version ({python})")
         cmd = [resolve_executable(engine), "--version"]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
@@ -437,54 +313,17 @@ class LlamaCppAdapter:
                 return False
         return False
 
-    def validate(
-        self, engine: EngineConfig, features: Features, flags: FlagSet | None, hardware: HardwareInfo | None
-    ) -> list[ValidationIssue]:
+    def setup_issues(self, engine: EngineConfig, features: Features, flags: FlagSet | None,
+                     hardware: HardwareInfo | None) -> list[ValidationIssue]:
+        return _runtime_issues(engine) + _model_issues(engine)
+
+    def model_issues(self, engine: EngineConfig) -> list[ValidationIssue]:
+        return []  # a GGUF path, checked with the runtime (setup_issues)
+
+    def feature_issues(self, engine: EngineConfig, features: Features,
+                       hardware: HardwareInfo | None) -> list[ValidationIssue]:
         issues: list[ValidationIssue] = []
         add = issues.append
-        self._runtime_issues(engine, add)
-        self._model_issues(engine, add)
-        for info in not_offered(self.kind, features):
-            add(ValidationIssue(info.key, f"llama.cpp has no {info.noun} setting"))
-        self._feature_issues(engine, features, hardware, add)
-
-        issues += extra_args_issues(features, feature_flags, flag_names, RESERVED_FLAGS, canonical_flag)
-        if flags is not None:
-            issues.extend(self.version_issues(features, flags))
-        return issues
-
-    @staticmethod
-    def _runtime_issues(engine: EngineConfig, add: Callable[[ValidationIssue], None]) -> None:
-        runtime = engine.runtime
-        if runtime.kind == "docker":
-            add(ValidationIssue("engine.runtime", "llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp "
-                                                  "(kind 'python') or a llama-server executable; not from docker yet"))
-        elif runtime.kind == "managed":
-            try:
-                managed = managed_runtime(runtime.managed)
-            except RuntimeErrorMessage as exc:
-                add(ValidationIssue("engine.runtime", str(exc)))
-                return
-            if managed.engine != "llamacpp":
-                add(ValidationIssue("engine.runtime", f"the managed runtime '{managed.name}' runs {managed.engine}, "
-                                                      "not llama.cpp: use managed = 'llamacpp-cpu'"))
-
-    @staticmethod
-    def _model_issues(engine: EngineConfig, add: Callable[[ValidationIssue], None]) -> None:
-        if engine.tokenizer:
-            add(ValidationIssue("engine.tokenizer", "llama.cpp reads the tokenizer from the GGUF file"))
-        model = engine.model
-        if model == DEMO_MODEL:
-            if not gguf_demo_ready() and not (demo_model_dir() / COMPLETE_MARKER).is_file():
-                add(ValidationIssue("engine.model", "the demo model is not generated yet: run `tunebench demo-model`"))
-            return
-        if not model.lower().endswith(".gguf"):
-            add(ValidationIssue("engine.model", f"llama.cpp loads one GGUF file; '{model}' is not a .gguf path"))
-        elif not Path(model).expanduser().is_file():
-            add(ValidationIssue("engine.model", f"model file not found: {model}"))
-
-    def _feature_issues(self, engine: EngineConfig, features: Features, hardware: HardwareInfo | None,
-                        add: Callable[[ValidationIssue], None]) -> None:
         spec = features.speculative
         if features.weights_dtype != "auto":
             add(ValidationIssue("weights_dtype", "llama.cpp takes the weight type from the GGUF file: choose a GGUF "
@@ -504,9 +343,7 @@ class LlamaCppAdapter:
             elif not spec.draft_model.lower().endswith(".gguf") or not Path(spec.draft_model).expanduser().is_file():
                 add(ValidationIssue("speculative.draft_model", f"llama.cpp needs the draft model as a local GGUF "
                                                                f"file: {spec.draft_model}"))
-        if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
-            add(ValidationIssue("speculative.draft_model",
-                                f"a draft model is ignored with speculative method '{spec.method}'", "warning"))
+        issues += draft_model_ignored(features)
         if spec.method == "ngram" and spec.ngram_prompt_lookup_min != spec.ngram_prompt_lookup_max:
             add(ValidationIssue("speculative.ngram_prompt_lookup_max",
                                 f"llama.cpp's ngram-simple matches one n-gram size: {spec.ngram_prompt_lookup_min} (the "
@@ -538,68 +375,17 @@ class LlamaCppAdapter:
                                                   "backend: use a CUDA build (runtime kind 'python' or 'executable')"))
             elif hardware is not None and not hardware.has_gpu:
                 add(ValidationIssue("gpu_layers", "GPU layers need a GPU; none is visible here"))
+        return issues
 
-    def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
-        """Flags or values the installed version lacks, named with the version, before any launch."""
-        return version_issues(feature_flags(features), flags, "llama.cpp", flag_names, flag_values, comma_lists=True)
+    # -- verification ---------------------------------------------------------------------------
 
-    # -- after launch ---------------------------------------------------------------------------
-
-    def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
-        return diagnose_log(DIAGNOSIS_RULES, log_lines, _GENERIC_ERROR_RE)
-
-    # -- verification by effect -----------------------------------------------------------------
-
-    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
-        """Two identical prompts (prefix caching: the second must come from the prompt cache),
-        one repetitive prompt with a few dozen outputs (speculation: drafts proposed and
-        accepted), then a one-token request: llama.cpp counts a request in /metrics after
-        answering it, and the last one is surely counted once the next is answered."""
-        bodies: list[dict[str, Any]] = []
-        if features.prefix_caching is not None:
-            prompt = [PROBE_TOKEN_BASE + i % 89 for i in range(_prefix_probe_len(features))]
-            bodies += [{"prompt": prompt, "max_tokens": 1, "temperature": 0.0}] * 2
-        if features.speculative.method != "off":
-            pattern = [PROBE_TOKEN_BASE + 50 + i for i in range(SPEC_PROBE_PERIOD)]  # shares no prefix with the above
-            bodies.append({"prompt": pattern * 8, "max_tokens": SPEC_PROBE_OUTPUT_TOKENS, "ignore_eos": True,
-                           "temperature": 0.0})
-        if bodies:
-            bodies.append({"prompt": [PROBE_TOKEN_BASE + 97], "max_tokens": 1, "temperature": 0.0})
-        return bodies
-
-    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
-               before_text: str | None = None, probe_error: str | None = None,
-               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
-        """By effect where llama.cpp shows one (prompt-cache hits on the probe's repeated prompt,
-        drafts proposed and accepted, the bytes per value of the KV cache it allocated); else
-        the context it logged it created ("accepted")."""
-        probed = before_text is not None and probe_error is None and bool(metrics_text)
-        unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
-        ints = log_ints(log_lines)
-
-        delta = counter_change(metrics_text, before_text)
-
-        checks: list[FeatureCheck] = []
-        if features.prefix_caching is not None:
-            checks.append(_verify_prefix_caching(features, delta, probed, unmeasured))
-        if features.kv_cache_dtype != "auto":
-            checks.append(_verify_kv_type(features.kv_cache_dtype, log_lines, ints))
-        if features.speculative.method != "off":
-            checks.append(_verify_speculation(features, delta, probed, unmeasured))
-        logged: tuple[tuple[str, object, str, int | None], ...] = (
-            ("max_num_seqs", features.max_num_seqs, "n_slots", ints.get("n_slots")),
-            ("max_model_len", features.max_model_len, "n_ctx_seq", ints.get("n_ctx_seq")),
-            ("max_num_batched_tokens", features.max_num_batched_tokens, "n_batch", ints.get("n_batch")),
-        )
-        for key, wanted, name, value in logged:
-            if wanted is None:
-                continue
-            status: FeatureStatus = "unknown" if value is None else "accepted" if value == wanted else "not active"
-            checks.append(FeatureCheck(key, str(wanted), status, f"engine logged {name} = {value}"))
+    def verify_settings(self, features: Features, log_lines: Sequence[str]) -> list[FeatureCheck]:
+        """The sizes llama.cpp logged, then the flash attention and GPU layers it reports."""
+        checks = super().verify_settings(features, log_lines)
         if features.flash_attention is not None:
             fa = next((m.group(1) for m in map(FLASH_ATTN_RE.search, log_lines) if m), None)
             want = "enabled" if features.flash_attention else "disabled"
-            status = "unknown" if fa is None else "accepted" if fa == want else "not active"
+            status: FeatureStatus = "unknown" if fa is None else "accepted" if fa == want else "not active"
             checks.append(FeatureCheck("flash_attention", str(features.flash_attention), status,
                                        f"engine logged flash_attn = {fa}"))
         if features.gpu_layers is not None:
@@ -613,74 +399,66 @@ class LlamaCppAdapter:
                 checks.append(FeatureCheck("gpu_layers", str(features.gpu_layers), "verified" if ok else "not active",
                                            f"engine offloaded {done}/{total} layers to the GPU"))
         return checks
+        return checks
+
+    def verify_kv_cache_dtype(self, dtype: str, log_lines: Sequence[str],
+                              model_config: Mapping[str, Any] | None) -> FeatureCheck:
+        """The KV cache llama.cpp allocated: the type it names for K and V, and its size, which for
+        a block-quantized type is the bytes per value times the values (q8_0: 1.06, f16: 2)."""
+        ints = self.logged_sizes(log_lines)
+        want = KV_CACHE_TYPES.get(dtype, dtype)
+        alloc = next((m for m in map(KV_ALLOC_RE.search, log_lines) if m), None)
+        if alloc is None:
+            return FeatureCheck("kv_cache_dtype", dtype, "unknown",
+                                f"the engine logged no KV cache allocation (it does at log verbosity {LOG_VERBOSITY})")
+        types = f"K ({alloc['k']}) {alloc['k_mib']} MiB, V ({alloc['v']}) {alloc['v_mib']} MiB"
+        if alloc["k"] != want or alloc["v"] != want:
+            return FeatureCheck("kv_cache_dtype", dtype, "not active", f"the engine allocated its KV cache as {types}")
+        values = [ints.get("n_ctx"), ints.get("n_layer"), ints.get("n_embd_k_gqa")]
+        expected = KV_BYTES_PER_ELEMENT.get(want)
+        if None in values or not expected:
+            return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"the engine allocated its KV cache as {types}")
+        n_ctx, n_layer, n_embd = (int(v or 0) for v in values)
+        per_value = float(alloc["k_mib"]) * 2**20 / (n_ctx * n_layer * n_embd)
+        seen = (f"the engine allocated its KV cache as {types}: {per_value:.2f} bytes per value over {n_ctx:,} tokens "
+                f"({want} stores {expected:.2f}, f16 2.00)")
+        if abs(per_value - expected) <= expected * KV_BYTES_TOLERANCE:
+            return FeatureCheck("kv_cache_dtype", dtype, "verified", seen)
+        return FeatureCheck("kv_cache_dtype", dtype, "accepted", seen + ", which fits no prediction")
 
 
-PROBE_TOKEN_BASE = 11  # probe prompts use token ids 11..108: ordinary tokens in any vocabulary
-PREFIX_PROBE_TOKENS = 128
-SPEC_PROBE_PERIOD = 8  # a prompt repeating every 8 tokens: an n-gram drafter finds matches
-SPEC_PROBE_OUTPUT_TOKENS = 64
-KV_BYTES_TOLERANCE = 0.1  # MiB are logged to two decimals
+def _runtime_issues(engine: EngineConfig) -> list[ValidationIssue]:
+    runtime = engine.runtime
+    if runtime.kind == "docker":
+        return [ValidationIssue("engine.runtime", "llama.cpp runs from the llamacpp-cpu runtime, a venv with xllamacpp "
+                                                  "(kind 'python') or a llama-server executable; not from docker yet")]
+    if runtime.kind == "managed":
+        try:
+            managed = managed_runtime(runtime.managed)
+        except RuntimeErrorMessage as exc:
+            return [ValidationIssue("engine.runtime", str(exc))]
+        if managed.engine != "llamacpp":
+            return [ValidationIssue("engine.runtime", f"the managed runtime '{managed.name}' runs {managed.engine}, "
+                                                      "not llama.cpp: use managed = 'llamacpp-cpu'")]
+    return []
 
 
-def _prefix_probe_len(features: Features) -> int:
-    return probe_prompt_len(features, PREFIX_PROBE_TOKENS)
-
-
-def _verify_prefix_caching(features: Features, delta: Callable[[str], float | None], probed: bool,
-                           unmeasured: str) -> FeatureCheck:
-    wanted = bool(features.prefix_caching)
-    hits = delta("llamacpp:prompt_tokens_cached_total")
-    probe = f"a probe of two identical {_prefix_probe_len(features)}-token prompts"
-    if probed and hits is not None:
-        if wanted and hits > 0:
-            return FeatureCheck("prefix_caching", "True", "verified", f"{hits:,.0f} prompt tokens came from the "
-                                                                      f"prompt cache in {probe}")
-        if not wanted and hits == 0:
-            return FeatureCheck("prefix_caching", "False", "verified", f"no prompt tokens came from a cache in {probe}")
-        return FeatureCheck("prefix_caching", str(wanted), "not active",
-                            f"{hits:,.0f} prompt tokens came from the prompt cache in {probe}")
-    return FeatureCheck("prefix_caching", str(wanted), "unknown", "no prompt-cache counter was read" + unmeasured)
-
-
-def _verify_speculation(features: Features, delta: Callable[[str], float | None], probed: bool,
-                        unmeasured: str) -> FeatureCheck:
-    method = features.speculative.method
-    drafts = delta("llamacpp:spec_decode_num_drafts_total")
-    accepted = delta("llamacpp:spec_decode_num_accepted_tokens_total")
-    drafted = delta("llamacpp:spec_decode_num_draft_tokens_total")
-    probe = f"a {SPEC_PROBE_OUTPUT_TOKENS}-token probe on a repetitive prompt"
-    if probed and drafted is not None:
-        seen = f"{drafted:,.0f} draft tokens proposed ({drafts or 0:,.0f} drafts), {accepted or 0:,.0f} accepted in {probe}"
-        if drafted > 0 and (accepted or 0) > 0:
-            return FeatureCheck("speculative.method", method, "verified", seen)
-        if drafted > 0:
-            return FeatureCheck("speculative.method", method, "accepted", seen)
-        return FeatureCheck("speculative.method", method, "not active", f"no drafts in {probe}")
-    return FeatureCheck("speculative.method", method, "unknown", "no speculative-decoding counter was read" + unmeasured)
-
-
-def _verify_kv_type(dtype: str, log_lines: Sequence[str], ints: Mapping[str, int]) -> FeatureCheck:
-    """The KV cache llama.cpp allocated: the type it names for K and V, and its size, which for a
-    block-quantized type is the bytes per value times the values (q8_0: 1.06, f16: 2)."""
-    want = KV_CACHE_TYPES.get(dtype, dtype)
-    alloc = next((m for m in map(KV_ALLOC_RE.search, log_lines) if m), None)
-    if alloc is None:
-        return FeatureCheck("kv_cache_dtype", dtype, "unknown",
-                            f"the engine logged no KV cache allocation (it does at log verbosity {LOG_VERBOSITY})")
-    types = f"K ({alloc['k']}) {alloc['k_mib']} MiB, V ({alloc['v']}) {alloc['v_mib']} MiB"
-    if alloc["k"] != want or alloc["v"] != want:
-        return FeatureCheck("kv_cache_dtype", dtype, "not active", f"the engine allocated its KV cache as {types}")
-    values = [ints.get("n_ctx"), ints.get("n_layer"), ints.get("n_embd_k_gqa")]
-    expected = KV_BYTES_PER_ELEMENT.get(want)
-    if None in values or not expected:
-        return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"the engine allocated its KV cache as {types}")
-    n_ctx, n_layer, n_embd = (int(v or 0) for v in values)
-    per_value = float(alloc["k_mib"]) * 2**20 / (n_ctx * n_layer * n_embd)
-    seen = (f"the engine allocated its KV cache as {types}: {per_value:.2f} bytes per value over {n_ctx:,} tokens "
-            f"({want} stores {expected:.2f}, f16 2.00)")
-    if abs(per_value - expected) <= expected * KV_BYTES_TOLERANCE:
-        return FeatureCheck("kv_cache_dtype", dtype, "verified", seen)
-    return FeatureCheck("kv_cache_dtype", dtype, "accepted", seen + ", which fits no prediction")
+def _model_issues(engine: EngineConfig) -> list[ValidationIssue]:
+    issues = [ValidationIssue("engine.tokenizer", "llama.cpp reads the tokenizer from the GGUF file")] if engine.tokenizer else []
+    model = engine.model
+    if model == DEMO_MODEL:
+        if not gguf_demo_ready() and not (demo_model_dir() / COMPLETE_MARKER).is_file():
+            issues.append(ValidationIssue("engine.model", "the demo model is not generated yet: run `tunebench demo-model`"))
+    elif not model.lower().endswith(".gguf"):
+        issues.append(ValidationIssue("engine.model", f"llama.cpp loads one GGUF file; '{model}' is not a .gguf path"))
+    elif not Path(model).expanduser().is_file():
+        issues.append(ValidationIssue("engine.model", f"model file not found: {model}"))
+    return issues
 
 
 ADAPTER = LlamaCppAdapter()
+feature_flags = ADAPTER.feature_flags
+flag_names = ADAPTER.flag_names
+flag_values = ADAPTER.flag_values
+parse_help = ADAPTER.parse_help
+parse_kv_cache = ADAPTER.kv_cache

@@ -29,9 +29,7 @@ chunked prefill -> ``enable_chunked_prefill``; tensor/pipeline parallel ->
 weight quantization from the checkpoint, offloads no weights and has no API key option: those
 are refused or warned with the reason.
 
-Why one module: everything tunebench knows about one engine (its options file,
-help layout, log, diagnosis, metric names, verification) kept together, so a new release's
-changes land in one file; what all adapters share is ``engine_adapters.command_line``.
+Facts about TensorRT-LLM live here; what every engine shares is ``engine_adapters.spec``.
 """
 
 from __future__ import annotations
@@ -41,37 +39,34 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine_adapters.base import (
-    BESIDE_SCRIPT,
-    Diagnosis,
-    FeatureCheck,
-    FeatureStatus,
-    FlagSet,
-    MetricNames,
-    Phase,
-    PhasePattern,
-    ValidationIssue,
-    http_ok,
-)
+from engine_adapters.base import BESIDE_SCRIPT, FlagSet, Phase, ValidationIssue
 from engine_adapters.command_line import (
+    PORT_IN_USE_ADVICE,
     DiagnosisRule,
-    cached_flag_set,
-    counter_change,
-    diagnose_log,
+    HelpLayout,
     diagnosis_rule,
-    model_path_issues,
-    run_help,
+    docker_image,
+    docker_run_prefix,
+    phase_patterns,
 )
 from engine_adapters.config import EngineConfig, Features
-from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.paths import state_dir
-from engine_adapters.runtimes import RuntimeErrorMessage, resolve_executable, resolve_model, resolve_python
-from engine_adapters.sglang import docker_image, needs_gpu_issue  # what every GPU-only engine shares
+from engine_adapters.runtimes import RuntimeErrorMessage, resolve_executable, resolve_python, runtime_env
+from engine_adapters.spec import (
+    CommandLineAdapter,
+    EngineSpec,
+    ProbeSpec,
+    block_quantized_kv_issue,
+    draft_model_issues,
+    kv_offload_size_issue,
+    metric_names,
+    needs_gpu_issue,
+)
 
 RECORDED_VERSION = "main@00209af"
 """The TensorRT-LLM source whose ``trtllm-serve serve --help`` and LLM API fields the tests check against."""
@@ -96,28 +91,19 @@ GIB = 2**30
 # prompt tokens queried, so there is no token hit rate from counters: TensorRT-LLM's own block
 # hit rate is the gauge.
 
-METRIC_NAMES = MetricNames(
-    gauges={
-        "requests_running": ("trtllm_num_requests_running",),
-        "requests_waiting": ("trtllm_num_requests_waiting",),
-        "kv_cache_usage_ratio": ("trtllm_kv_cache_utilization",),
-        "prefix_cache_hit_ratio": ("trtllm_kv_cache_hit_rate",),
-        "spec_mean_acceptance_length": ("trtllm_spec_decode_acceptance_length",),
-    },
+METRIC_NAMES = metric_names(
+    "trtllm_",
+    gauges={"requests_running": "num_requests_running", "requests_waiting": "num_requests_waiting",
+            "kv_cache_usage_ratio": "kv_cache_utilization", "prefix_cache_hit_ratio": "kv_cache_hit_rate",
+            "spec_mean_acceptance_length": "spec_decode_acceptance_length"},
     counters={
-        "generation_tokens": ("trtllm_generation_tokens_total",),
-        "prompt_tokens": ("trtllm_prompt_tokens_total",),
-        "prefix_cache_hits": ("trtllm_prompt_cached_tokens_total",),
-        "spec_decode_draft_tokens": ("trtllm_spec_decode_num_draft_tokens_total",),
-        "spec_decode_accepted_tokens": ("trtllm_spec_decode_num_accepted_tokens_total",),
-        "requests_finished": ("trtllm_request_success_total",),
-    },
-    histograms={
-        "ttft_s": ("trtllm_time_to_first_token_seconds",),
-        "itl_s": ("trtllm_time_per_output_token_seconds",),
-        "e2e_s": ("trtllm_e2e_request_latency_seconds",),
-        "queue_s": ("trtllm_request_queue_time_seconds",),
-    },
+        "generation_tokens": "generation_tokens_total", "prompt_tokens": "prompt_tokens_total",
+        "prefix_cache_hits": "prompt_cached_tokens_total",
+        "spec_decode_draft_tokens": "spec_decode_num_draft_tokens_total",
+        "spec_decode_accepted_tokens": "spec_decode_num_accepted_tokens_total",
+        "requests_finished": "request_success_total"},
+    histograms={"ttft_s": "time_to_first_token_seconds", "itl_s": "time_per_output_token_seconds",
+                "e2e_s": "e2e_request_latency_seconds", "queue_s": "request_queue_time_seconds"},
 )
 
 # --- feature -> LLM API options -----------------------------------------------------------------
@@ -209,45 +195,14 @@ CLI_FOR_OPTION: dict[str, str] = {
 RESERVED_FLAGS = frozenset({"--host", "--port", "--backend", "--tokenizer", "--config", OPTIONS_FLAG, "--log_level"})
 
 
-def flag_names(tokens: Iterable[str]) -> list[str]:
-    return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
-
-
-_OPTION_LINE_RE = re.compile(r"^ {2}(-\S.*)$")
-_OPTION_NAME_RE = re.compile(r"(?:^|, )(--?[A-Za-z][\w-]*)")
-_CHOICES_RE = re.compile(r"\[([\w.-]+(?:\|[\w.-]+)+)\]")
-
-
-def parse_help(text: str, version: str) -> FlagSet:
-    """Flags and choices from click's ``--help``: an option entry starts two spaces in with its
-    spellings (``--tensor_parallel_size, --tp_size INTEGER``), choices as ``[a|b]``."""
-    flags: set[str] = set()
-    choices: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        match = _OPTION_LINE_RE.match(line)
-        if not match:
-            continue
-        invocation = re.split(r"\s{2,}", match.group(1), maxsplit=1)[0]
-        names = _OPTION_NAME_RE.findall(invocation)
-        flags.update(names)
-        if m := _CHOICES_RE.search(invocation):
-            for name in names:
-                choices[name] = m.group(1).split("|")
-    return FlagSet(engine="trtllm", version=version, flags=sorted(flags), choices=choices)
-
-
-# --- log knowledge ----------------------------------------------------------------------------
-
-PHASE_PATTERNS: tuple[PhasePattern, ...] = tuple(
-    PhasePattern(phase, re.compile(rx))
-    for phase, rx in (
-        (Phase.READY, r"Application startup complete|Uvicorn running on"),
-        (Phase.STARTING_SERVER, r"Started server process"),
-        (Phase.WARMING_UP, r"[Ww]arm(ing)?[ -]?up|CUDA graph"),
-        (Phase.KV_CACHE, r"paged KV cache|KV cache|kv_cache_manager"),
-        (Phase.LOADING_WEIGHTS, r"Loading (model|weights|checkpoint)|load_weights|Loading safetensors"),
-    )
+PHASE_PATTERNS = phase_patterns(
+    (Phase.READY, (r"Application startup complete", r"Uvicorn running on")),
+    (Phase.STARTING_SERVER, (r"Started server process",)),
+    (Phase.WARMING_UP, (r"[Ww]arm(ing)?[ -]?up", r"CUDA graph")),
+    (Phase.KV_CACHE, (r"paged KV cache", r"KV cache", r"kv_cache_manager")),
+    (Phase.LOADING_WEIGHTS, (r"Loading (model|weights|checkpoint)", r"load_weights", r"Loading safetensors")),
 )
+"""Log markers of each startup phase, latest phase first (the first that matches names it)."""
 KV_TOKENS_RE = re.compile(r"max tokens in paged KV cache \((?P<tokens>[\d,]+)\)")
 
 
@@ -257,6 +212,8 @@ def parse_kv_cache(log_lines: Sequence[str]) -> dict[str, float]:
         if m := KV_TOKENS_RE.search(line):
             return {"kv_cache_tokens": float(m.group("tokens").replace(",", ""))}
     return {}
+
+
 
 
 DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = tuple(diagnosis_rule(code, rx, advice) for code, rx, advice in (
@@ -274,34 +231,30 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = tuple(diagnosis_rule(code, rx, advi
      "The GPU ran out of memory while starting: lower GPU memory utilization (the KV cache's share), the max "
      "sequence length or batch size, use an FP8 checkpoint or KV cache, or tensor parallelism."),
     ("port_in_use", r"Address already in use|Failed to bind socket",
-     "The port is already in use by another process: choose another port, or 0 for a free one."),
+     PORT_IN_USE_ADVICE),
 ))
-_GENERIC_ERROR_RE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
-_NOT_AN_ERROR_RE = re.compile(r"\[[IWV]\]|\b(INFO|WARNING|DEBUG)\b")
+
+SPEC = EngineSpec(
+    kind="trtllm", display_name="TensorRT-LLM", metric_names=METRIC_NAMES,
+    api_key_env="TRTLLM_API_KEY",  # not read by trtllm-serve (it has no API key option; validate says so)
+    phase_patterns=PHASE_PATTERNS, diagnosis_rules=DIAGNOSIS_RULES, flag_rules=(),  # features go in the options file
+    generic_error=re.compile(r"\b(\w+(?:Error|Exception)): (.+)"), not_an_error=re.compile(r"\[[IWV]\]|\b(INFO|WARNING|DEBUG)\b"),
+    help_layout=HelpLayout.CLICK_ENTRIES, help_timeout_s=300, reserved_flags=RESERVED_FLAGS,
+    model_flag=None, tokenizer_flag="--tokenizer", fixed_args=("--backend", "pytorch"),
+    metrics_path="/prometheus/metrics",
+    engine_defaults={"prefix_caching": True, "chunked_prefill": False},  # TorchLlmArgs: block reuse on, chunking off
+    probe=ProbeSpec(fit_model_len=False), prefix_cache_noun="KV cache",
+    gpu_verified=GPU_VERIFIED, maturity=MATURITY,
+)
 
 
-class TrtllmAdapter:
+class TrtllmAdapter(CommandLineAdapter):
     """TensorRT-LLM's OpenAI server, ``trtllm-serve`` on the PyTorch backend."""
 
-    kind = "trtllm"
-    display_name = "TensorRT-LLM"
-    health_path = "/health"
-    metrics_path = "/prometheus/metrics"
-    metric_names = METRIC_NAMES
-    phase_patterns: Sequence[PhasePattern] = PHASE_PATTERNS
-    api_key_env = "TRTLLM_API_KEY"
-    """Not read by trtllm-serve (it has no API key option; validate says so): kept for the protocol."""
-    client_keep_alive = True
-    engine_defaults: Mapping[str, object] = {"prefix_caching": True, "chunked_prefill": False}
-    """TorchLlmArgs defaults: block reuse on, chunked prefill off."""
-    gpu_verified = GPU_VERIFIED
-    maturity = MATURITY
+    spec = SPEC
     install_hint = "NVIDIA's TensorRT-LLM release image or wheel (pip install tensorrt_llm, from NVIDIA's index)"
     image_hint = f"{DOCKER_IMAGE}:<version>"
     default_image = DOCKER_IMAGE
-
-    def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
-        return http_ok(base_url + self.health_path, timeout_s)
 
     def engine_terms(self, features: Features) -> dict[str, str]:
         """Each feature's place in the options file, with its value (``kv_cache_config.dtype: fp8``)."""
@@ -333,33 +286,13 @@ class TrtllmAdapter:
             assert python is not None
             return [python, "-c", PYTHON_ENTRY, "serve"]
         if runtime.kind == "docker":
-            return [*self._docker_prefix(engine, engine.port if port is None else port, portable), EXECUTABLE, "serve"]
+            # The options file is mounted read-only where the container sees it ({options}: its path here).
+            docker = docker_run_prefix(engine, engine.port if port is None else port, gpus=True, api_key_env=None)
+            return [*docker, "-v", f"{{options}}:{CONTAINER_DIR}/{OPTIONS_FILE}:ro",
+                    docker_image(engine, self.default_image), EXECUTABLE, "serve"]
         raise RuntimeErrorMessage("TensorRT-LLM runs from trtllm-serve (runtime kind 'executable'), a Python "
                                   f"interpreter with tensorrt_llm (kind 'python') or the {DOCKER_IMAGE} image (kind "
                                   "'docker'); no managed runtime exists (it needs an NVIDIA GPU)")
-
-    def _docker_prefix(self, engine: EngineConfig, port: int, portable: bool) -> list[str]:
-        argv = ["docker", "run", "--rm", "--init", "--ipc=host", "--gpus", "all",
-                "-p", f"{engine.host}:{port}:{port}"]
-        for name in sorted(engine.runtime.env):
-            argv += ["-e", name]
-        try:
-            model = Path(resolve_model(engine.model)).expanduser()
-        except RuntimeErrorMessage:
-            model = Path(engine.model)
-        if model.is_absolute() and model.exists():
-            argv += ["-v", f"{model}:{model}:ro"]
-        return [*argv, "-v", f"{{options}}:{CONTAINER_DIR}/{OPTIONS_FILE}:ro", docker_image(engine, self.default_image)]
-
-    def model_args(self, engine: EngineConfig) -> list[str]:
-        args = [resolve_model(engine.model)]
-        if engine.tokenizer:
-            args += ["--tokenizer", engine.tokenizer]
-        return args
-
-    def server_args(self, engine: EngineConfig, port: int) -> list[str]:
-        host = "0.0.0.0" if engine.runtime.kind == "docker" else engine.host  # noqa: S104 - inside the container
-        return ["--host", host, "--port", str(port)]
 
     def options_path(self, features: Features) -> Path:
         """Write the options file (named by its content, so a launch never rewrites another's)."""
@@ -382,24 +315,19 @@ class TrtllmAdapter:
         local = BESIDE_SCRIPT + OPTIONS_FILE if portable else str(self.options_path(features))
         options = f"{CONTAINER_DIR}/{OPTIONS_FILE}" if docker else local
         argv = [*self.base_command(engine, port, portable=portable), *self.model_args(engine),
-                *self.server_args(engine, port), "--backend", "pytorch", OPTIONS_FLAG, options, *features.extra_args]
+                *self.server_args(engine, port), *SPEC.fixed_args, OPTIONS_FLAG, options, *features.extra_args]
         return [local + token[len("{options}"):] if token.startswith("{options}:") else token for token in argv]
 
     def build_env(self, engine: EngineConfig, api_key: str | None) -> dict[str, str]:
-        from engine_adapters.runtimes import runtime_env
-
         return runtime_env(engine)  # trtllm-serve reads no API key
 
     # -- flag discovery -------------------------------------------------------------------------
 
-    def discover_flags(self, engine: EngineConfig) -> FlagSet:
-        """Parse ``trtllm-serve serve --help`` once per (command, version)."""
+    def help_command(self, engine: EngineConfig) -> list[str]:
         if engine.runtime.kind not in ("executable", "python"):
             raise RuntimeErrorMessage("flag discovery needs a local trtllm-serve (runtime kind 'executable' or "
                                       "'python'); docker images are not inspected")
-        base = self.base_command(engine)
-        version = self.installed_version(engine)
-        return cached_flag_set("trtllm", version, " ".join(base), lambda: run_help(base, 300), parse_help)
+        return self.base_command(engine)
 
     def installed_version(self, engine: EngineConfig) -> str:
         if engine.runtime.kind == "python":
@@ -424,18 +352,15 @@ class TrtllmAdapter:
 
     # -- validation -----------------------------------------------------------------------------
 
-    def validate(
-        self, engine: EngineConfig, features: Features, flags: FlagSet | None, hardware: HardwareInfo | None
-    ) -> list[ValidationIssue]:
+    def setup_issues(self, engine: EngineConfig, features: Features, flags: FlagSet | None,
+                     hardware: HardwareInfo | None) -> list[ValidationIssue]:
         issues: list[ValidationIssue] = []
         add = issues.append
-        add(ValidationIssue("engine.kind", f"the TensorRT-LLM adapter is {MATURITY}", "warning"))
         if engine.runtime.kind == "managed":
             add(ValidationIssue("engine.runtime", "TensorRT-LLM has no managed runtime (it needs an NVIDIA GPU): use "
                                                   "trtllm-serve (runtime kind 'executable'), a Python interpreter with "
                                                   f"tensorrt_llm ('python') or the {DOCKER_IMAGE} image ('docker')"))
-        issues += needs_gpu_issue("TensorRT-LLM", hardware,
-                                  features.gpus_per_replica)
+        issues += needs_gpu_issue("TensorRT-LLM", hardware, features.gpus_per_replica)
         if engine.require_api_key:
             add(ValidationIssue("engine.require_api_key", "trtllm-serve has no API key option: the server is open to "
                                                           "anyone who can reach 127.0.0.1; set require_api_key = false "
@@ -443,49 +368,31 @@ class TrtllmAdapter:
         if engine.served_model_name:
             add(ValidationIssue("engine.served_model_name", "trtllm-serve names the model by its path or hub id; the "
                                                             "served name is ignored", "warning"))
-        for info in not_offered(self.kind, features):
-            add(ValidationIssue(info.key, f"TensorRT-LLM has no {info.noun} setting"))
-        self._feature_issues(features, add)
-        for flag in flag_names(features.extra_args):
-            if flag in RESERVED_FLAGS:
-                add(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; set it there"))
-            elif (option := CLI_FOR_OPTION.get(flag)) is not None and option in llm_api_options(features):
-                add(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle (in the options file)"))
-        issues += model_path_issues(engine)
-        if flags is not None:
-            issues.extend(self.version_issues(features, flags))
         return issues
 
-    @staticmethod
-    def _feature_issues(features: Features, add: Callable[[ValidationIssue], None]) -> None:
+    def feature_issues(self, engine: EngineConfig, features: Features,
+                       hardware: HardwareInfo | None) -> list[ValidationIssue]:
+        issues: list[ValidationIssue] = []
+        add = issues.append
         spec = features.speculative
         if features.weights_dtype in ("fp8", "awq", "gptq"):
             add(ValidationIssue("weights_dtype", "TensorRT-LLM takes weight quantization from the checkpoint: serve a "
                                                  f"checkpoint already quantized to {features.weights_dtype.upper()} "
                                                  "(e.g. NVIDIA's ModelOpt FP8 ones) and leave weight precision on auto"))
-        if features.kv_cache_dtype in ("q8_0", "q4_0"):
-            add(ValidationIssue("kv_cache_dtype", f"{features.kv_cache_dtype} is llama.cpp's block-quantized cache; "
-                                                  "TensorRT-LLM's 8-bit KV cache is fp8"))
+        issues += block_quantized_kv_issue(features, "TensorRT-LLM's 8-bit KV cache is fp8")
         if features.kv_cache_dtype == "fp8_e5m2":
             add(ValidationIssue("kv_cache_dtype", "TensorRT-LLM's FP8 KV cache is E4M3: choose fp8 or fp8_e4m3"))
         if spec.method == "eagle":
             add(ValidationIssue("speculative.method", "TensorRT-LLM's PyTorch backend runs EAGLE-3 heads (eagle3), "
                                                       "not EAGLE-1/2"))
-        if spec.method in NEEDS_DRAFT_MODEL and not spec.draft_model:
-            add(ValidationIssue("speculative.draft_model", f"speculative method '{spec.method}' needs a draft model "
-                                                           "(speculative_model_dir)"))
-        if spec.method in ("off", "ngram", "mtp") and spec.draft_model:
-            add(ValidationIssue("speculative.draft_model",
-                                f"a draft model is ignored with speculative method '{spec.method}'", "warning"))
+        issues += draft_model_issues(features, NEEDS_DRAFT_MODEL, "speculative_model_dir")
         if features.cpu_offload_gib > 0:
             add(ValidationIssue("cpu_offload_gib", "TensorRT-LLM does not offload weights to host memory (its host "
                                                    "tier is for the KV cache: KV offload)"))
         if features.kv_offload_backend == "lmcache":
             add(ValidationIssue("kv_offload_backend", "TensorRT-LLM's host KV tier is its own (host_cache_size); LMCache "
                                                       "is a KV connector it configures separately: use 'native'"))
-        if features.kv_offload_backend and features.kv_offload_gib == 0:
-            add(ValidationIssue("kv_offload_gib", "a KV offload backend is set but kv_offload_gib is 0: nothing is "
-                                                  "offloaded", "warning"))
+        issues += kv_offload_size_issue(features)
         util = features.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             add(ValidationIssue("gpu_memory_utilization", f"must be in (0, 1], got {util}"))
@@ -493,12 +400,25 @@ class TrtllmAdapter:
             add(ValidationIssue("gpu_memory_utilization", "TensorRT-LLM applies it to the memory left after the "
                                                           "weights (kv_cache_config.free_gpu_memory_fraction), not to "
                                                           "the whole GPU as vLLM does", "warning"))
+        return issues
+
+    def extra_args_issues(self, features: Features) -> list[ValidationIssue]:
+        """Extra flags may not set what tunebench sets, nor what the options file sets (it wins silently)."""
+        issues = []
+        for flag in self.flag_names(features.extra_args):
+            if flag in RESERVED_FLAGS:
+                issues.append(ValidationIssue("extra_args", f"{flag} is set by tunebench from the configuration; "
+                                                            "set it there"))
+            elif (option := CLI_FOR_OPTION.get(flag)) is not None and option in llm_api_options(features):
+                issues.append(ValidationIssue("extra_args", f"{flag} is already set by a feature toggle (in the "
+                                                            "options file)"))
+        return issues
 
     def version_issues(self, features: Features, flags: FlagSet) -> list[ValidationIssue]:
         """The flags tunebench passes and the extra ones, against the installed help."""
         issues = []
         for key, names in (("engine", ["--host", "--port", "--backend", OPTIONS_FLAG]),
-                           ("extra_args", flag_names(features.extra_args))):
+                           ("extra_args", self.flag_names(features.extra_args))):
             for flag in names:
                 if not flags.has(flag):
                     issues.append(ValidationIssue(key, f"{flag} is not supported by the installed trtllm-serve "
@@ -508,63 +428,7 @@ class TrtllmAdapter:
                                                     f"(choices: {', '.join(backends)})"))
         return issues
 
-    # -- after launch ---------------------------------------------------------------------------
-
-    def diagnose(self, log_lines: Iterable[str]) -> Diagnosis | None:
-        return diagnose_log(DIAGNOSIS_RULES, log_lines, _GENERIC_ERROR_RE, not_an_error=_NOT_AN_ERROR_RE)
-
-    def probe_requests(self, features: Features) -> list[dict[str, Any]]:
-        """Two identical prompts (block reuse: the second is served from the KV cache) and one
-        repetitive prompt with a few dozen outputs (speculation: drafts proposed and accepted)."""
-        bodies: list[dict[str, Any]] = []
-        if features.prefix_caching is not None:
-            prompt = [PROBE_TOKEN_BASE + i % 89 for i in range(PREFIX_PROBE_TOKENS)]
-            bodies += [{"prompt": prompt, "max_tokens": 1, "temperature": 0.0}] * 2
-        if features.speculative.method != "off":
-            pattern = [PROBE_TOKEN_BASE + 50 + i for i in range(8)]
-            bodies.append({"prompt": pattern * 8, "max_tokens": SPEC_PROBE_OUTPUT_TOKENS, "ignore_eos": True,
-                           "temperature": 0.0})
-        return bodies
-
-    def verify(self, features: Features, log_lines: Sequence[str], metrics_text: str, *,
-               before_text: str | None = None, probe_error: str | None = None,
-               model_config: Mapping[str, Any] | None = None) -> list[FeatureCheck]:
-        """By effect where the metrics show one (prompt tokens served from the KV cache on the
-        probe's repeated prompt; drafts proposed and accepted). Written from the source, not
-        yet run on a GPU; other settings are unknown (tunebench reads no echo of them)."""
-        probed = before_text is not None and probe_error is None and bool(metrics_text)
-        unmeasured = f"; the probe failed: {probe_error}" if probe_error else ""
-
-        delta = counter_change(metrics_text, before_text)
-
-        checks: list[FeatureCheck] = []
-        if features.prefix_caching is not None:
-            wanted = bool(features.prefix_caching)
-            cached = delta("trtllm_prompt_cached_tokens_total")
-            if probed and cached is not None:
-                seen = f"{cached:,.0f} prompt tokens served from the KV cache in two identical {PREFIX_PROBE_TOKENS}-token prompts"
-                checks.append(FeatureCheck("prefix_caching", str(wanted), "verified" if wanted == (cached > 0)
-                                           else "not active", seen))
-            else:
-                checks.append(FeatureCheck("prefix_caching", str(wanted), "unknown",
-                                           "no cached-prompt counter was read" + unmeasured))
-        if features.speculative.method != "off":
-            method = features.speculative.method
-            drafted = delta("trtllm_spec_decode_num_draft_tokens_total")
-            accepted = delta("trtllm_spec_decode_num_accepted_tokens_total")
-            if probed and drafted is not None:
-                seen = f"{drafted:,.0f} draft tokens proposed, {accepted or 0:,.0f} accepted in a repetitive-prompt probe"
-                status: FeatureStatus = ("verified" if drafted > 0 and (accepted or 0) > 0
-                                         else "accepted" if drafted > 0 else "not active")
-                checks.append(FeatureCheck("speculative.method", method, status, seen))
-            else:
-                checks.append(FeatureCheck("speculative.method", method, "unknown",
-                                           "no speculative-decoding counter was read" + unmeasured))
-        return checks
-
-
-PROBE_TOKEN_BASE = 11
-PREFIX_PROBE_TOKENS = 128
-SPEC_PROBE_OUTPUT_TOKENS = 64
 
 ADAPTER = TrtllmAdapter()
+flag_names = ADAPTER.flag_names
+parse_help = ADAPTER.parse_help
