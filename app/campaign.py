@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -128,6 +129,7 @@ class Step:
 class StepResult:
     step: Step
     repeat_tag: str
+    index: int = 0
     runs: list[RunResult] = field(default_factory=list)
     stored_ids: list[int] = field(default_factory=list)
     aggregate: dict[str, Aggregate] = field(default_factory=dict)
@@ -183,6 +185,17 @@ class Recorder(Protocol):
     def flush(self, timeout_s: float = 10.0) -> None: ...
 
 
+@dataclass
+class _Slot:
+    """Where one step at a time runs: its bus, engines and recorder (the campaign's own when steps
+    run one after another; a slot's own when they run side by side)."""
+
+    bus: Bus
+    engines: EngineSource | None
+    recorder: Recorder | None
+    last_engine: EngineProcess | None = None
+
+
 def result_figures(result: RunResult) -> dict[str, float]:
     """A run's figures from the runner's own result (used when nothing is stored): a one-level
     run's figures, or ``L<idx>.``-prefixed figures of each level."""
@@ -211,7 +224,7 @@ class Campaign:
                  runner_factory: Callable[..., RunnerLike] = Runner, prepare: Prepare | None = None,
                  on_step_start: Callable[[int, Step], None] | None = None,
                  on_step_done: Callable[[int, StepResult], None] | None = None,
-                 extra_tags: Sequence[str] = ()) -> None:
+                 extra_tags: Sequence[str] = (), new_engines: Callable[[], EngineSource] | None = None) -> None:
         if not steps:
             raise UserError("a campaign needs at least one step")
         for step in steps:
@@ -232,44 +245,132 @@ class Campaign:
         self.on_step_start = on_step_start
         self.on_step_done = on_step_done
         self.extra_tags = list(extra_tags)
-        self._last_engine: EngineProcess | None = None
+        self.new_engines = new_engines or EngineKeeper
+        """Each slot's own engine source when steps run side by side."""
+        self._hooks = threading.Lock()  # the owner's hooks run one at a time, whatever the slots
 
-    def run(self, cancel: threading.Event | None = None, *, start_at: int = 0) -> CampaignResult:
-        """``start_at``: the first step to run (a resumed campaign keeps the steps before it)."""
+    def run(self, cancel: threading.Event | None = None, *, start_at: int = 0,
+            max_parallel: int = 1) -> CampaignResult:
+        """``start_at``: the first step to run (a resumed campaign keeps the steps before it).
+        ``max_parallel``: how many steps may run at once, each in a slot of its own (its own
+        engines, bus and recorder); every step is then prepared before the first one starts."""
+        if max_parallel < 1:
+            raise UserError(f"steps at once must be at least 1 (got {max_parallel})")
         cancel = cancel or threading.Event()
         result = CampaignResult(self.campaign_id)
         try:
-            for index, step in enumerate(self.steps):
-                if index < start_at:
-                    continue
-                if cancel.is_set():
-                    result.status, result.reason = "cancelled", "cancelled"
-                    break
-                prepared = self.prepare(index, step, list(result.steps)) if self.prepare is not None else step
-                if isinstance(prepared, str):
-                    outcome = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}", status="skipped",
-                                         reason=prepared)
-                    result.steps.append(outcome)
-                    if self.on_step_done is not None:
-                        self.on_step_done(index, outcome)
-                    continue
-                if prepared.repeats < 1:
-                    raise UserError(f"step '{prepared.name}': repeats must be at least 1 (got {prepared.repeats})")
-                if self.on_step_start is not None:
-                    self.on_step_start(index, prepared)
-                outcome = self._run_step(index, prepared, cancel)
-                result.steps.append(outcome)
-                if self.on_step_done is not None:
-                    self.on_step_done(index, outcome)
-                if outcome.status in ("failed", "cancelled"):  # (a step is skipped before it runs)
-                    result.status, result.reason = ("cancelled" if outcome.status == "cancelled" else "failed"), \
-                        outcome.reason
-                    if outcome.status == "cancelled" or self.stop_on_failure:
-                        break
+            if max_parallel == 1:
+                self._run_in_order(cancel, start_at, result)
+            else:
+                self._run_side_by_side(cancel, start_at, max_parallel, result)
         finally:
             if self._own_keeper and isinstance(self.engines, EngineKeeper):
                 self.engines.close()
         return result
+
+    def _prepared(self, index: int, step: Step, result: CampaignResult) -> Step | None:
+        """The step to run, or None when it cannot run here (then it is done, ``skipped``)."""
+        prepared = self.prepare(index, step, list(result.steps)) if self.prepare is not None else step
+        if isinstance(prepared, str):
+            self._done(index, StepResult(step, self._repeat_tag(index), index, status="skipped", reason=prepared),
+                       result)
+            return None
+        if prepared.repeats < 1:
+            raise UserError(f"step '{prepared.name}': repeats must be at least 1 (got {prepared.repeats})")
+        return prepared
+
+    def _started(self, index: int, step: Step) -> None:
+        if self.on_step_start is not None:
+            with self._hooks:
+                self.on_step_start(index, step)
+
+    def _done(self, index: int, outcome: StepResult, result: CampaignResult) -> None:
+        with self._hooks:
+            result.steps.append(outcome)
+            if self.on_step_done is not None:
+                self.on_step_done(index, outcome)
+
+    def _run_in_order(self, cancel: threading.Event, start_at: int, result: CampaignResult) -> None:
+        slot = _Slot(self.bus, self.engines, self.recorder)
+        for index, step in enumerate(self.steps):
+            if index < start_at:
+                continue
+            if cancel.is_set():
+                result.status, result.reason = "cancelled", "cancelled"
+                break
+            prepared = self._prepared(index, step, result)
+            if prepared is None:
+                continue
+            self._started(index, prepared)
+            outcome = self._run_step(index, prepared, cancel, slot)
+            self._done(index, outcome, result)
+            if outcome.status in ("failed", "cancelled"):  # (a step is skipped before it runs)
+                result.status, result.reason = ("cancelled" if outcome.status == "cancelled" else "failed"), \
+                    outcome.reason
+                if outcome.status == "cancelled" or self.stop_on_failure:
+                    break
+
+    def _run_side_by_side(self, cancel: threading.Event, start_at: int, max_parallel: int,
+                          result: CampaignResult) -> None:
+        """Every step prepared first, in order; then up to ``max_parallel`` slots take the next
+        ready step until none is left. The outcomes come back in step order."""
+        ready = deque((index, prepared) for index, step in enumerate(self.steps) if index >= start_at
+                      and (prepared := self._prepared(index, step, result)) is not None)
+        taking = threading.Lock()
+        stop = threading.Event()
+
+        def slot_loop(number: int) -> None:
+            slot = self._new_slot()
+            try:
+                while not (cancel.is_set() or stop.is_set()):
+                    with taking:
+                        if not ready:
+                            return
+                        index, step = ready.popleft()
+                    self.bus.emit(LogLine.note(f"campaign {self.campaign_id}: step {index + 1}/{len(self.steps)} "
+                                               f"'{step.name}' runs in slot {number + 1}"))
+                    self._started(index, step)
+                    outcome = self._run_step(index, step, cancel, slot)
+                    self._done(index, outcome, result)
+                    if outcome.status == "failed" and self.stop_on_failure:
+                        stop.set()
+            finally:
+                self._close_slot(slot)
+
+        slots = [threading.Thread(target=slot_loop, args=(n,), name=f"campaign-slot-{n + 1}", daemon=True)
+                 for n in range(min(max_parallel, len(ready)))]
+        for thread in slots:
+            thread.start()
+        for thread in slots:
+            thread.join()
+        result.steps.sort(key=lambda s: s.index)
+        failed = next((s for s in result.steps if s.status == "failed"), None)
+        if cancel.is_set():
+            result.status, result.reason = "cancelled", "cancelled"
+        elif failed is not None:
+            result.status, result.reason = "failed", failed.reason
+
+    def _new_slot(self) -> _Slot:
+        """A slot of its own: a bus, engines from ``new_engines``, and a recorder into the same store."""
+        bus = Bus()
+        recorder: Recorder | None = None
+        if self.recorder is not None:
+            from app.recording import RunRecorder
+
+            recorder = RunRecorder(bus, self.recorder.store)
+        return _Slot(bus, None if self.endpoint is not None else self.new_engines(), recorder)
+
+    def _close_slot(self, slot: _Slot) -> None:
+        for part in (slot.engines, slot.recorder):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+        errors = getattr(self.recorder, "errors", None)
+        if isinstance(errors, list) and slot.recorder is not None:
+            errors.extend(getattr(slot.recorder, "errors", []))
+
+    def _repeat_tag(self, index: int) -> str:
+        return f"{REPEAT_TAG}{self.campaign_id}-{index}"
 
     def _config(self, step: Step, repeat_tag: str, i: int) -> RunConfig:
         name = step.config.name if step.repeats == 1 else f"{step.config.name} (repeat {i + 1}/{step.repeats})"
@@ -277,8 +378,8 @@ class Campaign:
         tags += [CAMPAIGN_TAG + self.campaign_id, repeat_tag, *(t for t in self.extra_tags if t not in tags)]
         return step.config.model_copy(update={"name": name, "tags": tags})
 
-    def _run_step(self, index: int, step: Step, cancel: threading.Event) -> StepResult:
-        out = StepResult(step, f"{REPEAT_TAG}{self.campaign_id}-{index}")
+    def _run_step(self, index: int, step: Step, cancel: threading.Event, slot: _Slot) -> StepResult:
+        out = StepResult(step, self._repeat_tag(index), index)
         try:  # a named tokenizer that does not load, or a bad trace, refuses the step before its engine starts
             read_inputs(step.config.workload)
         except UserError as exc:
@@ -289,28 +390,29 @@ class Campaign:
                 out.status, out.reason = "cancelled", "cancelled"
                 break
             config = self._config(step, out.repeat_tag, i)
-            self.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
+            slot.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
                                        f"'{step.name}': run {i + 1} of {step.repeats}"))
             engine = None
-            if self.endpoint is None and self.engines is not None:
+            if self.endpoint is None and slot.engines is not None:
                 try:
-                    engine = self.engines.engine_for(config, self.bus, cancel)
+                    engine = slot.engines.engine_for(config, slot.bus, cancel)
                 except (EngineFailed, UserError) as exc:
                     out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
-                    self._last_engine = None
+                    slot.last_engine = None
                     break
                 if i == 0:
-                    out.engine_reused = engine is self._last_engine
-                self._last_engine = engine
-            known = len(self.recorder.recorded) if self.recorder is not None else 0
-            runner = self.runner_factory(config, self.bus, endpoint=self.endpoint, api_key=self.api_key,
+                    out.engine_reused = engine is slot.last_engine
+                slot.last_engine = engine
+            recorder = slot.recorder
+            known = len(recorder.recorded) if recorder is not None else 0
+            runner = self.runner_factory(config, slot.bus, endpoint=self.endpoint, api_key=self.api_key,
                                          engine=engine, telemetry=self.telemetry)
             run = runner.run(cancel)
             out.runs.append(run)
-            if self.recorder is not None:
-                self.recorder.flush()
-                out.stored_ids.extend(self.recorder.recorded[known:])
-                check = getattr(self.recorder, "check_stored", None)
+            if recorder is not None:
+                recorder.flush()
+                out.stored_ids.extend(recorder.recorded[known:])
+                check = getattr(recorder, "check_stored", None)
                 if check is not None:
                     check(run)  # a run whose data could not all be stored is not "completed"
             if run.status != "completed":

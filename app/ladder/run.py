@@ -117,7 +117,8 @@ class Ladder:
                  engines: EngineSource | None = None, recorder: Recorder | None = None, telemetry: bool = True,
                  runner_factory: Callable[..., RunnerLike] | None = None, hardware: HardwareInfo | None = None,
                  flags: FlagSet | None = None, discover_flags: bool = True, ladder_id: str | None = None,
-                 gpu: str | None = None) -> None:
+                 gpu: str | None = None, max_parallel: int = 1,
+                 new_engines: Callable[[], EngineSource] | None = None) -> None:
         self.spec = spec or default_ladder(config)
         self.base = ladder_base(config, self.spec)
         self.bus = bus
@@ -128,6 +129,9 @@ class Ladder:
         self.runner_factory: Callable[..., RunnerLike] = runner_factory or Runner
         self.ladder_id = ladder_id or uuid.uuid4().hex[:12]
         self.gpu = gpu or self.spec.gpu
+        self.max_parallel = max_parallel
+        """Steps at once: each then builds on the step before it in the plan, not on the last that ran."""
+        self.new_engines = new_engines
         self._hardware = hardware
         self._flags = flags
         self._discover = discover_flags
@@ -266,9 +270,10 @@ class Ladder:
                                  telemetry=self.telemetry, stop_on_failure=False, campaign_id=self.ladder_id,
                                  runner_factory=self.runner_factory, prepare=self._prepare,
                                  on_step_start=self._step_started, on_step_done=self._step_done,
-                                 extra_tags=[TAG + self.ladder_id])
+                                 extra_tags=[TAG + self.ladder_id], new_engines=self.new_engines)
         try:
-            result = self.campaign_result = self.campaign.run(cancel, start_at=start_at)
+            result = self.campaign_result = self.campaign.run(cancel, start_at=start_at,
+                                                              max_parallel=self.max_parallel)
         except BaseException as exc:
             self._end("interrupted", f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyboardInterrupt)
                       else "interrupted")
@@ -317,6 +322,8 @@ class Ladder:
             row.status, row.reason = "skipped", reason or "cannot be built"
             return row.reason
         self._configs[index] = config
+        if self.max_parallel > 1:  # every step is prepared before any runs: the next builds on this one
+            self._last_ran = config
         return Step(step.name, config, self.spec.repeats)
 
     def _step_started(self, index: int, step: Step) -> None:

@@ -511,3 +511,45 @@ def test_cli_resume_goes_on_with_a_ladder_by_its_id(store: RunStore, monkeypatch
     assert "ran every step: nothing to resume" in capsys.readouterr().err
     assert main(["resume", "nope", "--db", db]) == 2
     assert "no stored campaign 'nope' (tunebench ladders and tunebench tunes list them)" in capsys.readouterr().err
+
+
+class _TogetherRunner(FakeLadderRunner):
+    """A stand-in run that starts only when another one runs beside it (a barrier of two): the
+    ladder finishes only if two of its steps really run at once."""
+
+    together = threading.Barrier(2, timeout=30)
+
+    def begin(self) -> str | None:
+        if "batching" in self.config.name or "baseline" in self.config.name:
+            self.together.wait()
+        return super().begin()
+
+
+def test_steps_side_by_side_give_the_staircase_steps_one_after_another_give(store: RunStore) -> None:
+    serial, _, _ = run_ladder(store)
+    FakeLadderRunner.scripts, FakeLadderRunner.calls = SCRIPTS, []
+    _TogetherRunner.together.reset()
+    recorder = RunRecorder(Bus(), store)
+    slots: list[FakeEngines] = []
+
+    def new_engines() -> FakeEngines:
+        slots.append(FakeEngines())
+        return slots[-1]
+
+    try:
+        side_by_side = Ladder(cpu_ladder(), recorder.bus, spec=cpu_ladder_profile().ladder, profile="cpu-ladder",
+                              recorder=recorder, runner_factory=_TogetherRunner, hardware=AVX512,
+                              discover_flags=False, max_parallel=2, new_engines=new_engines).run()
+    finally:
+        recorder.close()
+    assert not _TogetherRunner.together.broken  # the first two steps ran at the same time
+    assert len(slots) == 2 and sum(e.launches for e in slots) == 4  # each slot keeps engines of its own
+    assert side_by_side.status == serial.status == "completed"
+    for a, b in zip(serial.rows, side_by_side.rows, strict=True):
+        assert (a.name, a.status, a.config, a.change) == (b.name, b.status, b.config, b.change)
+        assert (a.output_tok_per_s, a.factor_baseline, a.factor_previous) == \
+               (b.output_tok_per_s, b.factor_baseline, b.factor_previous)
+        assert len(b.run_ids) == 1
+    stored = {s.ladder_id: s for s in list_ladders(store)}[side_by_side.ladder_id]
+    assert stored.state.run_ids == side_by_side.run_ids and len(set(stored.state.run_ids)) == 4
+    assert all(store.get_run(i).status == "completed" for i in stored.state.run_ids)
