@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 LIVE_SOURCES = (CLIENT_SOURCE, "engine")
 """Sources whose latest values the tiles read (the client's rolling figures, the engine's own)."""
+LIVE_KINDS = (Sample, RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
+              RunFinished, TelemetrySupport, Notice)
+"""What a live run folds, and so what the window's bus subscription takes: request records are
+the store's business, campaigns the campaign tabs'."""
 LOG_TAIL_LINES = 2000
 """Log lines kept here (the log view keeps its own, filterable, history)."""
 

@@ -38,23 +38,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.bus import Bus, Sample
+from app.bus import Bus
 from app.config import RunConfig
 from app.cost import PriceTable, price_table
 from app.editing import EditedConfig
 from app.errors import UserError
-from app.events import (
-    EngineReady,
-    LevelFinished,
-    LevelStarted,
-    LogLine,
-    Notice,
-    PhaseChanged,
-    Progress,
-    RunFinished,
-    RunStarted,
-    TelemetrySupport,
-)
 from app.gui.availability import Availability
 from app.gui.capacity_box import CapacityBox
 from app.gui.config_panel import ConfigPanel
@@ -76,7 +64,7 @@ from app.gui.tune_tab import TuneTab
 from app.gui.user_files import UserFiles
 from app.gui.workers import busy_workers, run_in_worker
 from app.labels import engine_defaults, suggest_run_name
-from app.live_run import LiveRun, features_text, load_text
+from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
 from app.profiles import shipped_profiles
 from app.runner import RunResult
@@ -99,10 +87,7 @@ class MainWindow(QMainWindow):
         self.settings = GuiSettings()
         self.shipped = shipped_profiles()  # listed once, before the event loop runs
         self.bus = Bus()
-        # Request records are the store's business; the window needs samples and run events.
-        self.sub = self.bus.subscribe(maxlen=500_000, kinds=(
-            Sample, PhaseChanged, LogLine, RunStarted, EngineReady, LevelStarted, LevelFinished, Progress,
-            TelemetrySupport, Notice, RunFinished))
+        self.sub = self.bus.subscribe(maxlen=500_000, kinds=LIVE_KINDS)
         self.live = LiveRun()
         self.session = EngineSession()
         self.runs = RunControl(self)
