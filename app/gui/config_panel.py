@@ -131,6 +131,7 @@ class ConfigPanel(QWidget):
         self._loose_notes: list[str] = []
         self.setMinimumWidth(330)
         state.changed.connect(self._on_state_changed)
+        state.validated.connect(self.show_issues)
         self.refresh_all()
         self._validate_timer = QTimer(self)
         self._validate_timer.setSingleShot(True)

@@ -18,14 +18,16 @@ from app.editing import EditedConfig
 
 class ConfigState(QObject):
     """The RunConfig being edited (see :class:`EditedConfig`). ``changed(path)`` fires after every
-    accepted edit ("" = all)."""
+    accepted edit ("" = all); ``validated(issues)`` after each validation."""
 
     changed = Signal(str)
+    validated = Signal(object)  # list[ValidationIssue], passed as is
 
     def __init__(self, config: RunConfig | EditedConfig | None = None) -> None:
         super().__init__()
         self.model = config if isinstance(config, EditedConfig) else EditedConfig(config)
         self.model.changed.connect(self.changed.emit)
+        self.model.validated.connect(self.validated.emit)
 
     @property
     def config(self) -> RunConfig:

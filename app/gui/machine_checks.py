@@ -95,8 +95,7 @@ class MachineChecks(QObject):
 
     def _validated(self, issues: list[ValidationIssue]) -> None:
         edited = self.window.state.model
-        again = edited.finish_validation(issues)
-        self.window.config_panel.show_issues(issues)
+        again = edited.finish_validation(issues)  # the config panel hears the issues from the model
         errors = edited.errors
         self.window.start_button.setToolTip("\n".join(str(i) for i in errors) if errors
                                             else "Launch the engine and run the load")
