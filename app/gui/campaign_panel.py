@@ -37,7 +37,8 @@ from app.gui.workers import run_in_worker
 
 if TYPE_CHECKING:
     from app.bus import Bus
-    from app.gui.config_panel import ConfigPanel, ConfigState
+    from app.gui.config_panel import ConfigPanel
+    from app.gui.config_state import ConfigState
     from app.gui.live import PhaseBar
     from app.gui.presentation import PresentationView
     from app.gui.session import EngineSession

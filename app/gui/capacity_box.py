@@ -136,7 +136,12 @@ class CapacityBox(QGroupBox):
         self.size_button.clicked.connect(self.size_it)
 
     def set_runs(self, runs: Sequence[tuple[int, str]]) -> None:
-        """The runs it can size on, ``(id, label)``, the first chosen; the answer is cleared."""
+        """The runs it can size on, ``(id, label)``, the first chosen; the answer is cleared when
+        they change. The same runs again (their comparison or tune re-costed at the prices a sizing
+        just kept) keep the choice and the answer sized at those prices."""
+        listed = [(self.run_choice.itemData(i), self.run_choice.itemText(i)) for i in range(self.run_choice.count())]
+        if runs and listed == [tuple(run) for run in runs]:
+            return
         current = self.run_choice.currentData()
         self.run_choice.clear()
         for run_id, label in runs:

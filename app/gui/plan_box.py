@@ -21,8 +21,8 @@ from app.gui.workers import run_in_worker
 from app.planner.plan import Plan, decode_ceiling, make_plan
 from engine_adapters.gpu_specs import GIB, GPU_SPECS
 
-if TYPE_CHECKING:  # config_panel builds this box: a runtime import would be a cycle
-    from app.gui.config_panel import ConfigState
+if TYPE_CHECKING:  # only its type: the panel that builds this box hands the state in
+    from app.gui.config_state import ConfigState
 
 THIS_MACHINE = "this machine"
 SHORT_ERROR_CHARS = 90

@@ -197,7 +197,7 @@ def test_compare_greys_a_starved_clients_figures_and_leads_with_the_engines(qtbo
 
 
 def test_repeats_box_beside_start_runs_a_set(qtbot, make_window, tmp_path: Path, monkeypatch) -> None:
-    import app.gui.main_window as mw
+    import app.gui.run_control as mw
 
     seen: dict[str, object] = {}
 

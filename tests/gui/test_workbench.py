@@ -307,7 +307,7 @@ def test_model_can_be_typed_browsed_and_is_remembered(qtbot, window: MainWindow,
     editor.set_value("   ")
     editor._emit()
     assert "at least 1 character" in editor.message_text and window.state.config.engine.model == str(missing)
-    window._remember("recent_models", "Qwen/Qwen3-8B")
+    window.files.remember("recent_models", "Qwen/Qwen3-8B")
     combo = editor.widget
     assert isinstance(combo, QComboBox) and combo.findText("Qwen/Qwen3-8B") >= 0
 

@@ -1,0 +1,52 @@
+"""The Qt face of the configuration being edited (:class:`app.editing.EditedConfig`).
+
+The model calls plain callbacks; widgets connect to :attr:`ConfigState.changed`, a Qt signal,
+instead, so Qt drops a connection when its widget is deleted (a plain callback list would go on
+calling a deleted widget). Everything else is the model's: this class only forwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app.config import RunConfig
+from app.editing import EditedConfig
+
+
+class ConfigState(QObject):
+    """The RunConfig being edited (see :class:`EditedConfig`). ``changed(path)`` fires after every
+    accepted edit ("" = all); ``validated(issues)`` after each validation."""
+
+    changed = Signal(str)
+    validated = Signal(object)  # list[ValidationIssue], passed as is
+
+    def __init__(self, config: RunConfig | EditedConfig | None = None) -> None:
+        super().__init__()
+        self.model = config if isinstance(config, EditedConfig) else EditedConfig(config)
+        self.model.changed.connect(self.changed.emit)
+        self.model.validated.connect(self.validated.emit)
+
+    @property
+    def config(self) -> RunConfig:
+        return self.model.config
+
+    @property
+    def pending(self) -> str | None:
+        return self.model.pending
+
+    @property
+    def profile_path(self) -> Path | None:
+        return self.model.profile_path
+
+    def draft_value(self, path: str) -> Any:
+        return self.model.draft_value(path)
+
+    def replace(self, config: RunConfig) -> None:
+        self.model.replace(config)
+
+    def set(self, path: str, value: Any) -> str | None:
+        """Apply one edit; returns a one-line message when it is refused or left as a draft."""
+        return self.model.set(path, value)

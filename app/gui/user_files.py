@@ -1,0 +1,141 @@
+"""The user's files the window reads and writes: profiles (opened from the toolbar's picker or
+Open…, saved with Save / Save as…) and the workbench settings (recent profiles and models, the
+store chosen, prices, each engine's last start time), each read or written in a worker.
+
+The configuration a profile holds goes into the editing model (``app.editing.EditedConfig``),
+which remembers the file; the settings stay the window's (``window.settings``, which the
+campaign tabs read).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject
+
+from app.config import RunConfig
+from app.events import EngineReady
+from app.gui.run_control import startup_key
+from app.gui.settings import GuiSettings, load_settings, save_settings
+from app.gui.workers import run_in_worker
+from app.labels import engine_defaults
+from app.profiles import ProfileError, load_profile, save_profile
+
+if TYPE_CHECKING:
+    from app.gui.main_window import MainWindow
+
+
+class UserFiles(QObject):
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window = window
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def load_settings(self) -> None:
+        run_in_worker(load_settings, self._settings_loaded, self._settings_failed, name="settings",
+                      parent=self.window)
+
+    def _settings_loaded(self, settings: GuiSettings) -> None:
+        w = self.window
+        w.settings = settings
+        w.store_link.settings_read(settings.store_location, settings.author)
+        w.show_prices(settings.prices)
+        w.config_panel.set_recent_models(settings.recent_models)
+        self.fill_picker()
+
+    def _settings_failed(self, message: str) -> None:
+        self.window.show_error(message)
+        self.window.store_link.settings_failed()
+
+    def save_settings(self) -> None:
+        settings = self.window.settings
+        run_in_worker(lambda: save_settings(settings), None, self.window.show_error, name="save-settings",
+                      parent=self.window)
+
+    def remember(self, kind: str, value: str) -> None:
+        """A recent profile or model, first in its list."""
+        w = self.window
+        w.settings = w.settings.remember(kind, value)
+        self.save_settings()
+        if kind == "recent_models":
+            w.config_panel.set_recent_models(w.settings.recent_models)
+
+    def remember_startup(self, ready: EngineReady) -> None:
+        """How long this engine took to start: the next start's time left."""
+        w = self.window
+        if ready.startup_s is not None and w.live.config is not None:
+            w.settings = w.settings.with_startup(startup_key(w.live.config), ready.startup_s)
+            self.save_settings()
+
+    # -- profiles ------------------------------------------------------------------------------
+
+    def _is_shipped(self, path: Path) -> bool:
+        return str(path) in {str(p) for p in self.window.shipped.values()}
+
+    def fill_picker(self) -> None:
+        w = self.window
+        w.toolbar.fill_profiles(w.shipped, w.settings.recent_profiles, w.profile_path)
+
+    def picked(self, index: int) -> None:
+        path = self.window.toolbar.picked_profile(index)
+        if path is not None:
+            self.open_profile(path)
+
+    def ask_and_open(self) -> None:
+        current = self.window.profile_path
+        path = self.window.toolbar.ask_open_path(current.parent if current else Path.home())
+        if path is not None:
+            self.open_profile(path)
+
+    def open_profile(self, path: Path) -> None:
+        """Load in a worker; a bad file leaves the current configuration untouched."""
+        w = self.window
+
+        def loaded(config: RunConfig) -> None:
+            w.state.model.load(config, path)
+            w.config_panel.set_engine_defaults(engine_defaults(config.engine.kind))
+            w.setWindowTitle(f"tunebench — {path.name}")
+            w.statusBar().showMessage(f"Opened {path}", 5000)
+            w.show_banner(None)
+            if not self._is_shipped(path):
+                self.remember("recent_profiles", str(path))
+            self.fill_picker()
+            w.checks.refresh_availability()
+            if not w.running:  # the last run's graphs and figures belong to another profile
+                w.live_tab.clear(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
+
+        run_in_worker(lambda: load_profile(path), loaded, w.show_error, name="open-profile", parent=w)
+
+    def save(self, ask: bool = False) -> None:
+        """Save (or Save as…): a shipped profile, or none yet, asks where."""
+        path = self.window.profile_path
+        if ask or path is None or self._is_shipped(path):
+            path = self.window.toolbar.ask_save_path(Path.home() / f"{self.window.state.config.name or 'profile'}.toml")
+            if path is None:
+                return
+        self.save_profile_to(path)
+
+    def save_profile_to(self, path: Path) -> None:
+        w = self.window
+        problems = w.config_panel.problems()
+        if problems:
+            w.show_error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
+            return
+        config = w.state.config
+
+        def saved(_: Any) -> None:
+            w.state.model.saved(path)
+            w.setWindowTitle(f"tunebench — {path.name}")
+            w.statusBar().showMessage(f"Saved {path}", 5000)
+            self.remember("recent_profiles", str(path))
+            self.fill_picker()
+
+        def write() -> Path:
+            try:
+                return save_profile(config, path)
+            except OSError as exc:
+                raise ProfileError(f"{path}: cannot write: {exc.strerror}") from None
+
+        run_in_worker(write, saved, w.show_error, name="save-profile", parent=w)

@@ -1,0 +1,81 @@
+"""The configuration being edited, headless: edits, drafts, profile bookkeeping, validation and
+the callbacks subscribers hear, without Qt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.config import RunConfig
+from app.editing import EditedConfig
+from app.listeners import Listeners
+from engine_adapters.base import ValidationIssue
+
+
+def test_an_accepted_edit_changes_the_config_and_says_which_path() -> None:
+    edited = EditedConfig(RunConfig())
+    heard: list[str] = []
+    edited.changed.connect(heard.append)
+    assert edited.set("load.concurrency", 7) is None
+    assert edited.config.load.concurrency == 7 and heard == ["load.concurrency"] and edited.dirty
+    assert edited.set("load.concurrency", 7) is None and heard == ["load.concurrency"]  # no change, no call
+
+
+def test_a_value_wrong_in_itself_is_refused_and_the_config_kept() -> None:
+    edited = EditedConfig(RunConfig())
+    heard: list[str] = []
+    edited.changed.connect(heard.append)
+    message = edited.set("load.concurrency", 0)
+    assert message is not None and "at least 1" in message
+    assert edited.config.load.concurrency == RunConfig().load.concurrency
+    assert edited.pending is None and heard == [] and not edited.dirty
+
+
+def test_an_edit_that_breaks_a_rule_between_fields_is_a_draft_until_the_other_field_follows() -> None:
+    edited = EditedConfig(RunConfig())
+    heard: list[str] = []
+    edited.changed.connect(heard.append)
+    message = edited.set("load.pattern", "trace")  # a trace load needs a trace workload
+    assert message is not None and edited.pending == message
+    assert edited.config.load.pattern != "trace" and edited.draft_value("load.pattern") == "trace"
+    assert edited.applies("load.speedup") and not edited.applies("load.concurrency")
+    assert heard == []
+
+
+def test_a_profile_loaded_is_not_dirty_until_edited_and_saving_remembers_the_file(tmp_path: Path) -> None:
+    edited = EditedConfig()
+    heard: list[str] = []
+    edited.changed.connect(heard.append)
+    edited.load(RunConfig(name="from-file"), tmp_path / "a.toml")
+    assert edited.config.name == "from-file" and edited.profile_path == tmp_path / "a.toml"
+    assert not edited.dirty and heard == [""]
+    edited.set("name", "edited")
+    assert edited.dirty
+    edited.saved(tmp_path / "b.toml")
+    assert edited.profile_path == tmp_path / "b.toml" and not edited.dirty
+
+
+def test_a_validation_asked_for_while_one_runs_runs_once_more_after_it() -> None:
+    edited = EditedConfig()
+    heard: list[list[ValidationIssue]] = []
+    edited.validated.connect(heard.append)
+    assert edited.begin_validation()
+    assert not edited.begin_validation() and not edited.begin_validation()  # kept, once
+    error = ValidationIssue(field="engine.model", message="no such model", severity="error")
+    warning = ValidationIssue(field="max_num_seqs", message="large", severity="warning")
+    assert edited.finish_validation([error, warning]) is True
+    assert edited.errors == [error] and heard == [[error, warning]]
+    assert edited.begin_validation() and edited.finish_validation([]) is False
+    assert edited.errors == []
+    assert edited.begin_validation()
+    edited.validation_failed()
+    assert edited.begin_validation()
+
+
+def test_a_listener_that_disconnects_is_not_called_again() -> None:
+    listeners: Listeners[int] = Listeners()
+    heard: list[int] = []
+    disconnect = listeners.connect(heard.append)
+    listeners.emit(1)
+    disconnect()
+    listeners.emit(2)
+    assert heard == [1] and len(listeners) == 0
