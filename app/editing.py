@@ -21,7 +21,9 @@ from pydantic import ValidationError
 
 from app.config import RunConfig
 from app.labels import in_field_words
+from app.ladder.spec import LadderSpec
 from app.listeners import Listeners
+from app.profiles import Campaigns, Profile
 from app.workload import FILE_KINDS
 from engine_adapters.base import ValidationIssue
 from engine_adapters.features import FEATURES
@@ -144,8 +146,11 @@ class EditedConfig:
     itself (out of range) is refused outright.
     """
 
-    def __init__(self, config: RunConfig | None = None, profile_path: Path | None = None) -> None:
+    def __init__(self, config: RunConfig | None = None, profile_path: Path | None = None,
+                 campaigns: Campaigns | None = None) -> None:
         self._config = config or RunConfig()
+        self.campaigns = campaigns or Campaigns()
+        """The campaigns the profile defines over its run (its ladder), saved with it."""
         self._draft: dict[str, Any] = self._config.model_dump()
         self.pending: str | None = None  # why the draft is not a valid configuration yet
         self.profile_path = profile_path
@@ -179,11 +184,22 @@ class EditedConfig:
         self.dirty = True
         self.changed.emit("")
 
-    def load(self, config: RunConfig, profile_path: Path) -> None:
-        """A profile file opened: its configuration, not edited since."""
+    @property
+    def profile(self) -> Profile:
+        """What a profile file of the edited configuration holds."""
+        return Profile(run=self._config, campaigns=self.campaigns)
+
+    def load(self, config: RunConfig, profile_path: Path, campaigns: Campaigns | None = None) -> None:
+        """A profile file opened: its run and its campaigns, not edited since."""
         self.profile_path = profile_path
+        self.campaigns = campaigns or Campaigns()
         self.replace(config)
         self.dirty = False
+
+    def set_ladder(self, spec: LadderSpec | None) -> None:
+        """The profile's ladder edited (the Ladder tab): saved with the profile."""
+        self.campaigns = self.campaigns.model_copy(update={"ladder": spec})
+        self.dirty = True
 
     def saved(self, profile_path: Path) -> None:
         self.profile_path = profile_path

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.gui.main_window import MainWindow  # noqa: E402
-from app.profiles import load_profile, resolve_profile  # noqa: E402
+from app.profiles import load_profile_file, resolve_profile  # noqa: E402
 
 SIZE = (1600, 960)
 
@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     app = QApplication.instance() or QApplication(sys.argv)
     path = resolve_profile("cpu-ladder")
-    window = MainWindow(load_profile(path), path, db_path=args.db)
+    window = MainWindow(load_profile_file(path), path, db_path=args.db)
     window.resize(*SIZE)
     window.show()
     tab = window.ladder

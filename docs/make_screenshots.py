@@ -32,7 +32,7 @@ from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit, QSp
 
 from app.gui.dashboard import Dashboard  # noqa: E402
 from app.gui.main_window import MainWindow  # noqa: E402
-from app.profiles import load_profile, resolve_profile  # noqa: E402
+from app.profiles import load_profile_file, resolve_profile  # noqa: E402
 
 DESK = (1366, 768)
 PROJECTOR = (1024, 768)
@@ -121,7 +121,7 @@ def main() -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     path = resolve_profile("cpu-demo")
-    window = MainWindow(load_profile(path), path, db_path=db)
+    window = MainWindow(load_profile_file(path), path, db_path=db)
     window.resize(*DESK)
     window.show()
     wait_until(app, lambda: window.availability is not None, 120, "the hardware probe")

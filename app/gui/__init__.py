@@ -16,11 +16,11 @@ from app.errors import UserError
 
 def main(profile: str | None = "cpu-demo", db_path: str | None = None) -> int:
     """Open the workbench on a profile (a path or a shipped profile's name)."""
-    from app.profiles import ProfileError, load_profile, resolve_profile
+    from app.profiles import ProfileError, load_profile_file, resolve_profile
 
     try:
         path = resolve_profile(profile) if profile else None
-        config = load_profile(path) if path else None
+        config = load_profile_file(path) if path else None
     except ProfileError as exc:
         raise UserError(str(exc)) from None
     if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")

@@ -14,6 +14,8 @@ from PySide6.QtCore import QObject, Signal
 
 from app.config import RunConfig
 from app.editing import EditedConfig
+from app.ladder.spec import LadderSpec
+from app.profiles import Campaigns
 
 
 class ConfigState(QObject):
@@ -40,6 +42,13 @@ class ConfigState(QObject):
     @property
     def profile_path(self) -> Path | None:
         return self.model.profile_path
+
+    @property
+    def campaigns(self) -> Campaigns:
+        return self.model.campaigns
+
+    def set_ladder(self, spec: LadderSpec | None) -> None:
+        self.model.set_ladder(spec)
 
     def draft_value(self, path: str) -> Any:
         return self.model.draft_value(path)

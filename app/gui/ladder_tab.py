@@ -33,7 +33,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.bus import Bus, Event
-from app.config import RunConfig
 from app.cost import sources_text, step_costs, usd_text
 from app.events import CampaignUpdated
 from app.gui.campaign_panel import CampaignHost, CampaignTab
@@ -92,7 +91,6 @@ class LadderTab(CampaignTab):
         self.present_chart: StaircaseChart | None = None
         self._costs_key: tuple[Any, ...] | None = None
         """The steps and prices the staircase's costs were worked out for."""
-        self._editing = False
         self._plan_pending = False
         self._planning = False
         self._planned_hardware: Any = None
@@ -157,7 +155,7 @@ class LadderTab(CampaignTab):
     def _load_spec(self) -> None:
         config = self.main.state.config
         try:
-            self.spec, self.is_default = ladder_of(config)
+            self.spec, self.is_default = ladder_of(self.main.state.campaigns.ladder, config)
         except LadderError as exc:
             self.spec, self.is_default = None, False
             self.message.setText(str(exc))
@@ -166,7 +164,7 @@ class LadderTab(CampaignTab):
         self.replan()
 
     def _config_changed(self, path: str) -> None:
-        if self._editing or self.running_here:
+        if self.running_here:
             return
         if path == "":  # another profile (or one opened): its ladder
             self._showing_stored = False
@@ -198,12 +196,7 @@ class LadderTab(CampaignTab):
         self.spec = base.model_copy(update={"steps": steps})
         self.is_default = False
         self._showing_stored = False
-        self._editing = True
-        try:
-            config: RunConfig = self.main.state.config
-            self.main.state.replace(config.model_copy(update={"ladder": self.spec}))
-        finally:
-            self._editing = False
+        self.main.state.set_ladder(self.spec)
         self._fill_steps()
         self.replan()
 
@@ -281,7 +274,7 @@ class LadderTab(CampaignTab):
         self._planning = False
         if not self.running_here and not self._showing_stored:
             self.workload_label.setText(f"<b>Fair by construction:</b> {state.workload}. "
-                                        + ("(No [ladder] in this profile: the default order after the seeds.)"
+                                        + ("(No [campaigns.ladder] in this profile: the default order after the seeds.)"
                                            if self.is_default else ""))
             self.show_state(state)
         if self._plan_pending:

@@ -66,7 +66,7 @@ from app.gui.workers import busy_workers, run_in_worker
 from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
-from app.profiles import shipped_profiles
+from app.profiles import Profile, shipped_profiles
 from app.runner import RunResult
 from app.store import RunStore
 from engine_adapters.base import FlagSet
@@ -78,12 +78,13 @@ T = TypeVar("T")
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, config: RunConfig | None = None, profile_path: Path | None = None, *,
+    def __init__(self, config: RunConfig | Profile | None = None, profile_path: Path | None = None, *,
                  db_path: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("tunebench")
         self.resize(1366, 768)
-        self.state = ConfigState(EditedConfig(config or RunConfig(), profile_path))
+        profile = config if isinstance(config, Profile) else Profile(run=config or RunConfig())
+        self.state = ConfigState(EditedConfig(profile.run, profile_path, profile.campaigns))
         self.settings = GuiSettings()
         self.shipped = shipped_profiles()  # listed once, before the event loop runs
         self.bus = Bus()

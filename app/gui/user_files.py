@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject
 
-from app.config import RunConfig
 from app.events import EngineReady
 from app.gui.run_control import startup_key
 from app.gui.settings import GuiSettings, load_settings, save_settings
 from app.gui.workers import run_in_worker
 from app.labels import engine_defaults
-from app.profiles import ProfileError, load_profile, save_profile
+from app.profiles import Profile, ProfileError, load_profile_file, save_profile
 
 if TYPE_CHECKING:
     from app.gui.main_window import MainWindow
@@ -93,11 +92,12 @@ class UserFiles(QObject):
         """Load in a worker; a bad file leaves the current configuration untouched."""
         w = self.window
 
-        def loaded(config: RunConfig) -> None:
-            w.state.model.load(config, path)
+        def loaded(profile: Profile) -> None:
+            config = profile.run
+            w.state.model.load(config, path, profile.campaigns)
             w.config_panel.set_engine_defaults(engine_defaults(config.engine.kind))
             w.setWindowTitle(f"tunebench — {path.name}")
-            w.statusBar().showMessage(f"Opened {path}", 5000)
+            w.statusBar().showMessage("; ".join([f"Opened {path}", *profile.notes]), 10_000 if profile.notes else 5000)
             w.show_banner(None)
             if not self._is_shipped(path):
                 self.remember("recent_profiles", str(path))
@@ -106,7 +106,7 @@ class UserFiles(QObject):
             if not w.running:  # the last run's graphs and figures belong to another profile
                 w.live_tab.clear(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
 
-        run_in_worker(lambda: load_profile(path), loaded, w.show_error, name="open-profile", parent=w)
+        run_in_worker(lambda: load_profile_file(path), loaded, w.show_error, name="open-profile", parent=w)
 
     def save(self, ask: bool = False) -> None:
         """Save (or Save as…): a shipped profile, or none yet, asks where."""
@@ -123,7 +123,7 @@ class UserFiles(QObject):
         if problems:
             w.show_error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
             return
-        config = w.state.config
+        config, ladder = w.state.config, w.state.campaigns.ladder
 
         def saved(_: Any) -> None:
             w.state.model.saved(path)
@@ -134,7 +134,7 @@ class UserFiles(QObject):
 
         def write() -> Path:
             try:
-                return save_profile(config, path)
+                return save_profile(config, path, ladder)
             except OSError as exc:
                 raise ProfileError(f"{path}: cannot write: {exc.strerror}") from None
 

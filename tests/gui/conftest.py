@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.gui.workers import busy_workers  # noqa: E402
-from app.profiles import load_profile, resolve_profile  # noqa: E402
+from app.profiles import load_profile_file, resolve_profile  # noqa: E402
 from engine_adapters.launcher import registered_engines  # noqa: E402
 
 CLOSE_TIMEOUT_MS = 90_000
@@ -111,7 +111,7 @@ def make_window(qtbot, tmp_path: Path) -> Iterator[Callable[..., MainWindow]]:  
 
     def make(profile: str = "cpu-demo", db_path: Path | None = None) -> MainWindow:
         path = resolve_profile(profile)
-        window = MainWindow(load_profile(path), path, db_path=str(db_path or tmp_path / "runs.db"))
+        window = MainWindow(load_profile_file(path), path, db_path=str(db_path or tmp_path / "runs.db"))
         window.show()
         qtbot.waitUntil(lambda: window.hardware is not None and window.availability is not None, timeout=60_000)
         windows.append(window)

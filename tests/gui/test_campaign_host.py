@@ -17,6 +17,7 @@ import app.engines as engines_mod
 import app.ladder.run as ladder_run
 from app.bus import Bus
 from app.cost import PriceTable, price_table
+from app.editing import EditedConfig
 from app.gui.config_panel import ConfigPanel, ConfigState
 from app.gui.ladder_tab import LadderTab
 from app.gui.live import PhaseBar
@@ -25,7 +26,7 @@ from app.gui.session import EngineSession
 from app.gui.settings import GuiSettings
 from app.gui.tune_tab import TuneTab
 from app.gui.workers import busy_workers, run_in_worker
-from app.profiles import load_profile, resolve_profile
+from app.profiles import load_profile_file, resolve_profile
 from app.store import RunStore
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.vllm import parse_help
@@ -45,7 +46,8 @@ class SmallHost(QWidget):
         self.profile_path: Path | None = resolve_profile("cpu-ladder")
         self.bus = Bus()
         self.db_path: str | None = str(db_path)
-        self.state = ConfigState(load_profile(self.profile_path))
+        profile = load_profile_file(self.profile_path)
+        self.state = ConfigState(EditedConfig(profile.run, self.profile_path, profile.campaigns))
         self.settings = GuiSettings()
         here = probe_hardware()  # the fake engines stand for a CPU that keeps an FP8 KV cache
         self.hardware = here.model_copy(update={"cpu_flags": [*here.cpu_flags, "avx512f"]})

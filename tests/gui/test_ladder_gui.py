@@ -16,6 +16,7 @@ import app.campaign as campaign_mod
 import app.engines as engines_mod
 import app.ladder.run as ladder_run
 from app.gui.main_window import MainWindow
+from app.profiles import load_profile_file
 from engine_adapters.hardware import probe_hardware
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
 
@@ -26,7 +27,7 @@ SCRIPTS = {"baseline": Script(400, 1.2, delay_s=0.6), "batching": Script(1600, 1
 
 
 def _names(window: MainWindow) -> list[str]:
-    return [s.name for s in window.state.config.ladder.steps]  # type: ignore[union-attr]
+    return [s.name for s in window.state.campaigns.ladder.steps]  # type: ignore[union-attr]
 
 
 def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyped-def]
@@ -106,6 +107,16 @@ def test_ladder_tab_edits_runs_and_shows_the_staircase(  # type: ignore[no-untyp
     window.toggle_presentation()
     assert tab.present_chart is not None and tab.present_chart.isVisible() and len(tab.present_chart.bars) == 4
     window.toggle_presentation()
+
+    # Saved with the profile: the edited ladder goes to the profile's [campaigns.ladder].
+    tab.steps.setCurrentRow(3)
+    qtbot.mouseClick(tab.remove_button, Qt.MouseButton.LeftButton)
+    saved = tmp_path / "edited.toml"
+    window.save_profile_to(saved)
+    qtbot.waitUntil(saved.exists, timeout=30_000)
+    assert "[campaigns.ladder]" in saved.read_text()
+    assert [s.name for s in load_profile_file(saved).ladder.steps] == _names(window)  # type: ignore[union-attr]
+    assert len(_names(window)) == 3
 
 
 def test_a_profile_without_a_shared_prefix_workload_says_why_it_cannot_climb(  # type: ignore[no-untyped-def]

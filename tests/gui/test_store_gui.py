@@ -17,7 +17,7 @@ from app.gui.history import HistoryView
 from app.gui.main_window import MainWindow
 from app.gui.settings import GuiSettings, save_settings
 from app.gui.store_box import StoreDialog
-from app.profiles import load_profile, resolve_profile
+from app.profiles import load_profile_file, resolve_profile
 from app.store import RunStore
 from db.records import RunInfo
 from db.writes import AUTHOR_ENV
@@ -242,7 +242,7 @@ def test_start_up_reads_the_chosen_store_unless_db_is_given(qtbot, tmp_path: Pat
     close_window(qtbot, window)
 
     path = resolve_profile("cpu-demo")
-    window = MainWindow(load_profile(path), path)  # no --db: the settings' store, not the default file
+    window = MainWindow(load_profile_file(path), path)  # no --db: the settings' store, not the default file
     window.show()
     try:
         qtbot.waitUntil(lambda: names_shown(window) == ["chosen run"], timeout=10_000)

@@ -79,3 +79,21 @@ def test_a_listener_that_disconnects_is_not_called_again() -> None:
     disconnect()
     listeners.emit(2)
     assert heard == [1] and len(listeners) == 0
+
+
+def test_the_profile_keeps_its_campaigns_beside_the_edited_run(tmp_path: Path) -> None:
+    from app.ladder.spec import LadderSpec, LadderStepSpec
+    from app.profiles import load_profile_file, resolve_profile, save_profile
+
+    path = resolve_profile("cpu-ladder")
+    loaded = load_profile_file(path)
+    edited = EditedConfig()
+    edited.load(loaded.run, path, loaded.campaigns)
+    assert edited.profile == loaded.model_copy(update={"notes": []}) and not edited.dirty
+    assert edited.set("load.concurrency", 3) is None  # an edit of the run leaves the ladder alone
+    assert edited.profile.ladder == loaded.ladder
+    edited.set_ladder(LadderSpec(steps=[LadderStepSpec(name="only")]))
+    assert edited.dirty and [s.name for s in edited.campaigns.ladder.steps] == ["only"]  # type: ignore[union-attr]
+    save_profile(edited.config, tmp_path / "p.toml", edited.campaigns.ladder)
+    again = load_profile_file(tmp_path / "p.toml")
+    assert again.run == edited.config and again.ladder == edited.campaigns.ladder
