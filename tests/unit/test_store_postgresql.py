@@ -220,7 +220,26 @@ def password_role(pg_server: PgServer) -> tuple[str, str]:
     if not pg_server.psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'"):
         pg_server.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     pg_server.psql(f"CREATE DATABASE {database} OWNER {role}")
+    _until_passwords_are_asked(pg_server, role, database)
     return role, database
+
+
+def _until_passwords_are_asked(pg_server: PgServer, role: str, database: str, timeout_s: float = 30.0) -> None:
+    """``pg_reload_conf()`` only signals the server: the new rule applies a moment later. Until a
+    wrong password is refused, a connection may still be trusted."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            psycopg.connect(host=pg_server.host, port=pg_server.port, user=role, password="not-the-password",
+                            dbname=database, connect_timeout=5).close()
+        except psycopg.OperationalError as exc:
+            if "password authentication failed" in str(exc):
+                return
+            raise
+        assert time.monotonic() < deadline, f"the server did not ask {role} for a password within {timeout_s:g} s"
+        time.sleep(0.05)
 
 
 def test_passwords_come_from_the_url_pgpassword_pgpass_or_a_service_file(
