@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from db.dialects import Int64, Json
+from db.migrations.tables import tune_columns, tune_trial_columns
 
 revision = "0007"
 down_revision = "0006"
@@ -76,40 +77,8 @@ def _campaign_tables() -> tuple[sa.Table, sa.Table]:
 def _tune_tables() -> tuple[sa.Table, sa.Table]:
     """``tunes`` and ``tune_trials`` as revision 0006 left them."""
     meta = _metadata()
-    tunes = sa.Table(
-        "tunes", meta,
-        sa.Column("id", sa.String(64), primary_key=True),
-        sa.Column("name", sa.Text, nullable=False),
-        sa.Column("profile", sa.Text, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("strategy", sa.String(16), nullable=False),
-        sa.Column("slo", sa.Text, nullable=False),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.Column("updated_at", sa.Float, nullable=False),
-        sa.Column("doc", Json, nullable=False),
-        sa.Column("writer_pid", Int64, nullable=True),
-        sa.Column("writer_create_time", sa.Float, nullable=True),
-        sa.Column("writer_namespace", sa.Text, nullable=False, server_default=""),
-    )
-    trials = sa.Table(
-        "tune_trials", meta,
-        sa.Column("tune_id", sa.String(64), sa.ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("idx", Int64, primary_key=True),
-        sa.Column("candidate", Int64, nullable=False),
-        sa.Column("source", sa.String(32), nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("knobs", Json, nullable=False),
-        sa.Column("load_kind", sa.String(16), nullable=False),
-        sa.Column("load_value", sa.Float, nullable=True),
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
-        sa.Column("figures", Json, nullable=False),
-        sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("started_at", sa.Float, nullable=True),
-        sa.Column("finished_at", sa.Float, nullable=True),
-        sa.Column("doc", Json, nullable=False),
-    )
-    return tunes, trials
+    return (sa.Table("tunes", meta, *tune_columns(writer_namespace=True)),
+            sa.Table("tune_trials", meta, *tune_trial_columns()))
 
 
 _RUNS = sa.table("runs", sa.column("id", Int64), sa.column("name", sa.Text), sa.column("status", sa.String),

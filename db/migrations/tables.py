@@ -1,0 +1,51 @@
+"""Table definitions that more than one revision needs as they stood then (not as ``db.models``
+has them now): ``tunes`` and ``tune_trials``, created by revision 0005, given a writer namespace
+by 0006, moved into campaigns by 0007 and written back by its downgrade. Each call returns new
+columns, as a table owns its columns."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from db.dialects import Int64, Json
+
+
+def tune_columns(*, writer_namespace: bool) -> list[sa.Column]:
+    """``tunes``: before revision 0006 (``writer_namespace`` False) or after it."""
+    columns = [
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("profile", sa.Text, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("reason", sa.Text, nullable=True),
+        sa.Column("strategy", sa.String(16), nullable=False),
+        sa.Column("slo", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("doc", Json, nullable=False),
+        sa.Column("writer_pid", Int64, nullable=True),
+        sa.Column("writer_create_time", sa.Float, nullable=True),
+    ]
+    if writer_namespace:
+        columns.append(sa.Column("writer_namespace", sa.Text, nullable=False, server_default=""))
+    return columns
+
+
+def tune_trial_columns() -> list[sa.Column]:
+    """``tune_trials`` (unchanged from revision 0005 until 0007 dropped it)."""
+    return [
+        sa.Column("tune_id", sa.String(64), sa.ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("idx", Int64, primary_key=True),
+        sa.Column("candidate", Int64, nullable=False),
+        sa.Column("source", sa.String(32), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("knobs", Json, nullable=False),
+        sa.Column("load_kind", sa.String(16), nullable=False),
+        sa.Column("load_value", sa.Float, nullable=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
+        sa.Column("figures", Json, nullable=False),
+        sa.Column("reason", sa.Text, nullable=True),
+        sa.Column("started_at", sa.Float, nullable=True),
+        sa.Column("finished_at", sa.Float, nullable=True),
+        sa.Column("doc", Json, nullable=False),
+    ]
