@@ -10,6 +10,29 @@ import sqlalchemy as sa
 from db.dialects import Int64, Json
 
 
+def runs_metadata() -> sa.MetaData:
+    """A metadata that knows ``runs`` (what the foreign keys of a trial or a link name)."""
+    meta = sa.MetaData()
+    sa.Table("runs", meta, sa.Column("id", Int64, primary_key=True))
+    return meta
+
+
+def tune_tables(*, writer_namespace: bool) -> tuple[sa.Table, sa.Table]:
+    """``tunes`` and ``tune_trials``, to read or write them."""
+    meta = runs_metadata()
+    return (sa.Table("tunes", meta, *tune_columns(writer_namespace=writer_namespace)),
+            sa.Table("tune_trials", meta, *tune_trial_columns()))
+
+
+def create_tune_tables(conn: sa.Connection, *, writer_namespace: bool) -> tuple[sa.Table, sa.Table]:
+    """Create ``tunes`` and ``tune_trials`` with the trials' index; returns the tables."""
+    tunes, trials = tune_tables(writer_namespace=writer_namespace)
+    tunes.create(conn)
+    trials.create(conn)
+    sa.Index("ix_tune_trials_candidate", trials.c.tune_id, trials.c.candidate).create(conn)
+    return tunes, trials
+
+
 def tune_columns(*, writer_namespace: bool) -> list[sa.Column]:
     """``tunes``: before revision 0006 (``writer_namespace`` False) or after it."""
     columns = [

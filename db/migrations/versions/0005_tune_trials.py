@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from db.migrations.tables import tune_columns, tune_trial_columns
+from db.migrations.tables import create_tune_tables
 
 revision = "0005"
 down_revision = "0004"
@@ -18,9 +18,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table("tunes", *tune_columns(writer_namespace=False))
-    op.create_table("tune_trials", *tune_trial_columns())
-    op.create_index("ix_tune_trials_candidate", "tune_trials", ["tune_id", "candidate"])
+    create_tune_tables(op.get_bind(), writer_namespace=False)
 
 
 def downgrade() -> None:

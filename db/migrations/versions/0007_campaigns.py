@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from db.dialects import Int64, Json
-from db.migrations.tables import tune_columns, tune_trial_columns
+from db.migrations.tables import create_tune_tables, runs_metadata, tune_tables
 
 revision = "0007"
 down_revision = "0006"
@@ -33,15 +33,8 @@ TRIAL_LINK_KEYS = ("candidate", "knobs", "load_kind", "load_value", "figures")
 """A tune trial's columns that a link keeps in its ``doc`` (the trial's own doc goes under ``detail``)."""
 
 
-def _metadata() -> sa.MetaData:
-    """A metadata that knows ``runs`` (what the links' foreign keys name)."""
-    meta = sa.MetaData()
-    sa.Table("runs", meta, sa.Column("id", Int64, primary_key=True))
-    return meta
-
-
 def _campaign_tables() -> tuple[sa.Table, sa.Table]:
-    meta = _metadata()
+    meta = runs_metadata()
     campaigns = sa.Table(
         "campaigns", meta,
         sa.Column("id", sa.String(64), primary_key=True),
@@ -72,13 +65,6 @@ def _campaign_tables() -> tuple[sa.Table, sa.Table]:
         sa.Column("doc", Json, nullable=False),
     )
     return campaigns, links
-
-
-def _tune_tables() -> tuple[sa.Table, sa.Table]:
-    """``tunes`` and ``tune_trials`` as revision 0006 left them."""
-    meta = _metadata()
-    return (sa.Table("tunes", meta, *tune_columns(writer_namespace=True)),
-            sa.Table("tune_trials", meta, *tune_trial_columns()))
 
 
 _RUNS = sa.table("runs", sa.column("id", Int64), sa.column("name", sa.Text), sa.column("status", sa.String),
@@ -145,7 +131,7 @@ def _ladders_up(conn: sa.Connection, campaigns: sa.Table, links: sa.Table) -> No
 
 
 def _tunes_up(conn: sa.Connection, campaigns: sa.Table, links: sa.Table) -> None:
-    tunes, trials = _tune_tables()
+    tunes, trials = tune_tables(writer_namespace=True)  # as revision 0006 left them
     for tune in conn.execute(sa.select(tunes)).mappings().all():
         conn.execute(sa.insert(campaigns).values(
             id=tune["id"], kind="tune", name=tune["name"], profile=tune["profile"], status=tune["status"],
@@ -177,10 +163,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     conn = op.get_bind()
-    tunes, trials = _tune_tables()
-    tunes.create(conn)
-    trials.create(conn)
-    op.create_index("ix_tune_trials_candidate", "tune_trials", ["tune_id", "candidate"])
+    tunes, trials = create_tune_tables(conn, writer_namespace=True)
     campaigns, links = _campaign_tables()
     for row in conn.execute(sa.select(campaigns)).mappings().all():
         these = conn.execute(sa.select(links).where(links.c.campaign_id == row["id"])
