@@ -1,13 +1,45 @@
 """Table definitions that more than one revision needs as they stood then (not as ``db.models``
-has them now): ``tunes`` and ``tune_trials``, created by revision 0005, given a writer namespace
-by 0006, moved into campaigns by 0007 and written back by its downgrade. Each call returns new
-columns, as a table owns its columns."""
+has them now): ``requests`` and ``request_chunks``, created by revision 0001, packed by 0004 and
+written back by its downgrade; ``tunes`` and ``tune_trials``, created by revision 0005, given a
+writer namespace by 0006, moved into campaigns by 0007 and written back by its downgrade. Each call
+returns new columns, as a table owns its columns."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import op
 
 from db.dialects import Int64, Json
+
+
+def create_requests_table() -> None:
+    """``requests``, one row per request, with its (run, seq) index."""
+    op.create_table(
+        "requests",
+        sa.Column("id", Int64, primary_key=True),
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("seq", Int64, nullable=False),
+        sa.Column("level", Int64),
+        sa.Column("start_wall", sa.Float),
+        sa.Column("ttft_ms", sa.Float),
+        sa.Column("e2e_ms", sa.Float),
+        sa.Column("input_tokens", Int64),
+        sa.Column("output_tokens", Int64),
+        sa.Column("error", sa.Text),
+    )
+    op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
+
+
+def request_chunk_columns() -> list[sa.Column]:
+    """``request_chunks`` as revision 0001 made it (float32 latencies, per-request extras)."""
+    return [
+        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("seq_start", Int64, primary_key=True),
+        sa.Column("n", Int64, nullable=False),
+        sa.Column("counts", sa.LargeBinary, nullable=False),
+        sa.Column("values", sa.LargeBinary, nullable=False),
+        sa.Column("extras", sa.LargeBinary),
+    ]
 
 
 def runs_metadata() -> sa.MetaData:
