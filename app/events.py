@@ -19,11 +19,11 @@ the stored payload's keys.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, field_validator
 
 from app.campaign_state import CampaignStateBase
 from app.config import RunConfig
@@ -34,6 +34,18 @@ from engine_adapters.secrets import mask_argv, mask_env, mask_obj, mask_text, ma
 RunStatus = Literal["completed", "failed", "cancelled", "interrupted"]
 CLIENT_SOURCE = "client"
 """The sample source under which client-side progress is plotted and stored."""
+
+
+def _masked(mask: Callable[[str], str]) -> BeforeValidator:
+    """Mask a string where it enters the bus, so the GUI, the CLI and the store only see it masked;
+    any other value is left to the field's own type check."""
+    return BeforeValidator(lambda value: mask(value) if isinstance(value, str) else value)
+
+
+MaskedText = Annotated[str, _masked(mask_text)]
+"""Free text that may quote a secret (a log line, a reason, an error)."""
+MaskedUrl = Annotated[str, _masked(mask_url)]
+"""A URL whose credentials and secret query values are masked."""
 
 
 def now() -> tuple[float, float]:
@@ -79,7 +91,7 @@ class RunStarted(EventPayload):
     env: dict[str, str] = Field(default_factory=dict)
     engine_version: str | None = None
     hardware: dict[str, Any] = Field(default_factory=dict)  # HardwareInfo as JSON
-    endpoint: str | None = None
+    endpoint: MaskedUrl | None = None
     engine_pid: int | None = None
     started_wall_s: float
 
@@ -99,11 +111,6 @@ class RunStarted(EventPayload):
     def _mask_env(cls, value: Any) -> Any:
         return mask_env(value) if isinstance(value, Mapping) else value
 
-    @field_validator("endpoint", mode="before")
-    @classmethod
-    def _mask_endpoint(cls, value: Any) -> Any:
-        return mask_url(value) if isinstance(value, str) else value
-
 
 class PhaseChanged(EventPayload):
     """The engine entered a startup (or stop) phase. ``run_id`` is None for an engine the GUI
@@ -112,12 +119,7 @@ class PhaseChanged(EventPayload):
     kind: ClassVar[str] = "phase"
     run_id: str | None = None
     phase: Phase
-    detail: str = ""
-
-    @field_validator("detail", mode="before")
-    @classmethod
-    def _mask_detail(cls, value: Any) -> Any:
-        return mask_text(value) if isinstance(value, str) else value
+    detail: MaskedText = ""
 
 
 NOTE_PREFIX = "tunebench: "
@@ -129,17 +131,12 @@ class LogLine(EventPayload):
 
     kind: ClassVar[str] = "log"
     run_id: str | None = None
-    line: str
+    line: MaskedText
+    """Masked where it enters the bus: the GUI, the CLI and the store see it masked."""
 
     @classmethod
     def note(cls, text: str, run_id: str | None = None) -> LogLine:
         return cls(run_id=run_id, line=NOTE_PREFIX + text)
-
-    @field_validator("line", mode="before")
-    @classmethod
-    def _mask_line(cls, value: Any) -> Any:
-        """Where log lines enter the bus: the GUI, the CLI and the store see them masked."""
-        return mask_text(value) if isinstance(value, str) else value
 
 
 class EngineReady(EventPayload):
@@ -148,12 +145,7 @@ class EngineReady(EventPayload):
 
     kind: ClassVar[str] = "engine_ready"
     run_id: str
-    base_url: str
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _mask_base_url(cls, value: Any) -> Any:
-        return mask_url(value) if isinstance(value, str) else value
+    base_url: MaskedUrl
     startup_s: float | None = None
     kv_cache: dict[str, float] = Field(default_factory=dict)
     feature_checks: list[FeatureCheck] = Field(default_factory=list)
@@ -234,13 +226,8 @@ class RunFinished(EventPayload):
     kind: ClassVar[str] = "run_finished"
     run_id: str
     status: RunStatus
-    reason: str | None = None
+    reason: MaskedText | None = None
     ended_wall_s: float
-
-    @field_validator("reason", mode="before")
-    @classmethod
-    def _mask_reason(cls, value: Any) -> Any:
-        return mask_text(value) if isinstance(value, str) else value
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -253,18 +240,13 @@ class TelemetrySupport(EventPayload):
     available: bool
     supported: list[str] = Field(default_factory=list)
     unsupported: dict[str, str] = Field(default_factory=dict)  # value name -> why not
-    detail: str = ""
+    detail: MaskedText = ""
     state: str | None = None  # "no NVIDIA GPU" for the ``gpu`` source without one
     name: str | None = None  # GPU name
     uuid: str | None = None
-    url: str | None = None  # the engine's /metrics
+    url: MaskedText | None = None  # the engine's /metrics
     peak_bandwidth: dict[str, Any] | None = None
     labels: dict[str, str] = Field(default_factory=dict)  # value name -> what it means here
-
-    @field_validator("detail", "url", mode="before")
-    @classmethod
-    def _mask_text(cls, value: Any) -> Any:
-        return mask_text(value) if isinstance(value, str) else value
 
 
 class Notice(EventPayload):
@@ -272,12 +254,7 @@ class Notice(EventPayload):
 
     kind: ClassVar[str] = "notice"
     source: str
-    message: str
-
-    @field_validator("message", mode="before")
-    @classmethod
-    def _mask_message(cls, value: Any) -> Any:
-        return mask_text(value) if isinstance(value, str) else value
+    message: MaskedText
 
 
 class CampaignUpdated(EventPayload):

@@ -7,14 +7,13 @@ on ``--resume``) and which were running (rerun). Plain dicts in and out: ``db`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from db import campaign_store
 from db.campaign_store import StoredCampaign, StoredLink
 from db.errors import StoreError
 from db.store import RunStore
-from db.writes import writer_may_be_alive
 
 KIND = "tune"
 TRIAL_FIELDS = ("candidate", "source", "status", "knobs", "load_kind", "load_value", "run_id", "figures", "reason",
@@ -26,36 +25,30 @@ _COLUMNS = ("strategy", "slo")
 
 
 @dataclass
-class StoredTune:
-    """A tune as stored: its columns, its ``doc`` and its trials in order."""
-
-    id: str
-    name: str
-    profile: str
-    status: str
-    reason: str | None
-    strategy: str
-    slo: str
-    created_at: float
-    updated_at: float
-    doc: dict[str, Any]
-    writer_pid: int | None = None
-    writer_create_time: float | None = None
-    writer_namespace: str = ""
-    trials: list[dict[str, Any]] = field(default_factory=list)
+class StoredTune(StoredCampaign):
+    """A tune as stored: a campaign whose state holds the tune's columns of old (``strategy``,
+    ``slo``) beside its ``doc``, and whose links are its trials. Read from the campaign, so the two
+    never disagree."""
 
     @property
-    def writer_is_alive(self) -> bool:
-        return writer_may_be_alive(self.writer_pid, self.writer_create_time, self.writer_namespace)
+    def strategy(self) -> str:
+        return str(self.state.get("strategy") or "grid")
+
+    @property
+    def slo(self) -> str:
+        return str(self.state.get("slo") or "")
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return {k: v for k, v in self.state.items() if k not in _COLUMNS}
+
+    @property
+    def trials(self) -> list[dict[str, Any]]:
+        return [_trial(link) for link in self.links]
 
 
 def _tune(c: StoredCampaign) -> StoredTune:
-    doc = {k: v for k, v in c.state.items() if k not in _COLUMNS}
-    return StoredTune(id=c.id, name=c.name, profile=c.profile, status=c.status, reason=c.reason,
-                      strategy=str(c.state.get("strategy") or "grid"), slo=str(c.state.get("slo") or ""),
-                      created_at=c.created_at, updated_at=c.updated_at, doc=doc, writer_pid=c.writer_pid,
-                      writer_create_time=c.writer_create_time, writer_namespace=c.writer_namespace,
-                      trials=[_trial(link) for link in c.links])
+    return StoredTune(**{f.name: getattr(c, f.name) for f in fields(c)})
 
 
 def _trial(link: StoredLink) -> dict[str, Any]:

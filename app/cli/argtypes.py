@@ -30,6 +30,22 @@ def db_parent(default: Any = None, help: str = DB_HELP) -> argparse.ArgumentPars
     return parent
 
 
+def json_parent() -> argparse.ArgumentParser:
+    """``--json`` (print JSON instead of text) as a parent parser, for the store's listing commands."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", help="print JSON")
+    return parent
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, store_help: str | None) -> None:
+    """``--no-telemetry``, ``--no-store`` and ``-v``, the same for every command that launches an
+    engine and measures it; ``store_help`` None leaves ``--no-store`` out (a resume always stores)."""
+    parser.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
+    if store_help is not None:
+        parser.add_argument("--no-store", action="store_true", help=store_help)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+
+
 def add_price_argument(parser: argparse.ArgumentParser) -> None:
     """``--price NAME=USD_PER_HOUR`` (repeatable), the same for every command that shows a cost;
     ``app.cost.price_table`` checks each entry."""

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pydantic_core
 
 from app.bus import Bus, Event
+from app.cli.argtypes import json_parent
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -121,6 +122,13 @@ def exit_code(what: str, status: str, reason: str | None, *, ok: bool = True, ca
     return 0
 
 
+def check_resume_stores(args: argparse.Namespace, kind: str) -> None:
+    """``--resume`` reads the campaign back from the run store, so it needs one: refused with
+    ``--no-store`` before anything starts."""
+    if args.no_store and args.resume is not None:
+        raise UserError(f"--resume reads the {kind} from the run database: it cannot go with --no-store")
+
+
 # --- stored campaigns ---------------------------------------------------------------------------
 
 def with_store(args: argparse.Namespace, read: Callable[[Any], T]) -> T:
@@ -184,12 +192,11 @@ def add_list_show(actions: argparse._SubParsersAction, parents: Iterable[argpars
                   list_handler: Callable[[argparse.Namespace], int], show_handler: Callable[[argparse.Namespace], int],
                   show_help: str, show_target_help: str) -> None:
     """``list`` (newest first) and ``show ID`` of stored campaigns, each with ``--json``."""
-    ls = actions.add_parser("list", parents=list(parents), help=f"stored {noun}s, newest first")
-    ls.add_argument("--json", action="store_true", help="print JSON")
+    parents = [*parents, json_parent()]
+    ls = actions.add_parser("list", parents=parents, help=f"stored {noun}s, newest first")
     ls.set_defaults(handler=list_handler)
-    show = actions.add_parser("show", parents=list(parents), help=show_help)
+    show = actions.add_parser("show", parents=parents, help=show_help)
     show.add_argument(noun, help=show_target_help)
-    show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=show_handler)
 
 

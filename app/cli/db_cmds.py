@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from sqlalchemy import URL
 
-from app.cli.argtypes import db_parent
+from app.cli.argtypes import db_parent, json_parent
 from app.cli.terminal import safe
 from app.recording import unspill
 from app.store import RunStore
@@ -189,8 +189,7 @@ def _print_json(data: Any) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     db = db_parent()
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON")
+    as_json = json_parent()
 
     group = sub.add_parser("db", help="copy runs between stores, upgrade or check a store")
     dsub = group.add_subparsers(dest="db_command", metavar="ACTION", required=True)

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import add_good_slo_argument, add_price_argument, bounded_int, db_parent
+from app.cli.argtypes import (
+    add_good_slo_argument,
+    add_price_argument,
+    add_run_options,
+    bounded_int,
+    db_parent,
+    json_parent,
+)
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.cost import (
@@ -251,8 +258,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         if json_path is not None:
             shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(r.status != "skipped" for r in planned.rows) else shared.EXIT_FAILED
-    if args.no_store and args.resume is not None:
-        raise UserError("--resume reads the ladder from the run database: it cannot go with --no-store")
+    shared.check_resume_stores(args, "ladder")
 
     def build(recorder: Any) -> Ladder:
         if args.resume is None:
@@ -376,9 +382,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ladder.add_argument("--resume", nargs="?", const="", default=None, metavar="LADDER",
                         help="go on with a stopped or crashed ladder (default: this profile's newest unfinished one); "
                              "the steps before the first unfinished one are kept")
-    ladder.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
-    ladder.add_argument("--no-store", action="store_true", help="do not record the runs in the database")
-    ladder.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    add_run_options(ladder, store_help="do not record the runs in the database")
     add_price_argument(ladder)
     ladder.set_defaults(handler=cmd_ladder)
 
@@ -390,10 +394,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     shared.add_list_show(lsub, [db], "ladder", list_handler=cmd_ladders_list, show_handler=cmd_ladders_show,
                   show_help="one ladder's steps, figures and factors",
                   show_target_help="ladder id (or a unique start), or one of its runs")
-    cmp = lsub.add_parser("compare", parents=[db],
+    cmp = lsub.add_parser("compare", parents=[db, json_parent()],
                           help="compare the ladder's runs as a whole, the first step as baseline")
     cmp.add_argument("ladder")
-    cmp.add_argument("--json", action="store_true", help="print JSON")
     cmp.set_defaults(handler=cmd_ladders_compare)
     shared.add_report(lsub, [db], "ladder", handler=cmd_ladders_report, help="the ladder's HTML report")
     for action in ("show", "report"):

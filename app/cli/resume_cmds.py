@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import db_parent
+from app.cli.argtypes import add_run_options, db_parent
 from app.errors import UserError
 from app.profiles import ProfileError, resolve_profile
 
@@ -48,6 +48,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     resume.add_argument("campaign", help="the ladder's or tune's id (a unique start is enough; tunebench ladders and "
                                          "tunebench tunes list them)")
     resume.add_argument("--json", metavar="FILE", help="write the campaign's result as JSON")
-    resume.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
-    resume.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    add_run_options(resume, store_help=None)
     resume.set_defaults(handler=cmd_resume)

@@ -14,8 +14,8 @@ from typing import Any, TextIO
 from app.analysis import metric_catalog as catalog
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
-from app.cli.argtypes import add_db_argument, bounded_int
-from app.cli.campaign_cmds import json_target
+from app.cli.argtypes import add_db_argument, add_run_options, bounded_int
+from app.cli.campaign_cmds import json_target, report_stored
 from app.cli.campaign_cmds import write_json as write_doc
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
@@ -151,8 +151,10 @@ class _Console:
 
 
 def write_json(result: RunResult | CampaignResult, path: Path) -> None:
-    """Atomic: a crash never leaves half a result file. Secrets masked (engine_adapters.secrets)."""
-    write_doc(result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json"), path)
+    """Atomic: a crash never leaves half a result file. Secrets masked (engine_adapters.secrets).
+    Said on stdout once written."""
+    write_doc(result.to_dict() if isinstance(result, CampaignResult) else result.model_dump(mode="json"), path,
+              announce=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -197,13 +199,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(no_plan)
     if json_path is not None:
         write_json(result, json_path)
-        print(f"result written to {json_path}")
-    if recorder is not None:
-        for problem in recorder.errors:
-            print(f"tunebench: store: {problem}", file=sys.stderr)
-        if recorder.recorded:
-            print(f"stored{' incompletely' if unstored else ''} as run {recorder.recorded[-1]} "
-                  f"(tunebench runs show {recorder.recorded[-1]})")
+    stored_line = None
+    if recorder is not None and recorder.recorded:
+        run_id = recorder.recorded[-1]
+        stored_line = f"stored{' incompletely' if unstored else ''} as run {run_id} (tunebench runs show {run_id})"
+    report_stored(recorder, stored_line)
     if unstored:
         print(f"run {result.status}: {unstored}", file=sys.stderr)
     if result.status == "cancelled":
@@ -226,14 +226,12 @@ def _report_campaign(campaign: CampaignResult, json_path: Path | None, recorder:
                 print(f"  {line}")
     if json_path is not None:
         write_json(campaign, json_path)
-        print(f"result written to {json_path}")
-    if recorder is not None:
-        for problem in recorder.errors:
-            print(f"tunebench: store: {problem}", file=sys.stderr)
-        ids = [i for step in campaign.steps for i in step.stored_ids]
-        if ids:
-            print(f"stored as runs {', '.join(map(str, ids))} (tag {campaign.steps[0].repeat_tag}; "
-                  f"tunebench compare {ids[-1]} <other run> compares the whole set)")
+    ids = [i for step in campaign.steps for i in step.stored_ids]
+    stored_line = None
+    if ids:
+        stored_line = (f"stored as runs {', '.join(map(str, ids))} (tag {campaign.steps[0].repeat_tag}; "
+                       f"tunebench compare {ids[-1]} <other run> compares the whole set)")
+    report_stored(recorder, stored_line)
     if campaign.status == "cancelled":
         return EXIT_CANCELLED
     if campaign.status != "completed":
@@ -253,11 +251,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--json-requests", action="store_true",
                      help="with --json: every request record too (kept in memory for the whole run; the run "
                           "database has them either way)")
-    run.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
+    add_run_options(run, store_help="do not record the run in the database")
     add_db_argument(run)
-    run.add_argument("--no-store", action="store_true", help="do not record the run in the database")
     run.add_argument("--repeat", type=bounded_int(1, 1000), default=1, metavar="N",
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
                           "each figure's mean and 95%% confidence interval (compare treats the set as one)")
-    run.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
     run.set_defaults(handler=cmd_run)

@@ -25,6 +25,7 @@ from app.cli.argtypes import (
     add_sizing_arguments,
     bounded_int,
     db_parent,
+    json_parent,
 )
 from app.cli.terminal import safe
 from app.cost import (
@@ -523,8 +524,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     db = db_parent()
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON")
+    as_json = json_parent()
 
     runs = sub.add_parser("runs", help="list, show, tag, rename or delete stored runs")
     rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)

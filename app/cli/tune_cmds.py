@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
-from app.cli.argtypes import add_price_argument, bounded_int, db_parent
+from app.cli.argtypes import add_price_argument, add_run_options, bounded_int, db_parent
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -139,8 +139,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if json_path is not None:
             shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(c.status != "pruned" for c in planned.candidates) else shared.EXIT_FAILED
-    if args.no_store and args.resume is not None:
-        raise UserError("--resume reads the tune from the run database: it cannot go with --no-store")
+    shared.check_resume_stores(args, "tune")
 
     def build(recorder: Any) -> Any:
         if args.resume is not None:
@@ -324,9 +323,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="list the configurations and the ones the checks and the memory plan prune; launch nothing")
     tune.add_argument("--gpu", metavar="NAME", help="with --dry-run: plan for this GPU (e.g. H100)")
     tune.add_argument("--json", metavar="FILE", help="write the tune (trials, pick) as JSON")
-    tune.add_argument("--no-telemetry", action="store_true", help="do not sample GPU/host/engine telemetry")
-    tune.add_argument("--no-store", action="store_true", help="do not record anything (no resume)")
-    tune.add_argument("-v", "--verbose", action="store_true", help="print the engine log")
+    add_run_options(tune, store_help="do not record anything (no resume)")
     add_price_argument(tune)
     tune.set_defaults(handler=cmd_tune)
 

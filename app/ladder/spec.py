@@ -43,7 +43,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from app.analysis.compare import flatten
 from app.config import RunConfig
@@ -86,6 +86,10 @@ def _partial_problems(model: type[BaseModel], partial: Mapping[str, Any]) -> lis
     return []
 
 
+_PARTIAL_OF: dict[str, type[BaseModel]] = {"features": Features, "load": LoadConfig}
+"""The full model each partial table of a step is judged against."""
+
+
 class LadderStepSpec(StrictModel):
     """One step: a named change to the previous step."""
 
@@ -99,18 +103,11 @@ class LadderStepSpec(StrictModel):
                                                          "(a 16-bit to FP8 KV cache holds twice the sequences).")
     seed_row: int | None = Field(None, ge=0, description="Row of the seeds' stacking table shown as the reference.")
 
-    @field_validator("features")
+    @field_validator("features", "load")
     @classmethod
-    def _features_known(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problems = _partial_problems(Features, value)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return value
-
-    @field_validator("load")
-    @classmethod
-    def _load_known(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problems = _partial_problems(LoadConfig, value)
+    def _partial_known(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A partial table names only what its full model has, with values it accepts."""
+        problems = _partial_problems(_PARTIAL_OF[str(info.field_name)], value)
         if problems:
             raise ValueError("; ".join(problems))
         return value

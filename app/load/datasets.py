@@ -23,7 +23,7 @@ import numpy as np
 
 from app.errors import UserError, read_user_text
 from app.load.tokens import TokenCounter, named_tokenizer
-from app.load.traces import Trace, block_token_ids, prompt_ids, read_trace, text_lines
+from app.load.traces import Trace, block_token_ids, json_lines, prompt_ids, read_trace
 from app.workload import LengthSpec, WorkloadConfig
 
 _WORDS = (
@@ -308,17 +308,9 @@ def load_jsonl(path: Path, workload: WorkloadConfig, counter: TokenCounter,
     fallback = sample_lengths(workload.output_len, max(1, text.count("\n") + 1), rng)
     items: list[tuple[str, int]] = []
     problems: list[str] = []
-    for lineno, line in enumerate(text_lines(text), start=1):
-        check()
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"line {lineno}: not JSON ({exc.msg})")
-            continue
-        except RecursionError:
-            problems.append(f"line {lineno}: JSON nested too deeply")
+    for lineno, obj, problem in json_lines(text, check):
+        if problem is not None:
+            problems.append(f"line {lineno}: {problem}")
             continue
         prompt, out = (obj, None) if isinstance(obj, str) else (
             (obj.get("prompt"), obj.get("output_tokens", obj.get("max_tokens"))) if isinstance(obj, dict) else (None, None))

@@ -22,7 +22,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -143,6 +143,23 @@ def text_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
+def json_lines(text: str, check: Check) -> Iterator[tuple[int, Any, str | None]]:
+    """Each non-blank line of a JSONL text as (its number as an editor counts it, its value, None),
+    or (number, None, why it is not JSON): the caller decides whether a bad line skips or stops.
+    ``check`` runs before each line, so a long file can be cancelled."""
+    for number, raw in enumerate(text_lines(text), start=1):
+        check()
+        if not raw.strip():
+            continue
+        try:
+            value, problem = json.loads(raw), None
+        except json.JSONDecodeError as exc:
+            value, problem = None, f"not JSON ({exc.msg})"
+        except RecursionError:
+            value, problem = None, "JSON nested too deeply"
+        yield number, value, problem
+
+
 def _bad(path: Path, line: int, problem: str) -> TraceError:
     return TraceError(f"{path}: line {line}: {problem}")
 
@@ -184,16 +201,9 @@ def _blocks(value: Any, name: str, path: Path, line: int, input_tokens: int, blo
 
 def _json_lines(text: str, path: Path, check: Check) -> list[tuple[int, dict[str, Any]]]:
     out = []
-    for number, raw in enumerate(text_lines(text), start=1):
-        check()
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise _bad(path, number, f"not JSON ({exc.msg})") from None
-        except RecursionError:
-            raise _bad(path, number, "JSON nested too deeply") from None
+    for number, obj, problem in json_lines(text, check):
+        if problem is not None:
+            raise _bad(path, number, problem)
         if not isinstance(obj, dict):
             raise _bad(path, number, f"expected a JSON object, got {type(obj).__name__}")
         out.append((number, obj))

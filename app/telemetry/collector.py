@@ -57,6 +57,27 @@ class _Stats:
             return {k: dict(v) for k, v in self.data.items()}
 
 
+class _Reachability:
+    """Whether a scraped source answers: every failure is counted, but an outage and its end are
+    each said once (a :class:`Notice`), never once per failed tick."""
+
+    def __init__(self, stats: _Stats, notice: Callable[[str, str], None], source: str, what: str) -> None:
+        self._stats, self._notice, self.source, self.what = stats, notice, source, what
+        self.failing = False
+
+    def failed(self, exc: Exception) -> None:
+        self._stats.bump(self.source, "errors")
+        self._stats.set(self.source, "last_error", str(exc))
+        if not self.failing:
+            self.failing = True
+            self._notice(self.source, f"{self.what} unreachable, retrying: {exc}")
+
+    def answered(self, where: str) -> None:
+        if self.failing:
+            self.failing = False
+            self._notice(self.source, f"{self.what} reachable again at {where}")
+
+
 class TelemetryCollector:
     """GPU, host and engine samplers feeding one bus. An interval of 0 turns a sampler off;
     ``metrics_url`` None turns the engine scraper off; its names are ``metric_names``, else those
@@ -201,21 +222,16 @@ class TelemetryCollector:
         """The exporter's GPUs, once a second at most (it refreshes its own fields every few
         seconds; faster reads would only repeat them)."""
         assert self.gpu_metrics_url is not None
-        url, reported, failing = self.gpu_metrics_url, False, False
+        url, reported = self.gpu_metrics_url, False
+        reach = _Reachability(self._stats, self._notice, "gpu", "remote GPU metrics")
         try:
             for _ in self._ticks(max(1.0, self.gpu_interval_s)):
                 try:
                     gpus = read_gpus(url, timeout_s=self.scrape_timeout_s)
                 except RemoteGpuError as exc:
-                    self._stats.bump("gpu", "errors")
-                    self._stats.set("gpu", "last_error", str(exc))
-                    if not failing:
-                        failing = True
-                        self._notice("gpu", f"remote GPU metrics unreachable, retrying: {exc}")
+                    reach.failed(exc)
                     continue
-                if failing:
-                    failing = False
-                    self._notice("gpu", f"remote GPU metrics reachable again at {mask_url(url)}")
+                reach.answered(mask_url(url))
                 if not reported:
                     reported = True
                     reports = support_reports(gpus, url) or [TelemetrySupport(
@@ -267,7 +283,8 @@ class TelemetryCollector:
         assert self.metrics_url is not None and self.metric_names is not None
         scraper = EngineScraper(self.metrics_url, self.metric_names, self.api_key, self.scrape_timeout_s)
         deriver = RateDeriver(min_interval_s=min(0.5, self.engine_interval_s / 2))
-        reported_support, failing = False, False
+        reported_support = False
+        reach = _Reachability(self._stats, self._notice, "engine", "engine metrics")
         interval = self.engine_interval_s
         async with aiohttp.ClientSession() as session:
             next_t = time.monotonic()
@@ -278,19 +295,13 @@ class TelemetryCollector:
                     received = now()  # before parsing, which is our time, not the engine's
                     scrape = scraper.parse(text)
                 except ScrapeError as exc:
-                    self._stats.bump("engine", "errors")
-                    self._stats.set("engine", "last_error", str(exc))
-                    if not failing:
-                        failing = True
-                        self._notice("engine", f"engine metrics unreachable, retrying: {exc}")
+                    reach.failed(exc)
                 else:
                     # The engine read its counters somewhere between our request and its answer,
                     # which under load can be far apart: the midpoint is the best estimate.
                     t = ((sent[0] + received[0]) / 2, (sent[1] + received[1]) / 2)
                     values, reset_notice = deriver.update(scrape, t[0])
-                    if failing:
-                        failing = False
-                        self._notice("engine", f"engine metrics reachable again at {self.metrics_url}")
+                    reach.answered(self.metrics_url)
                     if reset_notice:
                         self._notice("engine", reset_notice)
                         self._stats.set("engine", "counter_resets", deriver.resets)

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from db.dialects import Int64, Json
+from db.migrations.tables import create_requests_table, request_chunk_columns
 
 revision = "0001"
 down_revision = None
@@ -62,29 +63,8 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.Float),
         sa.Column("summary", Json),
     )
-    op.create_table(
-        "requests",
-        sa.Column("id", Int64, primary_key=True),
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("seq", Int64, nullable=False),
-        sa.Column("level", Int64),
-        sa.Column("start_wall", sa.Float),
-        sa.Column("ttft_ms", sa.Float),
-        sa.Column("e2e_ms", sa.Float),
-        sa.Column("input_tokens", Int64),
-        sa.Column("output_tokens", Int64),
-        sa.Column("error", sa.Text),
-    )
-    op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
-    op.create_table(
-        "request_chunks",
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq_start", Int64, primary_key=True),
-        sa.Column("n", Int64, nullable=False),
-        sa.Column("counts", sa.LargeBinary, nullable=False),
-        sa.Column("values", sa.LargeBinary, nullable=False),
-        sa.Column("extras", sa.LargeBinary),
-    )
+    create_requests_table()
+    op.create_table("request_chunks", *request_chunk_columns())
     op.create_table(
         "sample_chunks",
         sa.Column("id", Int64, primary_key=True),

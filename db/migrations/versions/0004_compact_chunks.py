@@ -19,6 +19,7 @@ from alembic import op
 
 from db.codecs import decode_extras, decode_itl, decode_requests, encode_requests
 from db.dialects import Int64, driver_sql
+from db.migrations.tables import create_requests_table, request_chunk_columns
 
 revision = "0004"
 down_revision = "0003"
@@ -99,29 +100,8 @@ def downgrade() -> None:
     conn = op.get_bind()
     from db.series import SampleChunkRow, merge_blocks
 
-    op.create_table(
-        "requests",
-        sa.Column("id", Int64, primary_key=True),
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("seq", Int64, nullable=False),
-        sa.Column("level", Int64),
-        sa.Column("start_wall", sa.Float),
-        sa.Column("ttft_ms", sa.Float),
-        sa.Column("e2e_ms", sa.Float),
-        sa.Column("input_tokens", Int64),
-        sa.Column("output_tokens", Int64),
-        sa.Column("error", sa.Text),
-    )
-    op.create_index("ix_requests_run_seq", "requests", ["run_id", "seq"], unique=True)
-    op.create_table(
-        "request_chunks_old",
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("seq_start", Int64, primary_key=True),
-        sa.Column("n", Int64, nullable=False),
-        sa.Column("counts", sa.LargeBinary, nullable=False),
-        sa.Column("values", sa.LargeBinary, nullable=False),
-        sa.Column("extras", sa.LargeBinary),
-    )
+    create_requests_table()
+    op.create_table("request_chunks_old", *request_chunk_columns())
 
     def value(x: float, kind: type) -> Any:
         return None if x != x else kind(x)

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from db.dialects import Int64, Json
+from db.migrations.tables import create_tune_tables, runs_metadata, tune_tables
 
 revision = "0007"
 down_revision = "0006"
@@ -32,15 +33,8 @@ TRIAL_LINK_KEYS = ("candidate", "knobs", "load_kind", "load_value", "figures")
 """A tune trial's columns that a link keeps in its ``doc`` (the trial's own doc goes under ``detail``)."""
 
 
-def _metadata() -> sa.MetaData:
-    """A metadata that knows ``runs`` (what the links' foreign keys name)."""
-    meta = sa.MetaData()
-    sa.Table("runs", meta, sa.Column("id", Int64, primary_key=True))
-    return meta
-
-
 def _campaign_tables() -> tuple[sa.Table, sa.Table]:
-    meta = _metadata()
+    meta = runs_metadata()
     campaigns = sa.Table(
         "campaigns", meta,
         sa.Column("id", sa.String(64), primary_key=True),
@@ -71,45 +65,6 @@ def _campaign_tables() -> tuple[sa.Table, sa.Table]:
         sa.Column("doc", Json, nullable=False),
     )
     return campaigns, links
-
-
-def _tune_tables() -> tuple[sa.Table, sa.Table]:
-    """``tunes`` and ``tune_trials`` as revision 0006 left them."""
-    meta = _metadata()
-    tunes = sa.Table(
-        "tunes", meta,
-        sa.Column("id", sa.String(64), primary_key=True),
-        sa.Column("name", sa.Text, nullable=False),
-        sa.Column("profile", sa.Text, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("strategy", sa.String(16), nullable=False),
-        sa.Column("slo", sa.Text, nullable=False),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.Column("updated_at", sa.Float, nullable=False),
-        sa.Column("doc", Json, nullable=False),
-        sa.Column("writer_pid", Int64, nullable=True),
-        sa.Column("writer_create_time", sa.Float, nullable=True),
-        sa.Column("writer_namespace", sa.Text, nullable=False, server_default=""),
-    )
-    trials = sa.Table(
-        "tune_trials", meta,
-        sa.Column("tune_id", sa.String(64), sa.ForeignKey("tunes.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("idx", Int64, primary_key=True),
-        sa.Column("candidate", Int64, nullable=False),
-        sa.Column("source", sa.String(32), nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("knobs", Json, nullable=False),
-        sa.Column("load_kind", sa.String(16), nullable=False),
-        sa.Column("load_value", sa.Float, nullable=True),
-        sa.Column("run_id", Int64, sa.ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
-        sa.Column("figures", Json, nullable=False),
-        sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("started_at", sa.Float, nullable=True),
-        sa.Column("finished_at", sa.Float, nullable=True),
-        sa.Column("doc", Json, nullable=False),
-    )
-    return tunes, trials
 
 
 _RUNS = sa.table("runs", sa.column("id", Int64), sa.column("name", sa.Text), sa.column("status", sa.String),
@@ -176,7 +131,7 @@ def _ladders_up(conn: sa.Connection, campaigns: sa.Table, links: sa.Table) -> No
 
 
 def _tunes_up(conn: sa.Connection, campaigns: sa.Table, links: sa.Table) -> None:
-    tunes, trials = _tune_tables()
+    tunes, trials = tune_tables(writer_namespace=True)  # as revision 0006 left them
     for tune in conn.execute(sa.select(tunes)).mappings().all():
         conn.execute(sa.insert(campaigns).values(
             id=tune["id"], kind="tune", name=tune["name"], profile=tune["profile"], status=tune["status"],
@@ -208,10 +163,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     conn = op.get_bind()
-    tunes, trials = _tune_tables()
-    tunes.create(conn)
-    trials.create(conn)
-    op.create_index("ix_tune_trials_candidate", "tune_trials", ["tune_id", "candidate"])
+    tunes, trials = create_tune_tables(conn, writer_namespace=True)
     campaigns, links = _campaign_tables()
     for row in conn.execute(sa.select(campaigns)).mappings().all():
         these = conn.execute(sa.select(links).where(links.c.campaign_id == row["id"])
