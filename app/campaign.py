@@ -45,7 +45,8 @@ from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
 from app.load.datasets import read_inputs
 from app.runner import Runner, RunResult
-from engine_adapters.base import Phase
+from engine_adapters.base import FlagSet, Phase
+from engine_adapters.hardware import HardwareInfo
 from engine_adapters.launcher import EngineProcess, EngineStartError
 
 CampaignStatus = Literal["completed", "failed", "cancelled"]
@@ -114,6 +115,29 @@ class EngineKeeper:
             return None
         engine.on_log = engine.on_phase = None
         return engine.stop()
+
+
+@dataclass
+class MachineFacts:
+    """This machine's hardware and the installed engine's flags, learnt once for a whole campaign
+    (the GUI passes what it probed already): every step is checked against them."""
+
+    hardware: HardwareInfo | None = None
+    flags: FlagSet | None = None
+    discover_flags: bool = True
+    known: bool = False
+
+    def learn(self, base: RunConfig, probe: Callable[[], HardwareInfo],
+              discover: Callable[[RunConfig, HardwareInfo], FlagSet | None]) -> None:
+        """Probe what is not known yet (``probe`` and ``discover`` come from the owner's module, so
+        a test stands in for them there)."""
+        if self.known:
+            return
+        if self.hardware is None:
+            self.hardware = probe()
+        if self.flags is None and self.discover_flags:
+            self.flags = discover(base, self.hardware)
+        self.known = True
 
 
 @dataclass

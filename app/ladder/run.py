@@ -25,13 +25,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from app.analysis import metric_catalog as catalog
 from app.bus import Bus
-from app.campaign import Campaign, EngineSource, Recorder, RunnerLike, Step, StepResult, engine_key
+from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
@@ -61,6 +61,9 @@ from app.runner import Runner, RunResult
 from engine_adapters.base import FlagSet, ValidationIssue, feature_status
 from engine_adapters.hardware import GpuInfo, HardwareInfo, probe_hardware
 from engine_adapters.secrets import mask_obj
+
+if TYPE_CHECKING:
+    from app.campaign import EngineSource, Recorder, RunnerLike
 
 BATCH_VERIFIED_RATIO = 1.5
 """A load step that raises the concurrency is verified when the engine's tokens per step grew at
@@ -132,10 +135,7 @@ class Ladder:
         self.max_parallel = max_parallel
         """Steps at once: each then builds on the step before it in the plan, not on the last that ran."""
         self.new_engines = new_engines
-        self._hardware = hardware
-        self._flags = flags
-        self._discover = discover_flags
-        self._checked = False
+        self.machine = MachineFacts(hardware, flags, discover_flags)
         self._last_ran: RunConfig | None = None
         self._configs: dict[int, RunConfig] = {}
         self._lock = threading.Lock()
@@ -186,17 +186,13 @@ class Ladder:
 
     def _ensure_checked(self, for_plan: bool = False) -> None:
         """Hardware probed and the engine's flags discovered once (the GUI passes its own)."""
-        if self._checked:
-            return
-        if self._hardware is None:
+        def probe() -> HardwareInfo:
             here = probe_hardware()
             tp = self.base.features.gpu_count
             cpu = self.base.engine.runtime.kind == "managed" and "cpu" in self.base.engine.runtime.managed
-            self._hardware = (target_hardware(self.gpu, tp) if for_plan and self.gpu and not here.has_gpu and not cpu
-                              else here)
-        if self._flags is None and self._discover:
-            self._flags = check_config(self.base, hardware=self._hardware).flags
-        self._checked = True
+            return target_hardware(self.gpu, tp) if for_plan and self.gpu and not here.has_gpu and not cpu else here
+
+        self.machine.learn(self.base, probe, lambda base, hardware: check_config(base, hardware=hardware).flags)
 
     def build_step(self, index: int, previous: RunConfig) -> tuple[RunConfig | None, str | None]:
         """Step ``index`` built on ``previous`` (the last step that ran): its configuration, or
@@ -208,7 +204,7 @@ class Ladder:
         except LadderError as exc:
             return None, str(exc)
         self._ensure_checked()
-        report = check_config(config, discover_flags=False, hardware=self._hardware, flags=self._flags)
+        report = check_config(config, discover_flags=False, hardware=self.machine.hardware, flags=self.machine.flags)
         changed = [k for k, _a, _b in config_diff(previous, config)] if index else []
         return config, skip_reason(report.issues, changed)
 

@@ -41,6 +41,7 @@ from app.campaign import (
     Campaign,
     EngineKeeper,
     EngineSource,
+    MachineFacts,
     Recorder,
     RunnerLike,
     Step,
@@ -122,10 +123,7 @@ class Tuner:
         self.telemetry = telemetry
         self.plan_gpu = plan_gpu
         self.clock = clock
-        self._hardware = hardware
-        self._flags = flags
-        self._discover = discover_flags
-        self._checked = False
+        self.machine = MachineFacts(hardware, flags, discover_flags)
         self._rng = random.Random(seed)
         self.seed = seed
         self._keeper: EngineSource | None = None
@@ -177,13 +175,7 @@ class Tuner:
     # -- planning -------------------------------------------------------------------------------
 
     def _ensure_checked(self) -> None:
-        if self._checked:
-            return
-        if self._hardware is None:
-            self._hardware = probe_hardware()
-        if self._flags is None and self._discover:
-            self._flags = check_config(self.base, hardware=self._hardware).flags
-        self._checked = True
+        self.machine.learn(self.base, probe_hardware, lambda base, hardware: check_config(base, hardware=hardware).flags)
 
     def _plan_problem(self, config: RunConfig) -> tuple[str | None, str | None]:
         """(why the memory plan says it cannot run, or None; a note when no plan can be made)."""
@@ -211,7 +203,7 @@ class Tuner:
             config = apply_knobs(self.base, knobs)
             f = config.features
             cand.gpus = f.gpu_count
-            report = check_config(config, discover_flags=False, hardware=self._hardware, flags=self._flags)
+            report = check_config(config, discover_flags=False, hardware=self.machine.hardware, flags=self.machine.flags)
             reason = prune_reason(config, list(knobs), report.issues)
             if reason is None:
                 reason, note = self._plan_problem(config)
