@@ -1,28 +1,9 @@
-"""Campaigns: a sequence of runs driven headlessly, like ``Runner`` (the CLI and the GUI both
-drive it). Today it runs repeats (``tunebench run --repeat N``, the GUI's Repeats box); the
-acceleration ladder and the tuner are the same machinery with other steps.
-
-- **Steps.** A :class:`Step` is a named run configuration repeated ``repeats`` times. Steps run in
-  order; one that fails ends the campaign (``stop_on_failure``) or is recorded and skipped.
-- **Engine reuse.** The engine is relaunched only when engine flags change (engine and features,
-  the same rule as the GUI's kept engine): a load-only change reuses it. An :class:`EngineSource`
-  provides engines: :class:`EngineKeeper` by default (it stops its engine at the end), or the
-  GUI's ``EngineSession`` (which keeps it).
-- **Cold caches.** Every measured level starts on a cold prefix cache: the runner gives each level
-  a fresh cache salt (``app.load.cache``), so every repeat is cold with nothing to do here.
-- **Stored as a group.** Each run is stored as usual (``app.recording``) and tagged
-  ``campaign:<id>``; the runs of one step share ``repeat:<id>`` (``app.analysis.compare`` compares such a
-  set as one column: mean, 95% confidence interval, Welch's test). After a step, its mean and CI
-  per figure are written into each of its runs' summary under ``repeat``.
-
-- **Prepared step by step.** A ``prepare`` hook may rebuild a step just before it runs, from the
-  outcomes so far (the ladder applies each step's change to the last step that ran), or return
-  why it cannot run here: the step is then ``skipped`` with that reason and the campaign goes on.
-  ``on_step_start`` / ``on_step_done`` hooks let the owner publish its own view (the ladder's and
-  the tuner's ``CampaignUpdated`` event); each outcome says whether the step reused the previous step's engine.
-
-Events: everything the runner publishes, plus a ``tunebench:`` log line before each run naming
-the step and repeat.
+"""The one machinery for many runs: :class:`Campaign` runs a sequence of :class:`Step`s (a named
+configuration repeated N times) for repeats, the ladder and the tuner alike, with engine reuse
+(relaunched only when engine flags change), cold caches, recording, each step's mean and 95% CI,
+a ``prepare`` hook that builds or skips each step just before it runs, a resume point and steps
+side by side in slots of their own. The campaign model is described in docs/architecture.md
+("Campaigns"); docs/campaigns-plan.md says what is left.
 """
 
 from __future__ import annotations

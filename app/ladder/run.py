@@ -1,22 +1,8 @@
-"""Running a ladder: :class:`Ladder` drives :class:`app.campaign.Campaign` (the one machinery for
-many runs: engine reuse, cold caches, recording, one stored group) and keeps the staircase.
-
-- **Fair by construction.** One shared-prefix workload for every step (``app.ladder.spec``), each
-  level on a fresh cache salt (the runner's cold cache), each step's features verified by the
-  engine (``EngineReady.feature_checks``), and a load step verified by the batch the engine ran.
-- **Engine reuse.** The campaign's engine source relaunches only when engine flags change; each
-  row records whether its step reused the engine.
-- **Skipped, not stopped.** Just before a step runs it is built on the last step that ran and
-  judged by ``app.engines.check_config`` with this machine's hardware and the installed flags: an
-  error, or a warning on a setting the step changes (it cannot take effect here), skips it with
-  the reason; a step that fails while running is shown failed; either way the ladder goes on.
-- **Against the physics.** Each step's output tok/s is set against the planner's decode ceiling
-  at the batch the engine ran (its tokens per step, at most the concurrency): "% of limit"; a
-  figure above the ceiling is flagged as a bug, never shown as 120%.
-- **Stored as a campaign.** Every run carries ``ladder:<id>`` (and the campaign's tags); at each
-  step the whole :class:`~app.ladder.state.LadderState` is written as the campaign's state and
-  its runs as the campaign's links, with the writer's pid, so a ladder whose process died is found
-  and marked interrupted (``app.ladder.stored``).
+"""Running a ladder: :class:`Ladder` drives :class:`app.campaign.Campaign` and keeps the
+staircase: each step built on the one before and checked just before it runs (skipped, with why,
+when it cannot take effect here), verified by the engine, set against the planner's ceiling, and
+stored as a campaign. The rules ("fair by construction", "against the physics") are in
+docs/ladder.md; the campaign model in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,7 @@
-"""The ``[campaigns.ladder]`` table of a profile: a list of named steps, each a change to the
-previous one (features, load, or the checkpoint), run on one shared-prefix workload.
-
-TOML shape (the profile's own engine, features, workload and load are the starting point)::
-
-    [campaigns.ladder]
-    name = "CPU acceleration ladder"
-    gpu = "H100"                 # optional: the card the ladder is written for (checks and plans
-                                 # on a machine without it)
-    reference = "seeds"          # optional: show the seeds' figures beside the measured ones
-    repeats = 1                  # runs per step (more: each figure's mean and 95% CI)
-    [campaigns.ladder.workload]  # optional: replaces the profile's workload for every step
-    [campaigns.ladder.load]      # optional: replaces the profile's load before the first step
-
-    [[campaigns.ladder.steps]]
-    name = "baseline"
-    note = "a plain engine: one request at a time, nothing cached"
-    features = { prefix_caching = false }
-    load = { concurrency = 1 }
-
-    [[campaigns.ladder.steps]]
-    name = "+ continuous batching"
-    load = { concurrency = 16 }
-
-    [[campaigns.ladder.steps]]
-    name = "+ FP8 KV cache"
-    features = { kv_cache_dtype = "fp8" }
-    concurrency_from_kv = true   # the concurrency the freed KV memory allows (x2 from 16-bit)
-
-Step keys: ``name``, ``note``, ``features`` and ``load`` (partial tables, merged into the previous
-step's), ``model`` (another checkpoint: FP8 weights shipped as their own checkpoint),
-``concurrency_from_kv`` and ``seed_row`` (the row of the seeds' stacking table,
-``app.planner.seeds.SEED_ROWS``, whose figure is shown as the reference). A step never changes
-the workload: every step is measured on the same prompts.
-
-A profile keeps its ladder beside its run (``app.profiles.Profile``): a run configuration
-describes one run and carries no campaign.
+"""The ``[campaigns.ladder]`` table of a profile: named steps, each a change to the previous one
+(features, load, or the checkpoint), all on one shared-prefix workload; the default order after
+the seeds; and how a step's change is applied to the previous step's configuration. Its TOML
+shape, with every key, is in docs/ladder.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""Running a tune: :class:`Tuner` searches the engine configurations of a space for the one that
-yields the most output tok/s per GPU while meeting the SLO, driving :class:`app.campaign.Campaign`
-(engine reuse, cold caches, verification, recording) once per configuration.
-
-- **Pruned before launch.** Every configuration is judged by ``app.engines.check_config`` with
-  this machine's hardware and the installed engine's flags, and by the planner's memory plan
-  (``app.planner.make_plan``): one that cannot run or cannot fit is ``pruned`` with the reason
-  and never launched.
-- **Goodput per configuration.** The loads are tried lowest first on one engine (the engine
-  restarts only when its flags change); the search stops at the first load that misses the SLO
-  (``app.tuner.slo``): the highest load before it is the configuration's goodput, and the bound
-  that failed is what bound it ("TTFT p99 hit 612 ms (limit <= 500 ms) at concurrency 16").
-- **Infeasible, not fatal.** A configuration whose engine does not start (out of memory, a flag
-  this build refuses) or dies under load is recorded ``infeasible`` with the engine's diagnosis,
-  and the tune goes on.
-- **Search.** ``grid`` tries every configuration in order; ``bayes`` asks optuna's TPE sampler
-  (constraint-aware: a configuration that misses the SLO even at the lowest load is infeasible,
-  by how far) which to try next, within a budget.
-- **Resumable.** Each trial is written to the run store when it starts and when it ends
-  (``db.tune_store``); ``--resume`` keeps the completed ones and reruns only what was running.
-- **Processes.** Engines come from an :class:`~app.campaign.EngineKeeper` (own process group,
-  watchdog, registry), closed when the tune ends however it ends; nothing is killed by name.
-
-Why one module: the search loop, its resume from the store and its stopping rules
-share one state object and one cancel path; the space, the SLO judge, the state and its stored
-form are their own modules (``space``, ``slo``, ``state``, ``stored``).
+"""Running a tune: :class:`Tuner` searches a space of engine configurations for the one with the
+most output tok/s per GPU under the SLO, one :class:`app.campaign.Campaign` per configuration:
+pruned before launch, goodput per configuration (loads lowest first, stopping at the first missed
+SLO), grid or Bayesian search, infeasible configurations recorded, resumable from the store.
+One module because the search loop, its resume and its stopping rules share one state and one
+cancel path. The design is in docs/tuner.md.
 """
 
 from __future__ import annotations
