@@ -290,21 +290,7 @@ def test_a_failed_step_is_shown_and_the_ladder_goes_on_from_the_last_step_that_r
 
 
 def test_a_cancelled_ladder_says_so_and_leaves_the_rest_unrun(store: RunStore) -> None:
-    cancel = threading.Event()
-    bus = Bus()
-    sub = bus.subscribe(kinds=(CampaignUpdated,))
-
-    def cancel_on_second_step() -> None:
-        while not cancel.is_set():
-            for ev in sub.drain(timeout_s=0.05):
-                if ev.payload.state.rows[1].status == "running":  # type: ignore[union-attr]
-                    cancel.set()
-
-    watcher = threading.Thread(target=cancel_on_second_step, daemon=True)
-    watcher.start()
-    scripts = {**SCRIPTS, "batching": Script(1600, 12.0, delay_s=30.0)}
-    state, _, _ = run_ladder(store, scripts=scripts, bus=bus, cancel=cancel)
-    watcher.join(5)
+    state = _cancelled_in_its_second_step(store)
     assert state.status == "cancelled" and [r.status for r in state.rows] == ["completed", "cancelled", "pending",
                                                                               "pending"]
     assert "not run" in (state.rows[2].reason or "")
