@@ -141,7 +141,7 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
     notes = [f"workload: {state.workload}"] if state.workload else []
     for r in state.rows:
         where = f"{r.index + 1}. {r.name}"
-        if r.status in ("skipped", "failed", "cancelled", "interrupted") and r.reason:
+        if r.reason and (r.status in ("skipped", "failed", "cancelled", "interrupted") or r.built_on is not None):
             notes.append(f"{where}: {r.status}: {r.reason}")
         if r.loss:
             notes.append(f"{where}: slower than the previous step ({factor_text(r.factor_previous)}): a loss, "

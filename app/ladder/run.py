@@ -123,6 +123,7 @@ class Ladder:
         self.new_engines = new_engines
         self.machine = MachineFacts(hardware, flags, discover_flags)
         self._last_ran: RunConfig | None = None
+        self._last_index: int | None = None  # steps side by side: the step the next one is built on
         self._configs: dict[int, RunConfig] = {}
         self._lock = threading.Lock()
         self.campaign: Campaign | None = None
@@ -305,7 +306,7 @@ class Ladder:
             return row.reason
         self._configs[index] = config
         if self.max_parallel > 1:  # every step is prepared before any runs: the next builds on this one
-            self._last_ran = config
+            row.built_on, self._last_ran, self._last_index = self._last_index, config, index
         return Step(step.name, config, self.spec.repeats)
 
     def _step_started(self, index: int, step: Step) -> None:
@@ -334,8 +335,17 @@ class Ladder:
         if outcome.status == "completed":
             self._figures(row, outcome)
             self._last_ran = self._configs[index]
+        self._say_what_it_was_built_on()
         compute_factors(self.state.rows)
         self._publish(store=True)
+
+    def _say_what_it_was_built_on(self) -> None:
+        """Steps side by side: a step built on one that then did not run says so (its change
+        against the last step that ran is more than its own)."""
+        for row in self.state.rows:
+            base = None if row.built_on is None else self.state.rows[row.built_on]
+            if base is not None and base.status in ("failed", "cancelled", "interrupted") and row.status == "completed":
+                row.reason = f"built on step {base.index + 1} ({base.name}), which {base.status}"
 
     def _figures(self, row: StepRow, outcome: StepResult) -> None:
         agg = outcome.aggregate

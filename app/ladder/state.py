@@ -86,6 +86,9 @@ class StepRow(BaseModel):
     """Why there is no percentage (no plan, or a measurement above the physical ceiling: a bug)."""
     checks: list[StepCheck] = Field(default_factory=list)
     verification: Verification = "none"
+    built_on: int | None = None
+    """Steps side by side: the step (index) this one was built on, whether that one then ran or
+    not (one after another, a step is built on the last that ran)."""
     reference_tok_per_s: float | None = None
     reference_label: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
@@ -149,7 +152,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 def compute_factors(rows: list[StepRow]) -> None:
     """Factors against the baseline (the first step that ran) and the previous step that ran, for
-    output and total tok/s; a factor below 1 against the previous step is a loss."""
+    output and total tok/s; a factor below 1 against the previous step is a loss. A step built on
+    one that did not run (steps side by side) has no factor against a previous step: its change
+    against the last step that ran is more than its own."""
     baseline: StepRow | None = None
     previous: StepRow | None = None
     for row in rows:
@@ -161,6 +166,9 @@ def compute_factors(rows: list[StepRow]) -> None:
             baseline = row
         row.factor_baseline = _ratio(row.output_tok_per_s, baseline.output_tok_per_s)
         row.total_factor_baseline = _ratio(row.total_tok_per_s, baseline.total_tok_per_s)
+        if row.built_on is not None and not (0 <= row.built_on < len(rows) and rows[row.built_on].ran):
+            previous = row
+            continue
         if previous is not None:
             row.factor_previous = _ratio(row.output_tok_per_s, previous.output_tok_per_s)
             row.total_factor_previous = _ratio(row.total_tok_per_s, previous.total_tok_per_s)

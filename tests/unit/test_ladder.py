@@ -539,3 +539,21 @@ def test_steps_side_by_side_give_the_staircase_steps_one_after_another_give(stor
     stored = {s.ladder_id: s for s in list_ladders(store)}[side_by_side.ladder_id]
     assert stored.state.run_ids == side_by_side.run_ids and len(set(stored.state.run_ids)) == 4
     assert all(store.get_run(i).status == "completed" for i in stored.state.run_ids)
+
+
+def test_a_step_side_by_side_built_on_one_that_failed_says_so(store: RunStore) -> None:
+    FakeLadderRunner.scripts, FakeLadderRunner.calls = {**SCRIPTS, "FP8 KV": Script(1500, 12.0, status="failed")}, []
+    recorder = RunRecorder(Bus(), store)
+    try:
+        state = Ladder(cpu_ladder(), recorder.bus, spec=cpu_ladder_profile().ladder, profile="cpu-ladder",
+                       recorder=recorder, runner_factory=FakeLadderRunner, hardware=AVX512, discover_flags=False,
+                       max_parallel=2, new_engines=FakeEngines).run()
+    finally:
+        recorder.close()
+    assert [r.status for r in state.rows] == ["completed", "completed", "failed", "completed"]
+    assert [r.built_on for r in state.rows] == [None, 0, 1, 2]
+    last = state.rows[3]
+    assert last.config["features"]["kv_cache_dtype"] == "fp8"  # built on the failed step's change
+    assert last.reason == "built on step 3 (+ FP8 KV cache), which failed"
+    assert last.factor_baseline == pytest.approx(2000 / 400) and last.factor_previous is None and not last.loss
+    assert state.rows[1].factor_previous == pytest.approx(1600 / 400)  # built on a step that ran
