@@ -105,7 +105,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     them (never a skip)."""
     server = start_pg_server(tmp_path_factory.mktemp("postgresql"))
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

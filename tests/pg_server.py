@@ -13,17 +13,17 @@ session-scoped fixture) and isolates its tests with ``create_database()``::
 
 Running as root: ``initdb`` refuses to, so when the euid is 0 every server binary runs as the OS
 user ``postgres`` (through ``setpriv``, else ``runuser``; always an argv list, never a shell).
-``base_dir/pgdata`` is then owned by ``postgres``, and the directories above it are given the
-search bit for others (``o+x``, never read or write) where they lack it: pytest's
-``/tmp/pytest-of-root`` is 0700. Every pytest session that starts resets that directory to 0700,
-so the bit is given again before each initdb, start and stop, and initdb and start are retried
-when the server's user lost its way in meanwhile. Once started, postgres works relative to its
-data directory and no longer needs the path.
+The server's files then live in a directory of ``postgres``'s own under the system's temporary
+directory (``tunebench-pg-*``), and ``base_dir/pgdata`` and ``base_dir/postgres.log`` are links to
+them: pytest's ``/tmp/pytest-of-root`` is 0700, and every pytest session that starts resets it to
+0700, which would cut a running server's way to a data directory under it (its next checkpoint
+opens files by their absolute path, fails, and the server shuts down). ``close()`` removes that
+directory; one left by a test process that was killed is removed by the next server started.
 
 A server is never left running:
 
-- ``stop()`` is idempotent; a fixture calls it on teardown, and ``atexit`` calls it for any
-  server still running when the interpreter exits normally;
+- ``stop()`` is idempotent; a fixture calls ``close()`` (a stop, then its files removed) on
+  teardown, and ``atexit`` calls it for any server still open when the interpreter exits normally;
 - the postmaster is a direct child of the process that started it (not daemonised by
   ``pg_ctl start``), with a parent-death signal (``setpriv --pdeathsig INT``): if the test
   process dies without cleaning up (SIGKILL, a crash, SIGTERM, which skips ``atexit``) the
@@ -46,6 +46,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -203,13 +204,18 @@ class PgServer:
     user: str
     data_dir: Path
 
-    def __init__(self, *, bin_dir: Path, data_dir: Path, port: int, log_file: Path) -> None:
+    def __init__(self, *, bin_dir: Path, data_dir: Path, port: int, log_file: Path,
+                 home: Path | None = None) -> None:
         self.host = HOST
         self.port = port
         self.user = USER
         self.data_dir = data_dir
         self.bin_dir = bin_dir
         self.log_file = log_file
+        self.home = home
+        """A directory of the server's own (as root), removed by :meth:`close`."""
+        self.links: list[Path] = []
+        """The links to its files (``base_dir/pgdata``, ``base_dir/postgres.log``)."""
         self._process: subprocess.Popen[bytes] | None = None
         atexit.register(self._stop_at_exit)
 
@@ -220,7 +226,22 @@ class PgServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the server and remove the directory of its own, if it has one: its log is kept, in
+        place of the link to it."""
         self.stop()
+        if self.home is None:
+            return
+        for link in self.links:
+            if link.is_symlink():
+                target = link.resolve()
+                link.unlink()
+                if target == self.log_file and target.exists():
+                    shutil.copyfile(target, link)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home = None
 
     @property
     def running(self) -> bool:
@@ -302,7 +323,7 @@ class PgServer:
 
     def _stop_at_exit(self) -> None:
         try:
-            self.stop("fast")
+            self.close()
         except Exception:  # at exit there is nobody left to tell
             if self._process is not None and self._process.poll() is None:
                 self._process.kill()
@@ -386,17 +407,54 @@ class PgServer:
             return f"(log unreadable: {exc})"
 
 
+HOME_PREFIX: Final = "tunebench-pg-"
+OWNER_FILE: Final = "owner-pid"
+
+
+def _own_home(base_dir: Path) -> Path:
+    """As root: a directory of the server's OS user for its files, outside pytest's temporary root
+    (see the module's note), linked from ``base_dir``; first, those of killed test processes go."""
+    _remove_orphaned_homes()
+    account = _server_account()
+    home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
+    (home / OWNER_FILE).write_text(f"{os.getpid()}\n")
+    os.chown(home, account.pw_uid, account.pw_gid)
+    (base_dir / "pgdata").symlink_to(home / "pgdata")
+    (base_dir / "postgres.log").symlink_to(home / "postgres.log")
+    return home
+
+
+def _remove_orphaned_homes() -> None:
+    """Server directories whose test process is gone (killed before it could close its server)."""
+    for home in Path(tempfile.gettempdir()).glob(HOME_PREFIX + "*"):
+        try:
+            owner = int((home / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(owner, 0)
+            continue  # its test process still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        if not (home / "pgdata" / "postmaster.pid").exists():  # a server that outlived it keeps its files
+            shutil.rmtree(home, ignore_errors=True)
+
+
 def start_pg_server(base_dir: Path) -> PgServer:
-    """initdb into ``base_dir/pgdata`` (which must not exist yet) and start a server on a free
-    127.0.0.1 port (a new port on a clash). ``base_dir/postgres.log`` is the server's log.
+    """initdb into ``base_dir/pgdata`` (which must not exist yet; as root, a link to the server's
+    own directory) and start a server on a free 127.0.0.1 port (a new port on a clash).
+    ``base_dir/postgres.log`` is the server's log.
     Raises ``PgServerMissing`` when the binaries are not installed."""
     bin_dir = find_pg_bin_dir()
     base_dir = base_dir.resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
-    data_dir = base_dir / "pgdata"
-    log_file = base_dir / "postgres.log"
-    if data_dir.exists():
-        raise FileExistsError(f"{data_dir} exists: one server per base_dir")
+    if (base_dir / "pgdata").exists() or (base_dir / "pgdata").is_symlink():
+        raise FileExistsError(f"{base_dir / 'pgdata'} exists: one server per base_dir")
+    home = _own_home(base_dir) if _running_as_root() else None
+    data_dir = (home or base_dir) / "pgdata"
+    log_file = (home or base_dir) / "postgres.log"
     initdb = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", USER, "-A", "trust", "--no-sync",
               "--encoding=UTF8", "--locale=C", "--no-instructions"]
     for attempt in range(_ACCESS_ATTEMPTS):
@@ -405,7 +463,7 @@ def start_pg_server(base_dir: Path) -> PgServer:
         if _running_as_root():
             account = _server_account()
             os.chown(data_dir, account.pw_uid, account.pw_gid)
-        _let_server_user_reach(base_dir)
+        _let_server_user_reach(data_dir.parent)
         result = subprocess.run(
             _as_server_user(initdb), capture_output=True, text=True, cwd="/", env=_server_env(), check=False
         )
@@ -414,7 +472,9 @@ def start_pg_server(base_dir: Path) -> PgServer:
             break
         if _NO_ACCESS not in output or attempt == _ACCESS_ATTEMPTS - 1:
             raise RuntimeError(f"initdb failed ({result.returncode}):\n{output}")
-    server = PgServer(bin_dir=bin_dir, data_dir=data_dir, port=_free_port(), log_file=log_file)
+    server = PgServer(bin_dir=bin_dir, data_dir=data_dir, port=_free_port(), log_file=log_file, home=home)
+    if home is not None:
+        server.links = [base_dir / "pgdata", base_dir / "postgres.log"]
     for attempt in range(_PORT_ATTEMPTS):
         try:
             server.start()

@@ -70,7 +70,7 @@ def test_no_consumer_words_a_check_itself() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for rel in ("app/cli/engine_cmds.py", "app/cli/run_cmds.py", "app/gui/main_window.py"):
+    for rel in ("app/cli/engine_cmds.py", "app/cli/run_cmds.py", "app/gui/live_tab.py"):
         text = (root / rel).read_text()
         assert '"NOT ACTIVE"' not in text and '"NOT active"' not in text and "not confirmed" not in text, rel
         assert "feature_check_line" in text or "feature_status_text" in text, rel

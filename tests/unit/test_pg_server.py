@@ -30,7 +30,7 @@ def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 def _listening_addresses(port: int) -> list[str]:
@@ -97,11 +97,17 @@ def test_listens_on_127_0_0_1_only(pg: PgServer) -> None:
     assert _listening_addresses(pg.port) == ["127.0.0.1"]
 
 
-def test_stop_refuses_connections_and_start_keeps_the_data(pg: PgServer) -> None:
+def test_stop_refuses_connections_and_start_keeps_the_data(pg: PgServer,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     url = pg.create_database()
     database = url.rsplit("/", 1)[1]
     pg.psql("create table kept(v text); insert into kept values ('before the stop')", database)
     port, pid = pg.port, pg.pid
+    pytest_root = tmp_path_factory.getbasetemp().parent
+    if os.geteuid() == 0:  # as another pytest session does to /tmp/pytest-of-root when it starts
+        pytest_root.chmod(stat.S_IMODE(pytest_root.stat().st_mode) & ~stat.S_IXOTH)
+        assert pytest_root not in pg.data_dir.resolve().parents  # the server's files are elsewhere
+    assert pg.psql("checkpoint; select v from kept", database) == "before the stop"  # it opens them by path
 
     pg.stop()
     assert not pg.running and pg.pid is None
@@ -110,9 +116,6 @@ def test_stop_refuses_connections_and_start_keeps_the_data(pg: PgServer) -> None
         psycopg.connect(host=pg.host, port=port, user="tb", dbname=database, connect_timeout=2)
     pg.stop()  # idempotent
 
-    if os.geteuid() == 0:  # as another pytest session does to /tmp/pytest-of-root when it starts
-        above = pg.data_dir.parent.parent
-        above.chmod(stat.S_IMODE(above.stat().st_mode) & ~stat.S_IXOTH)
     pg.start()
     assert pg.running and pg.port == port and pg.pid != pid
     assert pg.psql("select v from kept", database) == "before the stop"
