@@ -216,7 +216,8 @@ class EngineProcess:
         self.features = features
         self.adapter: EngineAdapter = adapter or get_adapter(engine.kind)
         self.on_log, self.on_phase, self.on_exit = on_log, on_phase, on_exit
-        self.api_key: str | None = secrets.token_urlsafe(24) if engine.require_api_key else None
+        # hex: a key never starts with "-", which a command line (`--api-key KEY`) takes for an option
+        self.api_key: str | None = secrets.token_hex(24) if engine.require_api_key else None
         self.port = engine.port
         self.argv: list[str] = []
         self.env_added: dict[str, str] = {}
