@@ -181,6 +181,25 @@ class RunnerLike(Protocol):
     def run(self, cancel: threading.Event | None = None) -> RunResult: ...
 
 
+class RemoteSlot(Protocol):
+    """A place on a cluster where one step at a time runs (``app.fleet``): its runs run there, and
+    their events come back to the slot's bus."""
+
+    def runner(self, config: RunConfig, bus: Bus, *, telemetry: bool) -> RunnerLike: ...
+
+    def requeue(self, run: RunResult) -> bool:
+        """Whether an interrupted run runs again (its node was lost: once, elsewhere)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Fleet(Protocol):
+    """Hands out slots on a cluster; a campaign given one launches nothing on this machine."""
+
+    def new_slot(self) -> RemoteSlot: ...
+
+
 class Recorder(Protocol):
     """What the campaign needs of ``app.recording.RunRecorder``."""
 
@@ -199,6 +218,7 @@ class _Slot:
     engines: EngineSource | None
     recorder: Recorder | None
     last_engine: EngineProcess | None = None
+    remote: RemoteSlot | None = None
 
 
 def result_figures(result: RunResult) -> dict[str, float]:
@@ -229,7 +249,8 @@ class Campaign:
                  runner_factory: Callable[..., RunnerLike] = Runner, prepare: Prepare | None = None,
                  on_step_start: Callable[[int, Step], None] | None = None,
                  on_step_done: Callable[[int, StepResult], None] | None = None,
-                 extra_tags: Sequence[str] = (), new_engines: Callable[[], EngineSource] | None = None) -> None:
+                 extra_tags: Sequence[str] = (), new_engines: Callable[[], EngineSource] | None = None,
+                 fleet: Fleet | None = None) -> None:
         if not steps:
             raise UserError("a campaign needs at least one step")
         for step in steps:
@@ -239,7 +260,9 @@ class Campaign:
         self.bus = bus
         self.endpoint = endpoint
         self.api_key = api_key
-        self._own_keeper = engines is None and endpoint is None
+        self.fleet = fleet
+        """Where steps run when not on this machine: each slot is a placement on a cluster."""
+        self._own_keeper = engines is None and endpoint is None and fleet is None
         self.engines: EngineSource | None = EngineKeeper() if self._own_keeper else engines
         self.recorder = recorder
         self.telemetry = telemetry
@@ -296,7 +319,16 @@ class Campaign:
                 self.on_step_done(index, outcome)
 
     def _run_in_order(self, cancel: threading.Event, start_at: int, result: CampaignResult) -> None:
-        slot = _Slot(self.bus, self.engines, self.recorder)
+        slot = _Slot(self.bus, self.engines, self.recorder,
+                     remote=self.fleet.new_slot() if self.fleet is not None and self.endpoint is None else None)
+        try:
+            self._run_steps_in_order(cancel, start_at, result, slot)
+        finally:
+            if slot.remote is not None:
+                slot.remote.close()
+
+    def _run_steps_in_order(self, cancel: threading.Event, start_at: int, result: CampaignResult,
+                            slot: _Slot) -> None:
         for index, step in enumerate(self.steps):
             if index < start_at:
                 continue
@@ -356,17 +388,22 @@ class Campaign:
             result.status, result.reason = "failed", failed.reason
 
     def _new_slot(self) -> _Slot:
-        """A slot of its own: a bus, engines from ``new_engines``, and a recorder into the same store."""
+        """A slot of its own: a bus, engines from ``new_engines`` (or a placement of the fleet),
+        and a recorder into the same store."""
         bus = Bus()
         recorder: Recorder | None = None
         if self.recorder is not None:
             from app.recording import RunRecorder
 
             recorder = RunRecorder(bus, self.recorder.store)
-        return _Slot(bus, None if self.endpoint is not None else self.new_engines(), recorder)
+        if self.endpoint is not None:
+            return _Slot(bus, None, recorder)
+        if self.fleet is not None:
+            return _Slot(bus, None, recorder, remote=self.fleet.new_slot())
+        return _Slot(bus, self.new_engines(), recorder)
 
     def _close_slot(self, slot: _Slot) -> None:
-        for part in (slot.engines, slot.recorder):
+        for part in (slot.remote, slot.engines, slot.recorder):
             close = getattr(part, "close", None)
             if close is not None:
                 close()
@@ -390,41 +427,60 @@ class Campaign:
         except UserError as exc:
             out.status, out.reason = "failed", str(exc)
             return out
-        for i in range(step.repeats):
+        i = 0
+        while i < step.repeats:
             if cancel.is_set():
                 out.status, out.reason = "cancelled", "cancelled"
                 break
             config = self._config(step, out.repeat_tag, i)
             slot.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
                                        f"'{step.name}': run {i + 1} of {step.repeats}"))
-            engine = None
-            if self.endpoint is None and slot.engines is not None:
+            if slot.remote is not None:
                 try:
-                    engine = slot.engines.engine_for(config, slot.bus, cancel)
+                    run = self._run_once(slot.remote.runner(config, slot.bus, telemetry=self.telemetry), cancel, slot,
+                                         out)
                 except (EngineFailed, UserError) as exc:
                     out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
-                    slot.last_engine = None
                     break
-                if i == 0:
-                    out.engine_reused = engine is slot.last_engine
-                slot.last_engine = engine
-            recorder = slot.recorder
-            known = len(recorder.recorded) if recorder is not None else 0
-            runner = self.runner_factory(config, slot.bus, endpoint=self.endpoint, api_key=self.api_key,
-                                         engine=engine, telemetry=self.telemetry)
-            run = runner.run(cancel)
-            out.runs.append(run)
-            if recorder is not None:
-                recorder.flush()
-                out.stored_ids.extend(recorder.recorded[known:])
-                check = getattr(recorder, "check_stored", None)
-                if check is not None:
-                    check(run)  # a run whose data could not all be stored is not "completed"
+                if run.status == "interrupted" and not cancel.is_set() and slot.remote.requeue(run):
+                    slot.bus.emit(LogLine.note(f"{run.reason}: run {i + 1} of '{step.name}' runs again elsewhere"))
+                    continue
+            else:
+                engine = None
+                if self.endpoint is None and slot.engines is not None:
+                    try:
+                        engine = slot.engines.engine_for(config, slot.bus, cancel)
+                    except (EngineFailed, UserError) as exc:
+                        out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
+                        slot.last_engine = None
+                        break
+                    if i == 0:
+                        out.engine_reused = engine is slot.last_engine
+                    slot.last_engine = engine
+                run = self._run_once(self.runner_factory(config, slot.bus, endpoint=self.endpoint, api_key=self.api_key,
+                                                         engine=engine, telemetry=self.telemetry), cancel, slot, out)
+            i += 1
             if run.status != "completed":
                 out.status, out.reason = ("cancelled" if run.status == "cancelled" else "failed"), run.reason
                 break
         self._aggregate(out)
         return out
+
+    @staticmethod
+    def _run_once(runner: RunnerLike, cancel: threading.Event, slot: _Slot, out: StepResult) -> RunResult:
+        """One run, recorded: its stored id joins the step's, and a run whose data could not all be
+        stored is not "completed"."""
+        recorder = slot.recorder
+        known = len(recorder.recorded) if recorder is not None else 0
+        run = runner.run(cancel)
+        out.runs.append(run)
+        if recorder is not None:
+            recorder.flush()
+            out.stored_ids.extend(recorder.recorded[known:])
+            check = getattr(recorder, "check_stored", None)
+            if check is not None:
+                check(run)
+        return run
 
     def _aggregate(self, out: StepResult) -> None:
         """Mean and CI per figure over the step's completed runs; stored into each run's summary."""

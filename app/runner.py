@@ -177,8 +177,10 @@ class Runner:
 
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
-                 gpu_metrics_url: str | None = None) -> None:
+                 gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.node = dict(node) if node else None
+        """Which cluster node the run ran on (``app.fleet``): stored with its hardware."""
         self.bus = bus
         self.endpoint = check_endpoint(endpoint)
         # A DCGM exporter's /metrics: GPU telemetry from the machine the engine runs on.
@@ -278,6 +280,8 @@ class Runner:
     def _prepare_engine(self, cancel: threading.Event) -> tuple[str, dict[str, str]]:
         r = self.result
         r.hardware = probe_hardware().model_dump(mode="json")
+        if self.node is not None:
+            r.hardware["node"] = self.node
         if self.endpoint is not None:
             return self._attach(self.endpoint)
         engine = self.engine

@@ -1,0 +1,210 @@
+"""A Ray cluster as tunebench sees it: connecting with Ray's own address forms, what each node
+has and runs, and whether the nodes run the driver's code. ``app.fleet`` is the only package that
+imports ``ray``; a run without ``--cluster`` never imports it (docs/fleet.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import platform
+import socket
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from app.errors import UserError
+
+NAMESPACE = "tunebench"
+ADDRESS_ENV = "RAY_ADDRESS"
+"""Ray's own variable: ``--cluster`` without an address (or ``auto``) reads it, as ``ray.init`` does."""
+REACH_TIMEOUT_S = 3.0
+"""How long a ``HOST:PORT`` address gets to accept a TCP connection before it is called unreachable."""
+NODE_REPORT_TIMEOUT_S = 60.0
+_CODE_PACKAGES = ("app", "engine_adapters", "db")
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """This installation's tunebench: its package version and a digest of its Python sources, so
+    a node with other code is told apart even when the version number is the same."""
+    try:
+        version = importlib.metadata.version("tunebench")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[2]
+    for package in _CODE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return f"{version}+{digest.hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node says of itself, from a task that runs there."""
+
+    node_id: str
+    hostname: str
+    tunebench: str
+    python: str
+    ray: str
+    gpu_models: list[str] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
+    driver_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def node_report() -> NodeReport:
+    """Runs on a node (a Ray task): its own facts."""
+    import ray
+
+    from engine_adapters.hardware import probe_hardware
+
+    hardware = probe_hardware()
+    return NodeReport(node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
+                      tunebench=code_version(), python=platform.python_version(), ray=ray.__version__,
+                      gpu_models=[g.name for g in hardware.gpus], gpu_uuids=[g.uuid for g in hardware.gpus],
+                      driver_version=hardware.driver_version)
+
+
+@dataclass
+class NodeView:
+    """One node of the cluster: Ray's view of its resources, and its own report when alive."""
+
+    node_id: str
+    address: str
+    alive: bool
+    total: dict[str, float]
+    free: dict[str, float]
+    report: NodeReport | None = None
+
+    @property
+    def label(self) -> str:
+        """How the CLI and the GUI name the node: its host name and the start of Ray's id (nodes on
+        one host, as in a test cluster, differ by the id)."""
+        host = self.report.hostname if self.report is not None else self.address
+        return f"{host}/{self.node_id[:8]}"
+
+    @property
+    def custom_resources(self) -> dict[str, float]:
+        return {k: v for k, v in self.total.items() if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                and not k.startswith(("node:", "accelerator_type:"))}
+
+
+def cluster_address(address: str | None) -> str:
+    """The address to connect to: the one given, else ``RAY_ADDRESS``, else ``auto`` (Ray's forms:
+    ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
+    chosen = (address or "").strip() or os.environ.get(ADDRESS_ENV, "").strip() or "auto"
+    if chosen == "auto" and os.environ.get(ADDRESS_ENV, "").strip():
+        chosen = os.environ[ADDRESS_ENV].strip()
+    return chosen
+
+
+def _check_reachable(address: str) -> None:
+    """A ``HOST:PORT`` or ``ray://HOST:PORT`` that accepts no TCP connection is refused in one
+    line now, not after Ray's own minute of retries."""
+    target = address.removeprefix("ray://")
+    if address == "auto" or ":" not in target:
+        return
+    host, _, port_text = target.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UserError(f"cluster address '{address}': the port must be a number (Ray's forms: auto, HOST:PORT, "
+                        "ray://HOST:PORT)") from None
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=REACH_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+
+
+def connect(address: str | None) -> str:
+    """Connect this process to the cluster (once; a second call with the same address is a no-op).
+    Returns the address used. Every failure is one line (a UserError)."""
+    import ray
+
+    chosen = cluster_address(address)
+    if ray.is_initialized():
+        return chosen
+    _check_reachable(chosen)
+    try:
+        ray.init(address=chosen, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot connect to the Ray cluster at {chosen}: {first}") from None
+    return chosen
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def nodes(reports: bool = True) -> list[NodeView]:
+    """Every node Ray knows (dead ones too), with each live node's report when ``reports``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    free_by_node = _free_by_node()
+    views = [NodeView(node_id=n["NodeID"], address=n.get("NodeManagerAddress", ""), alive=bool(n.get("Alive")),
+                      total={k: float(v) for k, v in (n.get("Resources") or {}).items()},
+                      free=free_by_node.get(n["NodeID"], {}))
+             for n in ray.nodes()]
+    if reports:
+        remote = ray.remote(num_cpus=0)(node_report)
+        pending = {v.node_id: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(v.node_id, soft=False))
+                   .remote() for v in views if v.alive}
+        for view in views:
+            ref = pending.get(view.node_id)
+            if ref is None:
+                continue
+            try:
+                view.report = ray.get(ref, timeout=NODE_REPORT_TIMEOUT_S)
+            except Exception:  # a node that dies or cannot run the task has no report; status says so
+                view.report = None
+    return sorted(views, key=lambda v: (not v.alive, v.address, v.node_id))
+
+
+def _free_by_node() -> dict[str, dict[str, float]]:
+    """Free resources per node, from Ray's state API (empty when it is not available)."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return {node_id: {k: float(v) for k, v in free.items()}
+                for node_id, free in available_resources_per_node().items()}
+    except Exception:
+        return {}
+
+
+def mismatches(views: list[NodeView], driver: str | None = None) -> list[str]:
+    """One line per live node whose tunebench, Python or Ray differs from the driver's."""
+    import ray
+
+    driver = driver or code_version()
+    here_python = platform.python_version()
+    lines = []
+    for view in views:
+        if not view.alive:
+            continue
+        report = view.report
+        if report is None:
+            lines.append(f"node {view.label}: did not report (is tunebench installed there?)")
+            continue
+        if report.tunebench != driver:
+            lines.append(f"node {view.label}: tunebench {report.tunebench}, the driver runs {driver}")
+        if report.python.rsplit(".", 1)[0] != here_python.rsplit(".", 1)[0]:
+            lines.append(f"node {view.label}: Python {report.python}, the driver runs {here_python}")
+        if report.ray != ray.__version__:
+            lines.append(f"node {view.label}: Ray {report.ray}, the driver runs {ray.__version__}")
+    return lines
+

@@ -1,0 +1,295 @@
+"""One trial is one placement: a placement group sized for the configuration, an actor in it
+that starts the engine with the local launcher and drives the client beside it, and a streaming
+generator that brings the run's bus items back to the driver in batches. The driver republishes
+them on the slot's bus, where the recorder stores them as a local run's (docs/fleet.md)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.bus import Bus, Event, Item
+from app.campaign import EngineKeeper, RunnerLike
+from app.config import RunConfig
+from app.errors import EngineFailed, UserError
+from app.events import LogLine, RunFinished, RunStarted
+from app.runner import Runner, RunResult
+from engine_adapters.runtimes import is_cpu_build
+
+BATCH_INTERVAL_S = 0.1
+"""A worker sends what its bus published at least this often (never one remote call per item)."""
+MAX_BATCH_ITEMS = 2_000
+PLACEMENT_POLL_S = 0.5
+NODE_LOST = "node {label} lost"
+"""The reason of a run whose node (or actor) went away: the trial runs again once, elsewhere."""
+CPU_ENGINE_CORES = 1
+"""Cores a trial of a CPU engine asks Ray for, beside the client's core."""
+CLIENT_CORES = 1
+
+
+def trial_resources(config: RunConfig) -> dict[str, float]:
+    """What one trial of ``config`` asks Ray for, on one node: its GPUs (``Features.gpu_count``)
+    and a core for the client; for a CPU engine, its cores and the client's."""
+    if is_cpu_build(config.engine.runtime):
+        return {"CPU": float(CPU_ENGINE_CORES + CLIENT_CORES)}
+    return {"GPU": float(config.features.gpu_count), "CPU": float(CLIENT_CORES)}
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a slot's trial runs, as the driver and the stored run name it."""
+
+    node_id: str
+    hostname: str
+    gpu_ids: list[str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.hostname}/{self.node_id[:8]}"
+
+    def record(self) -> dict[str, Any]:
+        return {"ray_node_id": self.node_id, "hostname": self.hostname, "label": self.label,
+                "gpu_ids": list(self.gpu_ids)}
+
+
+class TrialWorker:
+    """The actor of one slot's trials on its node (created through ``ray.remote`` by
+    :class:`RaySlot`). It keeps its engine between runs whose engine flags are equal, as a local
+    campaign does; when the actor dies, the engine's watchdog stops the engine."""
+
+    def __init__(self) -> None:
+        self._keeper = EngineKeeper()
+        self._cancel = threading.Event()
+
+    def where(self) -> Placed:
+        import ray
+
+        context = ray.get_runtime_context()
+        return Placed(node_id=context.get_node_id(), hostname=socket.gethostname(),
+                      gpu_ids=[str(g) for g in ray.get_gpu_ids()])
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def close(self) -> None:
+        self._keeper.close()
+
+    def run(self, config: RunConfig, telemetry: bool, node: dict[str, Any],
+            batch_interval_s: float = BATCH_INTERVAL_S, max_batch: int = MAX_BATCH_ITEMS) -> Iterator[Any]:
+        """Yields lists of bus items as the run publishes them, then the ``RunResult`` (or a str:
+        why the engine did not start)."""
+        cancel = self._cancel = threading.Event()
+        bus = Bus()
+        mailbox = bus.subscribe(maxlen=10_000_000)
+        outcome: queue.Queue[RunResult | str | BaseException] = queue.Queue()
+
+        def work() -> None:
+            try:
+                engine = self._keeper.engine_for(config, bus, cancel)
+            except (EngineFailed, UserError) as exc:
+                outcome.put("cancelled" if cancel.is_set() else f"engine: {exc}")
+                return
+            except BaseException as exc:
+                outcome.put(exc)
+                return
+            try:
+                outcome.put(Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel))
+            except BaseException as exc:
+                outcome.put(exc)
+
+        thread = threading.Thread(target=work, name="trial-run", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            batch = mailbox.drain(max_batch, timeout_s=batch_interval_s)
+            if batch:
+                yield batch
+        while batch := mailbox.drain(max_batch):
+            yield batch
+        result = outcome.get()
+        if isinstance(result, BaseException):
+            raise result
+        yield result
+
+
+class RemoteRun:
+    """A run on the slot's actor, seen from the driver: it republishes the streamed items on the
+    driver's bus and returns the run's result. A lost node ends it ``interrupted``."""
+
+    def __init__(self, slot: RaySlot, config: RunConfig, bus: Bus, telemetry: bool) -> None:
+        self.slot, self.config, self.bus, self.telemetry = slot, config, bus, telemetry
+
+    def run(self, cancel: threading.Event | None = None) -> RunResult:
+        import ray
+
+        cancel = cancel or threading.Event()
+        actor, placed = self.slot.place(self.config, cancel)
+        config = self.config.model_copy(update={"tags": [*self.config.tags, f"node:{placed.label}"]})
+        self.bus.emit(LogLine.note(f"'{config.name}' runs on node {placed.label}"
+                                   + (f" (GPUs {', '.join(placed.gpu_ids)})" if placed.gpu_ids else "")))
+        stream = actor.run.options(num_returns="streaming").remote(config, self.telemetry, placed.record())
+        done = threading.Event()
+
+        def forward_cancel() -> None:
+            while not done.wait(0.2):
+                if cancel.is_set():
+                    try:
+                        actor.cancel.remote()
+                    except Exception:  # the actor is gone already: nothing to cancel
+                        pass
+                    return
+
+        threading.Thread(target=forward_cancel, name="trial-cancel", daemon=True).start()
+        run_id: str | None = None
+        try:
+            for ref in stream:
+                part = ray.get(ref)
+                if isinstance(part, list):
+                    for item in part:
+                        if isinstance(item, Event) and isinstance(item.payload, RunStarted):
+                            run_id = item.payload.run_id
+                        self.bus.publish(item)
+                    continue
+                if isinstance(part, str):
+                    raise (UserError("cancelled") if part == "cancelled" else EngineFailed(part.removeprefix("engine: ")))
+                return part
+        except ray.exceptions.RayActorError:
+            self.slot.lost(actor)
+            return self._interrupted(config, run_id, NODE_LOST.format(label=placed.label))
+        finally:
+            done.set()
+        raise UserError(f"the trial on node {placed.label} ended without a result")
+
+    def _interrupted(self, config: RunConfig, run_id: str | None, reason: str) -> RunResult:
+        """The run's end as the driver saw it: stored ``interrupted`` (when it had started), and a
+        result saying why."""
+        ended = time.time()
+        if run_id is not None:
+            self.bus.emit(RunFinished(run_id=run_id, status="interrupted", reason=reason, ended_wall_s=ended))
+        return RunResult(run_id=run_id or "", name=config.name, config=config, status="interrupted", reason=reason,
+                         started_wall_s=ended, ended_wall_s=ended)
+
+
+class RaySlot:
+    """One slot of a campaign on the cluster: a placement group and its actor, made for the
+    configuration that runs (again when the next one needs other resources) and released on
+    :meth:`close`. Ray queues a placement group until a node has room: no scheduler of ours."""
+
+    def __init__(self, fleet: RayFleet) -> None:
+        self.fleet = fleet
+        self._group: Any = None
+        self._actor: Any = None
+        self._placed: Placed | None = None
+        self._resources: dict[str, float] | None = None
+        self._requeued: set[str] = set()
+
+    def runner(self, config: RunConfig, bus: Bus, *, telemetry: bool) -> RunnerLike:
+        return RemoteRun(self, config, bus, telemetry)
+
+    def place(self, config: RunConfig, cancel: threading.Event) -> tuple[Any, Placed]:
+        """The actor for ``config``: the current one when its resources fit, else a new placement."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        wanted = {**trial_resources(config), **self.fleet.extra_resources}
+        if self._actor is not None and self._resources == wanted and self._placed is not None:
+            return self._actor, self._placed
+        self.close()
+        self.fleet.check_fits(wanted)
+        group = placement_group([wanted], strategy="STRICT_PACK")
+        self._group = group
+        ready = group.ready()
+        while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
+            if cancel.is_set():
+                self.close()
+                raise UserError("cancelled")
+        gpus = wanted.get("GPU", 0.0)
+        worker = ray.remote(TrialWorker).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+            num_cpus=wanted.get("CPU", 0.0), num_gpus=gpus,
+            resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
+            max_concurrency=2, max_restarts=0)
+        actor = worker.remote()
+        try:
+            placed = ray.get(actor.where.remote())
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            raise UserError(f"the trial's worker did not start: {str(exc).splitlines()[0]}") from None
+        self._actor, self._placed, self._resources = actor, placed, wanted
+        return actor, placed
+
+    def lost(self, actor: Any) -> None:
+        if actor is self._actor:
+            self._actor, self._placed = None, None
+            self.close()
+
+    def requeue(self, run: RunResult) -> bool:
+        """A run whose node was lost runs again once (its placement goes: Ray places the next one
+        on a node that is alive)."""
+        key = run.config.name + "|" + ",".join(t for t in run.config.tags if not t.startswith("node:"))
+        if not (run.reason or "").startswith("node ") or key in self._requeued:
+            return False
+        self._requeued.add(key)
+        self.close()
+        return True
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        actor, group = self._actor, self._group
+        self._actor, self._group, self._placed, self._resources = None, None, None, None
+        if actor is not None:
+            try:
+                ray.get(actor.close.remote(), timeout=30)
+            except Exception:  # gone with its node, or stuck: killing it stops the engine (watchdog)
+                pass
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+        if group is not None:
+            try:
+                remove_placement_group(group)
+            except Exception:
+                pass
+
+
+class RayFleet:
+    """Slots on a connected cluster (``app.fleet.cluster.connect`` first)."""
+
+    def __init__(self, extra_resources: dict[str, float] | None = None) -> None:
+        self.extra_resources = dict(extra_resources or {})
+        """Resources every trial also asks for (a custom resource keeps trials on chosen nodes)."""
+
+    def new_slot(self) -> RaySlot:
+        return RaySlot(self)
+
+    def check_fits(self, wanted: dict[str, float]) -> None:
+        """A trial no live node could ever hold is refused in one line, instead of waiting forever."""
+        from app.fleet.cluster import nodes
+
+        live = [v for v in nodes(reports=False) if v.alive]
+        if any(all(v.total.get(k, 0.0) >= amount for k, amount in wanted.items()) for v in live):
+            return
+        need = ", ".join(f"{k} {amount:g}" for k, amount in sorted(wanted.items()))
+        raise UserError(f"no node of the cluster can hold a trial that needs {need} on one node "
+                        f"({len(live)} live node{'s' if len(live) != 1 else ''})")
+
+    def default_parallel(self, config: RunConfig) -> int:
+        """How many trials of ``config`` the cluster's free resources hold at once (at least 1)."""
+        from app.fleet.cluster import nodes
+
+        wanted = {**trial_resources(config), **self.extra_resources}
+        total = 0
+        for view in nodes(reports=False):
+            if not view.alive:
+                continue
+            fits = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in wanted.items() if amount > 0]
+            total += min(fits) if fits else 0
+        return max(1, total)
