@@ -80,6 +80,13 @@ class Bus:
             self._subs = [*self._subs, sub]
         return sub
 
+    def attach(self, sub: Subscription) -> None:
+        """Feed an existing subscription from this bus too: one face (the CLI's console) follows
+        the buses of a campaign's slots through one mailbox."""
+        with self._lock:
+            if sub not in self._subs:
+                self._subs = [*self._subs, sub]
+
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
             self._subs = [s for s in self._subs if s is not sub]

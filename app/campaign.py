@@ -250,7 +250,7 @@ class Campaign:
                  on_step_start: Callable[[int, Step], None] | None = None,
                  on_step_done: Callable[[int, StepResult], None] | None = None,
                  extra_tags: Sequence[str] = (), new_engines: Callable[[], EngineSource] | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, on_slot_bus: Callable[[Bus], None] | None = None) -> None:
         if not steps:
             raise UserError("a campaign needs at least one step")
         for step in steps:
@@ -262,6 +262,8 @@ class Campaign:
         self.api_key = api_key
         self.fleet = fleet
         """Where steps run when not on this machine: each slot is a placement on a cluster."""
+        self.on_slot_bus = on_slot_bus
+        """Called with each side-by-side slot's bus as it opens, so a face can follow it."""
         self._own_keeper = engines is None and endpoint is None and fleet is None
         self.engines: EngineSource | None = EngineKeeper() if self._own_keeper else engines
         self.recorder = recorder
@@ -350,9 +352,13 @@ class Campaign:
     def _run_side_by_side(self, cancel: threading.Event, start_at: int, max_parallel: int,
                           result: CampaignResult) -> None:
         """Every step prepared first, in order; then up to ``max_parallel`` slots take the next
-        ready step until none is left. The outcomes come back in step order."""
-        ready = deque((index, prepared) for index, step in enumerate(self.steps) if index >= start_at
-                      and (prepared := self._prepared(index, step, result)) is not None)
+        ready run (a step's repeats spread over the slots too) until none is left. A step is done
+        when its last run is; the outcomes come back in step order."""
+        prepared = [(index, ready_step) for index, step in enumerate(self.steps) if index >= start_at
+                    and (ready_step := self._prepared(index, step, result)) is not None]
+        ready = deque((index, step, i) for index, step in prepared for i in range(step.repeats))
+        parts: dict[int, list[tuple[int, StepResult]]] = {index: [] for index, _ in prepared}
+        started: set[int] = set()
         taking = threading.Lock()
         stop = threading.Event()
 
@@ -363,13 +369,21 @@ class Campaign:
                     with taking:
                         if not ready:
                             return
-                        index, step = ready.popleft()
+                        index, step, repeat = ready.popleft()
+                        first = index not in started
+                        started.add(index)
                     self.bus.emit(LogLine.note(f"campaign {self.campaign_id}: step {index + 1}/{len(self.steps)} "
-                                               f"'{step.name}' runs in slot {number + 1}"))
-                    self._started(index, step)
-                    outcome = self._run_step(index, step, cancel, slot)
-                    self._done(index, outcome, result)
-                    if outcome.status == "failed" and self.stop_on_failure:
+                                               f"'{step.name}'" + (f" run {repeat + 1}" if step.repeats > 1 else "")
+                                               + f" runs in slot {number + 1}"))
+                    if first:
+                        self._started(index, step)
+                    part = self._run_step(index, step, cancel, slot, only_repeat=repeat)
+                    with taking:
+                        parts[index].append((repeat, part))
+                        last = len(parts[index]) == step.repeats
+                    if last:
+                        self._done(index, self._merged(index, step, parts[index], cancel), result)
+                    if part.status == "failed" and self.stop_on_failure:
                         stop.set()
             finally:
                 self._close_slot(slot)
@@ -380,6 +394,9 @@ class Campaign:
             thread.start()
         for thread in slots:
             thread.join()
+        for index, step in prepared:  # steps that began but could not finish every run
+            if parts[index] and len(parts[index]) < step.repeats:
+                self._done(index, self._merged(index, step, parts[index], cancel), result)
         result.steps.sort(key=lambda s: s.index)
         failed = next((s for s in result.steps if s.status == "failed"), None)
         if cancel.is_set():
@@ -387,10 +404,29 @@ class Campaign:
         elif failed is not None:
             result.status, result.reason = "failed", failed.reason
 
+    def _merged(self, index: int, step: Step, numbered: list[tuple[int, StepResult]],
+                cancel: threading.Event) -> StepResult:
+        """One step's outcome from its runs (by repeat number), which ran in different slots."""
+        out = StepResult(step, self._repeat_tag(index), index)
+        parts = [part for _, part in sorted(numbered, key=lambda pair: pair[0])]
+        for part in parts:
+            out.runs.extend(part.runs)
+            out.stored_ids.extend(part.stored_ids)
+        failed = next((p for p in parts if p.status == "failed"), None)
+        if failed is not None:
+            out.status, out.reason = "failed", failed.reason
+        elif any(p.status == "cancelled" for p in parts) or len(parts) < step.repeats:
+            out.status, out.reason = "cancelled", "cancelled" if cancel.is_set() else "not every run could run"
+        out.engine_reused = parts[0].engine_reused if len(parts) == 1 else None
+        self._aggregate(out)
+        return out
+
     def _new_slot(self) -> _Slot:
         """A slot of its own: a bus, engines from ``new_engines`` (or a placement of the fleet),
         and a recorder into the same store."""
         bus = Bus()
+        if self.on_slot_bus is not None:
+            self.on_slot_bus(bus)
         recorder: Recorder | None = None
         if self.recorder is not None:
             from app.recording import RunRecorder
@@ -420,15 +456,18 @@ class Campaign:
         tags += [CAMPAIGN_TAG + self.campaign_id, repeat_tag, *(t for t in self.extra_tags if t not in tags)]
         return step.config.model_copy(update={"name": name, "tags": tags})
 
-    def _run_step(self, index: int, step: Step, cancel: threading.Event, slot: _Slot) -> StepResult:
+    def _run_step(self, index: int, step: Step, cancel: threading.Event, slot: _Slot,
+                  only_repeat: int | None = None) -> StepResult:
+        """The step's runs in this slot: every repeat, or ``only_repeat`` (then the caller merges
+        the step's parts and aggregates them)."""
         out = StepResult(step, self._repeat_tag(index), index)
         try:  # a named tokenizer that does not load, or a bad trace, refuses the step before its engine starts
             read_inputs(step.config.workload)
         except UserError as exc:
             out.status, out.reason = "failed", str(exc)
             return out
-        i = 0
-        while i < step.repeats:
+        i, end = (0, step.repeats) if only_repeat is None else (only_repeat, only_repeat + 1)
+        while i < end:
             if cancel.is_set():
                 out.status, out.reason = "cancelled", "cancelled"
                 break
@@ -463,7 +502,8 @@ class Campaign:
             if run.status != "completed":
                 out.status, out.reason = ("cancelled" if run.status == "cancelled" else "failed"), run.reason
                 break
-        self._aggregate(out)
+        if only_repeat is None:
+            self._aggregate(out)
         return out
 
     @staticmethod

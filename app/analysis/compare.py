@@ -32,6 +32,8 @@ REPEAT_TAG = "repeat:"
 """Runs of one configuration repeated (``app.campaign``) share the tag ``repeat:<id>``."""
 CAMPAIGN_TAG = "campaign:"
 """Runs of one campaign (repeats, later a ladder or a tune) share ``campaign:<id>``."""
+NODE_TAG = "node:"
+"""The tag of a run on a cluster: ``node:HOST/ID``, the node it ran on (``app.fleet``)."""
 
 EngineTermsOf = Callable[[str, Mapping[str, Any]], Mapping[str, str] | None]
 """An engine kind and a run's stored features -> each feature in that engine's own terms (None:

@@ -12,16 +12,27 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app.analysis import metric_catalog as catalog
+from app.analysis.compare import NODE_TAG
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import add_db_argument, add_run_options, bounded_int
 from app.cli.campaign_cmds import json_target, report_stored
 from app.cli.campaign_cmds import write_json as write_doc
+from app.cli.fleet_cmds import add_cluster_options, open_fleet
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.config import RunConfig
 from app.errors import UserError
-from app.events import EngineReady, LevelFinished, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
+from app.events import (
+    EngineReady,
+    LevelFinished,
+    LevelStarted,
+    LogLine,
+    PhaseChanged,
+    Progress,
+    RunFinished,
+    RunStarted,
+)
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
@@ -31,6 +42,7 @@ from app.urls import check_api_key
 from engine_adapters.base import feature_check_line
 
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
+
 PLAIN_PROGRESS_S = 5.0
 
 
@@ -107,9 +119,12 @@ class _Console:
         self.tty = out.isatty()
         self._live = False
         self._last_plain = 0.0
+        self._nodes: dict[str, str] = {}  # run id -> "[node] " for runs on a cluster
+        self._prefix = ""
 
     def _line(self, text: str) -> None:
         """One line of output; whatever a server or a profile put in it is escaped (no raw CR or ESC)."""
+        text = self._prefix + text
         if self._live:
             self.out.write("\r\x1b[K")
             self._live = False
@@ -118,6 +133,13 @@ class _Console:
 
     def handle(self, ev: Event) -> None:
         p = ev.payload
+        if isinstance(p, RunStarted):
+            node = next((t.removeprefix(NODE_TAG) for t in p.tags if t.startswith(NODE_TAG)), None)
+            if node is not None:
+                self._nodes[p.run_id] = f"[{node}] "
+            return
+        run_id = getattr(p, "run_id", None)
+        self._prefix = self._nodes.get(run_id, "") if isinstance(run_id, str) else ""
         if isinstance(p, PhaseChanged):
             self._line(f"[{p.phase.value}] {p.detail}")
         elif isinstance(p, LogLine):
@@ -168,8 +190,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     api_key = args.api_key or (os.environ.get("TUNEBENCH_API_KEY") if args.endpoint else None)
     if api_key is not None:
         check_api_key(api_key)  # a newline would end the Authorization header and start another
+    where = open_fleet(args, config)
     bus = Bus()
-    sub = bus.subscribe(kinds=(PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished, RunFinished))
+    sub = bus.subscribe(kinds=(RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
+                               RunFinished))
     recorder = open_recorder(bus, args)  # before run_started is published
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
@@ -179,6 +203,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cancel = threading.Event()
 
     def work() -> RunResult | CampaignResult:
+        if where.fleet is not None:  # each repeat is a trial placed on the cluster; they spread over its nodes
+            return Campaign([Step(config.name, config, args.repeat)], bus, recorder=recorder, fleet=where.fleet,
+                            telemetry=not args.no_telemetry, on_slot_bus=lambda slot_bus: slot_bus.attach(sub)
+                            ).run(cancel, max_parallel=min(where.parallel, args.repeat))
         if args.repeat > 1:  # each repeat on a cold cache, the engine kept between them (app.campaign)
             return Campaign([Step(config.name, config, args.repeat)], bus, endpoint=args.endpoint, api_key=api_key,
                             recorder=recorder, telemetry=not args.no_telemetry, runner_factory=make_runner).run(cancel)
@@ -256,4 +284,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--repeat", type=bounded_int(1, 1000), default=1, metavar="N",
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
                           "each figure's mean and 95%% confidence interval (compare treats the set as one)")
+    add_cluster_options(run)
     run.set_defaults(handler=cmd_run)

@@ -208,3 +208,34 @@ def mismatches(views: list[NodeView], driver: str | None = None) -> list[str]:
             lines.append(f"node {view.label}: Ray {report.ray}, the driver runs {ray.__version__}")
     return lines
 
+
+
+def _prepare_node(runtime: str, demo_model: bool) -> list[str]:
+    """Runs on a node: the managed runtime and the demo model, as ``make engine`` makes them."""
+    from engine_adapters.runtimes import ensure_demo_model, install_managed
+
+    quiet: list[str] = []
+    done = [f"{runtime} at {install_managed(runtime, log=quiet.append)}"]
+    if demo_model:
+        done.append(f"demo model at {ensure_demo_model(log=quiet.append)}")
+    return done
+
+
+def prepare_nodes(runtime: str, demo_model: bool) -> list[tuple[str, bool, list[str]]]:
+    """(node, whether it worked, what it did or why not) for every live node, prepared at once."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    views = [v for v in nodes() if v.alive]
+    task = ray.remote(num_cpus=0)(_prepare_node)
+    pending = [(v, task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(v.node_id, soft=False))
+                .remote(runtime, demo_model)) for v in views]
+    out = []
+    for view, ref in pending:
+        try:
+            lines: list[str] = ray.get(ref)
+            out.append((view.label, True, lines))
+        except Exception as exc:
+            text = str(exc).strip()
+            out.append((view.label, False, [text.splitlines()[-1] if text else type(exc).__name__]))
+    return out

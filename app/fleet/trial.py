@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.bus import Bus, Event, Item
+from app.analysis.compare import NODE_TAG
+from app.bus import Bus, Event
 from app.campaign import EngineKeeper, RunnerLike
 from app.config import RunConfig
 from app.errors import EngineFailed, UserError
@@ -30,6 +31,8 @@ NODE_LOST = "node {label} lost"
 CPU_ENGINE_CORES = 1
 """Cores a trial of a CPU engine asks Ray for, beside the client's core."""
 CLIENT_CORES = 1
+NODE_ID_LABEL = "ray.io/node-id"
+"""The label Ray gives every node: a placement's label selector keeps trials on the nodes that passed."""
 
 
 def trial_resources(config: RunConfig) -> dict[str, float]:
@@ -128,7 +131,7 @@ class RemoteRun:
 
         cancel = cancel or threading.Event()
         actor, placed = self.slot.place(self.config, cancel)
-        config = self.config.model_copy(update={"tags": [*self.config.tags, f"node:{placed.label}"]})
+        config = self.config.model_copy(update={"tags": [*self.config.tags, NODE_TAG + placed.label]})
         self.bus.emit(LogLine.note(f"'{config.name}' runs on node {placed.label}"
                                    + (f" (GPUs {', '.join(placed.gpu_ids)})" if placed.gpu_ids else "")))
         stream = actor.run.options(num_returns="streaming").remote(config, self.telemetry, placed.record())
@@ -201,7 +204,9 @@ class RaySlot:
             return self._actor, self._placed
         self.close()
         self.fleet.check_fits(wanted)
-        group = placement_group([wanted], strategy="STRICT_PACK")
+        only = self.fleet.only_nodes
+        group = placement_group([wanted], strategy="STRICT_PACK", bundle_label_selector=[
+            {NODE_ID_LABEL: f"in({','.join(only)})"}] if only else None)
         self._group = group
         ready = group.ready()
         while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
@@ -209,14 +214,14 @@ class RaySlot:
                 self.close()
                 raise UserError("cancelled")
         gpus = wanted.get("GPU", 0.0)
-        worker = ray.remote(TrialWorker).options(
+        worker: Any = ray.remote(TrialWorker).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
             num_cpus=wanted.get("CPU", 0.0), num_gpus=gpus,
             resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
             max_concurrency=2, max_restarts=0)
-        actor = worker.remote()
+        actor: Any = worker.remote()
         try:
-            placed = ray.get(actor.where.remote())
+            placed: Placed = ray.get(actor.where.remote())
         except ray.exceptions.RayActorError as exc:
             self.close()
             raise UserError(f"the trial's worker did not start: {str(exc).splitlines()[0]}") from None
@@ -231,7 +236,7 @@ class RaySlot:
     def requeue(self, run: RunResult) -> bool:
         """A run whose node was lost runs again once (its placement goes: Ray places the next one
         on a node that is alive)."""
-        key = run.config.name + "|" + ",".join(t for t in run.config.tags if not t.startswith("node:"))
+        key = run.config.name + "|" + ",".join(t for t in run.config.tags if not t.startswith(NODE_TAG))
         if not (run.reason or "").startswith("node ") or key in self._requeued:
             return False
         self._requeued.add(key)
@@ -263,9 +268,11 @@ class RaySlot:
 class RayFleet:
     """Slots on a connected cluster (``app.fleet.cluster.connect`` first)."""
 
-    def __init__(self, extra_resources: dict[str, float] | None = None) -> None:
+    def __init__(self, extra_resources: dict[str, float] | None = None, only_nodes: list[str] | None = None) -> None:
         self.extra_resources = dict(extra_resources or {})
         """Resources every trial also asks for (a custom resource keeps trials on chosen nodes)."""
+        self.only_nodes = list(only_nodes or [])
+        """Ray node ids trials may use (those that passed the preflight); empty: any."""
 
     def new_slot(self) -> RaySlot:
         return RaySlot(self)
@@ -274,7 +281,7 @@ class RayFleet:
         """A trial no live node could ever hold is refused in one line, instead of waiting forever."""
         from app.fleet.cluster import nodes
 
-        live = [v for v in nodes(reports=False) if v.alive]
+        live = [v for v in nodes(reports=False) if v.alive and (not self.only_nodes or v.node_id in self.only_nodes)]
         if any(all(v.total.get(k, 0.0) >= amount for k, amount in wanted.items()) for v in live):
             return
         need = ", ".join(f"{k} {amount:g}" for k, amount in sorted(wanted.items()))
@@ -288,7 +295,7 @@ class RayFleet:
         wanted = {**trial_resources(config), **self.extra_resources}
         total = 0
         for view in nodes(reports=False):
-            if not view.alive:
+            if not view.alive or (self.only_nodes and view.node_id not in self.only_nodes):
                 continue
             fits = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in wanted.items() if amount > 0]
             total += min(fits) if fits else 0
