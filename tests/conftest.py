@@ -15,6 +15,7 @@ from engine_adapters.config import EngineConfig, Features
 from engine_adapters.launcher import EngineProcess, group_members
 from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
 from tests.pg_server import PgServer, start_pg_server
+from tests.ray_cluster import LocalRayCluster, start_test_cluster
 
 _STATE_DIR_ENV = "TUNEBENCH_STATE_DIR"
 
@@ -116,3 +117,13 @@ def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "r.db")
     server: PgServer = request.getfixturevalue("pg_server")
     return server.create_database()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(_isolated_user_dirs: None) -> Iterator[LocalRayCluster]:
+    """One real Ray cluster for the session (head + two worker nodes, 127.0.0.1 only), started on
+    first use. The nodes inherit this process's environment, so engines they start register in
+    the session's state directory."""
+    cluster = start_test_cluster()
+    yield cluster
+    cluster.shutdown()

@@ -1,0 +1,186 @@
+"""The fleet on a real Ray cluster on this machine (tests/ray_cluster.py: a head and two worker
+nodes, 127.0.0.1 only) with the real llama.cpp CPU engine: trials spread over the nodes, each run
+stored with its node, token counts equal each engine's counter, a lost node's trial runs again
+elsewhere, and a driver killed with SIGKILL leaves no engine on any node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from app.analysis.compare import NODE_TAG
+from app.bus import Bus, Event
+from app.campaign import Campaign, Step
+from app.config import RunConfig
+from app.events import RunStarted
+from app.profiles import load_profile_file
+from app.recording import RunRecorder
+from app.store import RunStore
+from engine_adapters.launcher import group_members, registered_engines
+from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
+from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
+from tests.ray_cluster import LocalRayCluster
+
+pytestmark = pytest.mark.e2e
+
+RUNTIME = MANAGED_RUNTIMES["llamacpp-cpu"]
+TINY = """
+name = "fleet tiny"
+tags = ["fleet-test"]
+[engine]
+kind = "llamacpp"
+model = "tunebench:demo"
+[engine.runtime]
+kind = "managed"
+managed = "llamacpp-cpu"
+[features]
+max_num_seqs = 4
+[workload]
+kind = "random"
+num_requests = {requests}
+[workload.input_len]
+mean = 64
+[workload.output_len]
+mean = 32
+[load]
+concurrency = 4
+warmup_requests = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    """Made once here, before two nodes would both convert it at the same moment."""
+    if not RUNTIME.is_installed() or not (demo_model_dir() / COMPLETE_MARKER).is_file():
+        pytest.fail("llama.cpp runtime or demo model missing: run `make engine`")
+    return ensure_gguf_demo_model(str(RUNTIME.interpreter))
+
+
+def tiny_profile(tmp_path: Path, requests: int = 16) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("{requests}", str(requests)))
+    return path
+
+
+def tunebench(args: list[str], cluster: LocalRayCluster, tmp_path: Path, timeout_s: float = 300) \
+        -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout_s,
+                          env={**cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")}, check=False)
+
+
+def node_of(tags: list[str]) -> str | None:
+    return next((t.removeprefix(NODE_TAG) for t in tags if t.startswith(NODE_TAG)), None)
+
+
+def test_cluster_status_shows_every_node_and_no_mismatch(ray_cluster: LocalRayCluster, tmp_path: Path) -> None:
+    done = tunebench(["cluster", "status", ray_cluster.address, "--json"], ray_cluster, tmp_path, 120)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    alive = [n for n in status["nodes"] if n["alive"]]
+    assert len(alive) == 1 + len(ray_cluster.workers)
+    assert status["mismatches"] == []
+    assert {n["report"]["tunebench"] for n in alive} == {status["driver"]}
+    assert {k for n in alive for k in n["total"]} >= set(ray_cluster.workers)
+
+
+def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = tunebench(["run", str(tiny_profile(tmp_path)), "--repeat", "2", "--cluster", ray_cluster.address,
+                      "--parallel", "2", "--json", str(out)], ray_cluster, tmp_path)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stderr
+    assert "up to 2 at once" in done.stderr
+    result = json.loads(out.read_text())
+    runs = result["steps"][0]["runs"]
+    assert [r["status"] for r in runs] == ["completed", "completed"]
+    nodes = {node_of(r["config"]["tags"]) for r in runs}
+    assert len(nodes) == 2 and None not in nodes, nodes  # one repeat per node
+    for run in runs:
+        assert run["hardware"]["node"]["label"] == node_of(run["config"]["tags"])
+        for level in run["levels"]:
+            summary = level["summary"]
+            assert summary["errors"] == 0
+            assert summary["tokens_match_engine"] is True
+            assert summary["output_tokens"] == int(summary["engine"]["generation_tokens"])
+    store = RunStore(tmp_path / "runs.db")
+    stored = [store.get_run(i) for i in result["steps"][0]["stored_ids"]]
+    assert {node_of(r.tags) for r in stored} == nodes
+    assert {r.hardware["node"]["ray_node_id"] for r in stored} == {ray_cluster.node_id_of(n) for n in ray_cluster.workers}
+    assert "[" in done.stdout and "] level" in done.stdout  # the console labels each trial's lines with its node
+    assert not registered_engines()  # every trial's engine was stopped with its placement
+
+
+def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                        tmp_path: Path) -> None:
+    from app.fleet.trial import RayFleet
+
+    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
+    bus = Bus()
+    started = bus.subscribe(kinds=(RunStarted,))
+    store = RunStore(tmp_path / "lost.db")
+    recorder = RunRecorder(bus, store)
+    box: dict[str, object] = {}
+    campaign = Campaign([Step("lost node", config, 1)], bus, fleet=RayFleet(), recorder=recorder)
+    worker = threading.Thread(target=lambda: box.update(result=campaign.run()), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    first = None
+    while first is None and time.monotonic() < deadline:
+        for item in started.drain(timeout_s=0.5):
+            if isinstance(item, Event) and isinstance(item.payload, RunStarted):
+                first = node_of(item.payload.tags)
+    assert first is not None, "the trial never started"
+    lost = next(name for name in ray_cluster.workers if ray_cluster.node_id_of(name).startswith(first.split("/")[1]))
+    time.sleep(2.0)  # mid-trial: its requests are under way
+    ray_cluster.remove_worker(lost)
+    try:
+        worker.join(timeout=240)
+        assert not worker.is_alive()
+        recorder.close()
+        result = box["result"]
+        step = result.steps[0]  # type: ignore[attr-defined]
+        assert result.status == "completed", result.reason  # type: ignore[attr-defined]
+        assert [r.status for r in step.runs] == ["interrupted", "completed"]
+        assert step.runs[0].reason == f"node {first} lost"
+        second = step.runs[1].hardware["node"]["label"]
+        assert second != first
+        stored = [store.get_run(i) for i in step.stored_ids]
+        assert [r.status for r in stored] == ["interrupted", "completed"]
+        assert stored[0].reason == f"node {first} lost"
+    finally:
+        ray_cluster.add_worker(lost)  # the session's cluster has both workers again
+
+
+def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRayCluster, gguf: Path,
+                                                              tmp_path: Path) -> None:
+    driver = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(tiny_profile(tmp_path, requests=2000)),
+                               "--repeat", "2", "--cluster", ray_cluster.address, "--parallel", "2"],
+                              env={**ray_cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        engines = []
+        while time.monotonic() < deadline and len(engines) < 2:
+            engines = [r for r in registered_engines() if r.pid and group_members(r.pid)]
+            time.sleep(0.5)
+        assert len(engines) == 2, "two engines never ran"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        killed = time.monotonic()
+        left = engines
+        while time.monotonic() - killed < 10 and left:
+            left = [r for r in engines if group_members(r.pid)]
+            time.sleep(0.25)
+        assert not left, f"engine processes still running 10 s after the driver died: {[r.pid for r in left]}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
