@@ -214,7 +214,7 @@ class RaySlot:
                 self.close()
                 raise UserError("cancelled")
         gpus = wanted.get("GPU", 0.0)
-        worker: Any = ray.remote(TrialWorker).options(
+        worker: Any = ray.remote(self.fleet.worker).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
             num_cpus=wanted.get("CPU", 0.0), num_gpus=gpus,
             resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
@@ -268,7 +268,10 @@ class RaySlot:
 class RayFleet:
     """Slots on a connected cluster (``app.fleet.cluster.connect`` first)."""
 
-    def __init__(self, extra_resources: dict[str, float] | None = None, only_nodes: list[str] | None = None) -> None:
+    def __init__(self, extra_resources: dict[str, float] | None = None, only_nodes: list[str] | None = None,
+                 worker: type[TrialWorker] | None = None) -> None:
+        self.worker = worker or TrialWorker
+        """The actor class of each slot (a benchmark passes one whose engine only sleeps)."""
         self.extra_resources = dict(extra_resources or {})
         """Resources every trial also asks for (a custom resource keeps trials on chosen nodes)."""
         self.only_nodes = list(only_nodes or [])
