@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[gui,dev]'
+	$(BIN)/python -m pip install -q -e '.[gui,dev,fleet]'
 	touch $(STAMP)
 
 deps: $(STAMP)

@@ -23,7 +23,7 @@ from app.cli.argtypes import json_parent
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.errors import UserError
-from app.events import EngineReady, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished
+from app.events import EngineReady, LevelStarted, LogLine, PhaseChanged, Progress, RunFinished, RunStarted
 from app.export.files import STDOUT, check_folder, check_target, write_problem
 from app.export.launch import SINGLE_NODE_FORMATS
 from app.profiles import Profile, ProfileError, load_profile_file, resolve_profile
@@ -32,7 +32,7 @@ from engine_adapters.secrets import mask_obj
 EXIT_FAILED, EXIT_CANCELLED = 1, 130
 SCRIPT_FORMATS = SINGLE_NODE_FORMATS  # a single winner runs on one machine
 """The launch formats a campaign's step or pick exports to (one node: no ray, no k8s-multinode)."""
-RUN_EVENTS: tuple[type, ...] = (PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished)
+RUN_EVENTS: tuple[type, ...] = (RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, RunFinished)
 """What the run console prints while a campaign runs."""
 
 T = TypeVar("T")
@@ -79,15 +79,17 @@ def write_json(doc: dict[str, Any], path: Path, *, announce: bool = False) -> No
         print(f"result written to {path}")
 
 
-def run_campaign(bus: Bus, args: argparse.Namespace, build: Callable[[Any], Owner], handle: Callable[[Event], None],
+def run_campaign(bus: Bus, args: argparse.Namespace, build: Callable[[Any, Callable[[Bus], None]], Owner],
+                 handle: Callable[[Event], None],
                  *, name: str, extra_events: tuple[type, ...] = (), **foreground: Any) -> tuple[Owner, Any, Any]:
-    """Open the recorder, ``build(recorder)`` the campaign's owner (the recorder is closed when that
-    fails) and ``owner.run(cancel)`` in the foreground, the bus's events going to ``handle``.
+    """Open the recorder, ``build(recorder, follow)`` the campaign's owner (the recorder is closed
+    when that fails; ``follow(slot_bus)`` sends a side-by-side slot's events to ``handle`` too) and
+    ``owner.run(cancel)`` in the foreground, the bus's events going to ``handle``.
     Returns (owner, its final state, the recorder or None)."""
     sub = bus.subscribe(kinds=(*RUN_EVENTS, *extra_events))
     recorder = open_recorder(bus, args)
     try:
-        owner = build(recorder)
+        owner = build(recorder, lambda slot_bus: slot_bus.attach(sub))
     except BaseException:
         if recorder is not None:
             recorder.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bus import Bus, Event
@@ -21,6 +21,7 @@ from app.cli.argtypes import (
     db_parent,
     json_parent,
 )
+from app.cli.fleet_cmds import add_cluster_options, open_fleet
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.cost import (
@@ -204,6 +205,7 @@ class _LadderConsole(_Console):
         state = p.state
         if not isinstance(state, LadderState):
             return
+        self._prefix = ""  # a step's line is the ladder's, not one node's
         if not self._seen:
             self._line(safe(f"{state.name}: {len(state.rows)} steps; {state.workload}"))
         for row in state.rows:
@@ -260,13 +262,18 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         return 0 if any(r.status != "skipped" for r in planned.rows) else shared.EXIT_FAILED
     shared.check_resume_stores(args, "ladder")
 
-    def build(recorder: Any) -> Ladder:
+    where = open_fleet(args, config)
+
+    def build(recorder: Any, follow: Callable[[Bus], None]) -> Ladder:
+        on_cluster: dict[str, Any] = {"fleet": where.fleet, "max_parallel": where.parallel, "on_slot_bus": follow} \
+            if where.fleet is not None else {}
         if args.resume is None:
-            return Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry)
+            return Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry,
+                          **on_cluster)
         from app.ladder.stored import resumable_ladder
 
         stored = resumable_ladder(recorder.store, args.resume or None, stem)
-        ladder = Ladder.resume(stored, bus, recorder=recorder, telemetry=not args.no_telemetry)
+        ladder = Ladder.resume(stored, bus, recorder=recorder, telemetry=not args.no_telemetry, **on_cluster)
         kept = sum(1 for r in stored.rows if r.status == "completed")
         print(safe(f"resuming ladder {stored.ladder_id} ({stored.status}): {kept} completed step(s) kept"))
         return ladder
@@ -384,6 +391,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "the steps before the first unfinished one are kept")
     add_run_options(ladder, store_help="do not record the runs in the database")
     add_price_argument(ladder)
+    add_cluster_options(ladder)
     ladder.set_defaults(handler=cmd_ladder)
 
     ladders = sub.add_parser("ladders", parents=[db], help="stored ladders: list (the default), show, compare, "

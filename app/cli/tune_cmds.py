@@ -141,7 +141,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0 if any(c.status != "pruned" for c in planned.candidates) else shared.EXIT_FAILED
     shared.check_resume_stores(args, "tune")
 
-    def build(recorder: Any) -> Any:
+    def build(recorder: Any, follow: Any) -> Any:
         if args.resume is not None:
             from app.tuner.stored import resumable
 

@@ -128,7 +128,11 @@ def _check_reachable(address: str) -> None:
 def connect(address: str | None) -> str:
     """Connect this process to the cluster (once; a second call with the same address is a no-op).
     Returns the address used. Every failure is one line (a UserError)."""
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--cluster needs Ray, which is not installed here: pip install 'tunebench[fleet]' "
+                        "(make installs it)") from None
 
     chosen = cluster_address(address)
     if ray.is_initialized():

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from app.analysis import metric_catalog as catalog
 from app.bus import Bus
-from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key
+from app.campaign import Campaign, Fleet, MachineFacts, Step, StepResult, engine_key
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
@@ -107,7 +107,8 @@ class Ladder:
                  runner_factory: Callable[..., RunnerLike] | None = None, hardware: HardwareInfo | None = None,
                  flags: FlagSet | None = None, discover_flags: bool = True, ladder_id: str | None = None,
                  gpu: str | None = None, max_parallel: int = 1,
-                 new_engines: Callable[[], EngineSource] | None = None) -> None:
+                 new_engines: Callable[[], EngineSource] | None = None, fleet: Fleet | None = None,
+                 on_slot_bus: Callable[[Bus], None] | None = None) -> None:
         self.spec = spec or default_ladder(config)
         self.base = ladder_base(config, self.spec)
         self.bus = bus
@@ -121,6 +122,9 @@ class Ladder:
         self.max_parallel = max_parallel
         """Steps at once: each then builds on the step before it in the plan, not on the last that ran."""
         self.new_engines = new_engines
+        self.fleet = fleet
+        """A cluster's slots: each step is a trial placed there (``app.fleet``)."""
+        self.on_slot_bus = on_slot_bus
         self.machine = MachineFacts(hardware, flags, discover_flags)
         self._last_ran: RunConfig | None = None
         self._last_index: int | None = None  # steps side by side: the step the next one is built on
@@ -253,7 +257,8 @@ class Ladder:
                                  telemetry=self.telemetry, stop_on_failure=False, campaign_id=self.ladder_id,
                                  runner_factory=self.runner_factory, prepare=self._prepare,
                                  on_step_start=self._step_started, on_step_done=self._step_done,
-                                 extra_tags=[TAG + self.ladder_id], new_engines=self.new_engines)
+                                 extra_tags=[TAG + self.ladder_id], new_engines=self.new_engines, fleet=self.fleet,
+                                 on_slot_bus=self.on_slot_bus)
         try:
             result = self.campaign_result = self.campaign.run(cancel, start_at=start_at,
                                                               max_parallel=self.max_parallel)

@@ -184,3 +184,60 @@ def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRa
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_a_ladder_on_the_cluster_runs_the_steps_it_plans_locally(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                  tmp_path: Path) -> None:
+    profile = Path(__file__).with_name("ladder.toml")
+    planned_at = tmp_path / "plan.json"
+    assert tunebench(["ladder", str(profile), "--dry-run", "--json", str(planned_at)], ray_cluster,
+                     tmp_path).returncode == 0
+    ran_at = tmp_path / "ladder.json"
+    done = tunebench(["ladder", str(profile), "--cluster", ray_cluster.address, "--parallel", "2", "--json",
+                      str(ran_at)], ray_cluster, tmp_path)
+    print(done.stdout[-4000:], done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(planned_at.read_text())["plan"]["rows"]
+    ladder = json.loads(ran_at.read_text())["ladder"]
+    rows = ladder["rows"]
+    assert [(r["name"], r["changes"]) for r in rows] == [(r["name"], r["changes"]) for r in planned]
+    assert [r["status"] for r in rows] == ["completed"] * len(planned)
+    assert [r["config"]["features"] for r in rows] == [r["config"]["features"] for r in planned]
+    assert [r["config"]["load"] for r in rows] == [r["config"]["load"] for r in planned]
+    store = RunStore(tmp_path / "runs.db")
+    nodes = {node_of(store.get_run(i).tags) for r in rows for i in r["run_ids"]}
+    assert len(nodes) == 2 and None not in nodes  # its steps ran side by side on both nodes
+    assert rows[1]["factor_previous"] is not None
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TUNEBENCH_DB": str(tmp_path / "runs.db"), "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    for args in (["run", str(tiny_profile(tmp_path)), "--cluster", f"127.0.0.1:{port}"],
+                 ["run", str(tiny_profile(tmp_path)), "--cluster"],  # RAY_ADDRESS, as Ray reads it
+                 ["cluster", "status", f"ray://127.0.0.1:{port}"]):
+        done = subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=60,
+                              env=env, check=False)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr, done.stderr
+        assert f"cannot reach the Ray cluster at {'ray://' if 'ray://' in args[-1] else ''}127.0.0.1:{port}" \
+            in done.stderr, done.stderr
+    assert not (tmp_path / "runs.db").exists() or RunStore(tmp_path / "runs.db").list_runs() == []
+
+
+def test_the_preflight_names_every_node_and_problem_and_launches_nothing(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                          tmp_path: Path) -> None:
+    profile = tiny_profile(tmp_path)
+    profile.write_text(profile.read_text().replace('model = "tunebench:demo"', 'model = "/nonexistent/model.gguf"'))
+    for extra in ([], ["--skip-bad-nodes"]):
+        done = tunebench(["run", str(profile), "--cluster", ray_cluster.address, *extra], ray_cluster, tmp_path)
+        assert done.returncode == 2, done.stderr
+        lines = [line for line in done.stderr.splitlines() if "does not exist" in line]
+        assert len(lines) == len(ray_cluster.workers), done.stderr  # one line per node that could host a trial
+        assert all(line.startswith("tunebench: node ") for line in lines)
+        assert "nothing was launched" in done.stderr and "Traceback" not in done.stderr
+    assert not registered_engines()
