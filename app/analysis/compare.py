@@ -108,6 +108,22 @@ def run_settings(run: RunDetail) -> dict[str, Any]:
     return settings
 
 
+def hardware_model(hardware: Mapping[str, Any]) -> str:
+    """What a run's figures depend on of its machine: its GPU models, or its CPU without a GPU."""
+    gpus = hardware.get("gpus") or []
+    names = sorted({str(g.get("name")) for g in gpus if isinstance(g, Mapping)})
+    return ", ".join(names) if names else f"CPU {hardware.get('cpu_model') or 'unknown'}"
+
+
+def unfair_hardware(hardware: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why runs are not a fair comparison (they ran on different GPU models, or CPUs), or None.
+    Compare and the ladder say it; a cluster's nodes may differ."""
+    models = sorted({hardware_model(h) for h in hardware if h})
+    if len(models) < 2:
+        return None
+    return f"not a fair comparison: the runs ran on different hardware ({'; '.join(models)})"
+
+
 @dataclass
 class MetricDelta:
     """One figure across the compared columns, against the baseline column."""
@@ -227,6 +243,8 @@ class Comparison:
     engine_terms: dict[str, list[str | None]] = field(default_factory=dict)
     """Per differing ``features.*`` setting, what each run's engine was given for it in its own
     words (``--kv-cache-dtype fp8``, ``-ctk q8_0 -ctv q8_0``); None: the engine's default."""
+    unfair: str | None = None
+    """Why the columns are not a fair comparison (``unfair_hardware``), or None."""
 
     def __post_init__(self) -> None:
         self.members = self.members or [[r.id] for r in self.runs]
@@ -287,6 +305,7 @@ class Comparison:
 
         return {
             "baseline_id": self.runs[self.baseline].id,
+            "unfair": self.unfair,
             "runs": [{"id": r.id, "uid": r.uid, "name": r.name, "status": r.status, "model": r.model,
                       "engine_version": r.engine_version, "started_at": r.started_at, "members": members}
                      for r, members in zip(self.runs, self.members, strict=True)],
@@ -411,7 +430,8 @@ def _build(store: RunStore, runs: list[RunDetail], base: int, expand: bool, seri
     comparison = Comparison([c.run for c in columns], base, diff, _metric_rows(columns, base),
                             members=[[m.id for m in c.members] for c in columns],
                             engine_terms=engine_terms([c.run for c in columns], [k for k, _v in diff],
-                                                         engine_terms_of))
+                                                         engine_terms_of),
+                            unfair=unfair_hardware(m.hardware or {} for c in columns for m in c.members))
     if series:
         comparison.series, comparison.bin_s = align_series(store, comparison.runs, max_points)
     return comparison

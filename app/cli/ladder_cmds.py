@@ -140,6 +140,8 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"workload: {state.workload}"] if state.workload else []
+    if state.unfair:
+        notes.insert(0, f"WARNING: {state.unfair}: a step's factor may be the machine's, not the feature's")
     for r in state.rows:
         where = f"{r.index + 1}. {r.name}"
         if r.reason and (r.status in ("skipped", "failed", "cancelled", "interrupted") or r.built_on is not None):

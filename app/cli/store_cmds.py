@@ -336,6 +336,9 @@ def _print_comparison(c: Comparison) -> None:
         print(safe(f"{labels[i]:14s} {r.name}  [{r.status}]  {r.model}  {_when(r.started_at)}"
                    + (f"  (mean of runs {', '.join(str(x) for x in c.members[i])})" if len(c.members[i]) > 1 else "")))
     print()
+    if c.unfair:
+        print(safe(f"warning: {c.unfair}: a figure that moved may have moved with the machine"))
+        print()
     if c.config_diff:
         print("configuration differences:")
         settings: list[list[str]] = []

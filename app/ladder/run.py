@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from app.analysis import metric_catalog as catalog
+from app.analysis.compare import unfair_hardware
 from app.bus import Bus
 from app.campaign import Campaign, Fleet, MachineFacts, Step, StepResult, engine_key
 from app.config import RunConfig
@@ -129,6 +130,7 @@ class Ladder:
         self._last_ran: RunConfig | None = None
         self._last_index: int | None = None  # steps side by side: the step the next one is built on
         self._configs: dict[int, RunConfig] = {}
+        self._hardware: list[dict[str, Any]] = []  # what each completed run ran on
         self._lock = threading.Lock()
         self.campaign: Campaign | None = None
         self.campaign_result: Any = None
@@ -340,6 +342,8 @@ class Ladder:
         if outcome.status == "completed":
             self._figures(row, outcome)
             self._last_ran = self._configs[index]
+            self._hardware.extend(r.hardware for r in outcome.runs if r.status == "completed")
+            self.state.unfair = unfair_hardware(self._hardware)
         self._say_what_it_was_built_on()
         compute_factors(self.state.rows)
         self._publish(store=True)

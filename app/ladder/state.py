@@ -111,6 +111,9 @@ class LadderState(CampaignStateBase):
     model: str = ""
     engine_version: str | None = None
     hardware: dict[str, Any] = Field(default_factory=dict)
+    unfair: str | None = None
+    """Why the steps are not a fair comparison (their runs ran on different hardware: a cluster's
+    nodes), or None."""
     planned_for: str = ""
     """The hardware the ceilings are planned for."""
     reference: str | None = None
