@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -177,7 +178,8 @@ class Runner:
 
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
-                 gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None) -> None:
+                 gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
+                 clients: Callable[..., ClientPool] | None = None) -> None:
         self.config = config
         self.node = dict(node) if node else None
         """Which cluster node the run ran on (``app.fleet``): stored with its hardware."""
@@ -201,7 +203,8 @@ class Runner:
         self._engine_died = threading.Event()
         self._probes_end_s: float | None = None  # set when attaching to an endpoint
         self._collector: Any = None
-        self._pool = ClientPool(config.load.workers, on_note=self._note)
+        # The client's workers: processes here, or (``clients``) workers elsewhere, as app.fleet's on K nodes.
+        self._pool = (clients or ClientPool)(config.load.workers, on_note=self._note)
         self._effects = RunEffects(bus)  # what the run shows of features (max_num_seqs held under load)
         self._named_counter: TokenCounter | None = None  # workload.tokenizer, loaded before anything starts
         self._trace: Trace | None = None  # a trace workload's trace, read and checked before anything starts

@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
-from typing import Any
 
 from app.bus import Bus
 from app.cli.argtypes import bounded_int
 from app.cli.terminal import safe
 from app.config import RunConfig
 from app.errors import UserError
+from app.fleet.choice import FleetChoice
 
 MAX_PARALLEL = 4096
 
@@ -31,14 +30,6 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trial-resource", action="append", default=[], metavar="NAME[=AMOUNT]",
                        help="a custom Ray resource every trial also asks for, to keep trials on the nodes that "
                             "have it (repeatable)")
-
-
-@dataclass
-class FleetChoice:
-    """Where a command's trials run: ``fleet`` None is this machine."""
-
-    fleet: Any = None
-    parallel: int = 1
 
 
 def _resources(entries: list[str]) -> dict[str, float]:
@@ -59,36 +50,26 @@ def open_fleet(args: argparse.Namespace, config: RunConfig, bus: Bus | None = No
     """Connects to the cluster when ``--cluster`` was given, checks that every node runs the
     driver's code and passes the preflight, and says how many trials run at once."""
     address = getattr(args, "cluster", None)
+    client_nodes = getattr(args, "client_nodes", None)
     if address is None:
         if getattr(args, "parallel", None) is not None:
             raise UserError("--parallel needs --cluster: on one machine, trials run one after another")
         if getattr(args, "skip_bad_nodes", False) or getattr(args, "trial_resource", None):
             raise UserError("--skip-bad-nodes and --trial-resource need --cluster")
+        if client_nodes is not None:
+            raise UserError("--client-nodes needs --cluster: the client's workers run on the cluster's nodes")
         return FleetChoice()
     extra = _resources(args.trial_resource)
-    if getattr(args, "endpoint", None):
-        raise UserError("--cluster runs engines on the cluster's nodes: it does not go with --endpoint")
-    from app.fleet import cluster
-    from app.fleet.preflight import checked_hosts
-    from app.fleet.trial import RayFleet, trial_resources
+    if client_nodes is not None and not getattr(args, "endpoint", None):
+        raise UserError("--client-nodes sends the load to a running server from the cluster's nodes: give "
+                        "--endpoint URL")
+    if getattr(args, "endpoint", None) and client_nodes is None:
+        raise UserError("--cluster runs engines on the cluster's nodes: with --endpoint, give --client-nodes K to "
+                        "send the load from K of them")
+    from app.fleet.choice import open_fleet as choose
 
-    used = cluster.connect(address)
-    views = cluster.nodes()
-    wrong = cluster.mismatches(views)
-    for line in wrong:
-        print(f"tunebench: {safe(line)}", file=sys.stderr)
-    if wrong:
-        raise UserError(f"{len(wrong)} node(s) of the cluster at {used} do not run the driver's tunebench, Python or "
-                        "Ray (tunebench cluster status shows them)")
-    wanted = {**trial_resources(config), **extra}
-    hosts = checked_hosts(config, wanted, args.skip_bad_nodes,
-                          lambda line: print(f"tunebench: {safe(line)}", file=sys.stderr))
-    only = [v.node_id for v in hosts] if args.skip_bad_nodes else []
-    fleet = RayFleet(extra, only_nodes=only)
-    parallel = args.parallel or fleet.default_parallel(config)
-    print(f"tunebench: cluster at {used}: {len(hosts)} node(s) can host trials; up to {parallel} at once",
-          file=sys.stderr)
-    return FleetChoice(fleet, parallel)
+    return choose(address, config, parallel=args.parallel, skip_bad_nodes=args.skip_bad_nodes, extra_resources=extra,
+                  client_nodes=client_nodes, report=lambda line: print(f"tunebench: {safe(line)}", file=sys.stderr))
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:

@@ -198,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
         return Runner(run_config, run_bus, keep_requests=args.json_requests, gpu_metrics_url=args.gpu_metrics,
-                      **kwargs)
+                      clients=where.clients(), **kwargs)
 
     cancel = threading.Event()
 
@@ -285,4 +285,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
                           "each figure's mean and 95%% confidence interval (compare treats the set as one)")
     add_cluster_options(run)
+    run.add_argument("--client-nodes", type=bounded_int(1, 4096), metavar="K",
+                     help="with --endpoint and --cluster: send the load from K nodes of the cluster (one client "
+                          "worker each, the level split between them); the records merge into one level")
     run.set_defaults(handler=cmd_run)

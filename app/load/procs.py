@@ -118,7 +118,7 @@ def bind_current_process(cpus: Sequence[int] | None, nice: int | None) -> list[s
 
 
 @dataclass
-class _Job:
+class Job:
     plan: LevelPlan
     dataset: Dataset
     opts: ClientOptions
@@ -141,7 +141,7 @@ class _ChildCancel:
         return self.orphaned or bool(self.event.is_set())
 
 
-async def _run_job(k: int, job: _Job, results: Any, cancel: CancelFlag) -> LevelOutcome:
+async def _run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelOutcome:
     if job.t_start is not None:
         await asyncio.sleep(max(0.0, job.t_start - time.perf_counter()))
     live = LiveStats(None)
@@ -173,6 +173,18 @@ async def _run_job(k: int, job: _Job, results: Any, cancel: CancelFlag) -> Level
         results.put(("progress", k, (live.tokens, 0)))
 
 
+def done_message(k: int, out: LevelOutcome) -> tuple[str, int, tuple[float, int, str, bytes, int]]:
+    """What a worker reports when its share of a level ends (compact: no records)."""
+    return ("done", k, (out.duration_s, out.peak_concurrency, out.stop_reason,
+                        out.client_lag_ms.astype(np.float32).tobytes(), out.output_tokens))
+
+
+def run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelOutcome:
+    """Worker ``k``'s share of a level, its records and counters put on ``results`` as it goes
+    (a process's queue here; a Ray actor's in ``app.fleet``)."""
+    return asyncio.run(_run_job(k, job, results, cancel))
+
+
 def _worker_main(k: int, jobs: Connection, results: Any, cancel_event: Any, parent_pid: int) -> None:
     """A client process: runs the levels it is sent until it gets None (or its parent is gone).
     Ctrl-C reaches the whole foreground group; the parent turns it into a cancel, so ignore it."""
@@ -183,7 +195,7 @@ def _worker_main(k: int, jobs: Connection, results: Any, cancel_event: Any, pare
     results.put(("ready", k, os.getpid()))
     while True:
         try:
-            job: _Job | None = jobs.recv()
+            job: Job | None = jobs.recv()
         except (EOFError, OSError):
             return
         if job is None:
@@ -193,9 +205,7 @@ def _worker_main(k: int, jobs: Connection, results: Any, cancel_event: Any, pare
                 bound = (job.cpus, job.nice)
                 for problem in bind_current_process(job.cpus, job.nice):
                     results.put(("note", k, problem))
-            out = asyncio.run(_run_job(k, job, results, cancel))
-            results.put(("done", k, (out.duration_s, out.peak_concurrency, out.stop_reason,
-                                     out.client_lag_ms.astype(np.float32).tobytes(), out.output_tokens)))
+            results.put(done_message(k, asyncio.run(_run_job(k, job, results, cancel))))
         except BaseException:  # reported to the parent, which fails the run with it
             results.put(("crashed", k, traceback.format_exc(limit=8)))
             return
@@ -291,6 +301,16 @@ class ClientPool:
             self._results.close()
         self._procs, self._conns, self._results = [], [], None
 
+    def _dispatch(self, jobs: list[Job]) -> None:
+        """Hand worker k its share of the level."""
+        for conn, job in zip(self._conns, jobs, strict=True):
+            conn.send(job)
+
+    def start_skew_note(self, label: str, started_wall_s: dict[int, float]) -> str:
+        """How far apart the workers' hosts started a level (their wall clocks)."""
+        spread_ms = (max(started_wall_s.values()) - min(started_wall_s.values())) * 1e3
+        return f"level {label}: the {len(started_wall_s)} client workers started within {spread_ms:.1f} ms of each other"
+
     def _check_alive(self, pending: set[int]) -> None:
         for k in pending:
             proc = self._procs[k]
@@ -329,10 +349,12 @@ class ClientPool:
         t_start = time.perf_counter() + START_MARGIN_S if n > 1 else None
         if cancel.is_set():
             self._cancel.set()
+        jobs = []
         for k in range(n):
             sub, share, sub_rule = split_plan(plan, dataset, rule, n, k)
             own = replace(opts, request_ids=f"{opts.request_ids}-w{k}") if n > 1 and opts.request_ids else opts
-            self._conns[k].send(_Job(sub, share, own, sub_rule, seed + k, t_start, self.cpus, self.nice))
+            jobs.append(Job(sub, share, own, sub_rule, seed + k, t_start, self.cpus, self.nice))
+        self._dispatch(jobs)
         live.start_level(plan.index, planned_requests(dataset, rule))
         base_tokens = live.tokens
         latest: dict[int, tuple[int, int]] = {}
@@ -340,6 +362,7 @@ class ClientPool:
         arrived = 0
         next_tick = time.perf_counter() + TICK_S
         pending = set(range(n))
+        started_wall_s: dict[int, float] = {}
         while pending:
             if cancel.is_set() and not self._cancel.is_set():
                 self._cancel.set()
@@ -367,6 +390,8 @@ class ClientPool:
                 pending.discard(k)
             elif kind == "note" and self.on_note is not None:
                 self.on_note(str(payload))
+            elif kind == "started":
+                started_wall_s[k] = float(payload)
             elif kind == "crashed":
                 self._cancel.set()  # the other workers stop too
                 raise ClientProcessError(f"the load client failed: {str(payload).strip().splitlines()[-1]}")
@@ -374,6 +399,8 @@ class ClientPool:
                 live.publish()
                 next_tick = time.perf_counter() + TICK_S
         outcomes = [done[k] for k in range(n)]
+        if len(started_wall_s) > 1 and self.on_note is not None and plan.index >= 0:
+            self.on_note(self.start_skew_note(plan.label, started_wall_s))
         live.in_flight = 0
         live.tokens = base_tokens + sum(o[4] for o in outcomes)
         live.publish()

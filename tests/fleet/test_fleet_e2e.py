@@ -24,7 +24,7 @@ from app.events import RunStarted
 from app.profiles import load_profile_file
 from app.recording import RunRecorder
 from app.store import RunStore
-from engine_adapters.launcher import group_members, registered_engines
+from engine_adapters.launcher import EngineRecord, group_members, registered_engines
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
 from tests.ray_cluster import LocalRayCluster
@@ -76,6 +76,16 @@ def tunebench(args: list[str], cluster: LocalRayCluster, tmp_path: Path, timeout
                           env={**cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")}, check=False)
 
 
+@pytest.fixture
+def engines_before() -> set[tuple[int, float]]:
+    """The engines already registered when a test starts: the session's shared engines of other tests may run."""
+    return {(r.pid, r.create_time) for r in registered_engines()}
+
+
+def engines_since(before: set[tuple[int, float]]) -> list[EngineRecord]:
+    return [r for r in registered_engines() if (r.pid, r.create_time) not in before]
+
+
 def node_of(tags: list[str]) -> str | None:
     return next((t.removeprefix(NODE_TAG) for t in tags if t.startswith(NODE_TAG)), None)
 
@@ -92,7 +102,8 @@ def test_cluster_status_shows_every_node_and_no_mismatch(ray_cluster: LocalRayCl
 
 
 def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: LocalRayCluster, gguf: Path,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   engines_before: set[tuple[int, float]]) -> None:
     out = tmp_path / "result.json"
     done = tunebench(["run", str(tiny_profile(tmp_path)), "--repeat", "2", "--cluster", ray_cluster.address,
                       "--parallel", "2", "--json", str(out)], ray_cluster, tmp_path)
@@ -116,7 +127,7 @@ def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: L
     assert {node_of(r.tags) for r in stored} == nodes
     assert {r.hardware["node"]["ray_node_id"] for r in stored} == {ray_cluster.node_id_of(n) for n in ray_cluster.workers}
     assert "[" in done.stdout and "] level" in done.stdout  # the console labels each trial's lines with its node
-    assert not registered_engines()  # every trial's engine was stopped with its placement
+    assert not engines_since(engines_before)  # every trial's engine was stopped with its placement
 
 
 def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_cluster: LocalRayCluster, gguf: Path,
@@ -161,7 +172,8 @@ def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_clust
 
 
 def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRayCluster, gguf: Path,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path,
+                                                              engines_before: set[tuple[int, float]]) -> None:
     driver = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(tiny_profile(tmp_path, requests=2000)),
                                "--repeat", "2", "--cluster", ray_cluster.address, "--parallel", "2"],
                               env={**ray_cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")},
@@ -170,7 +182,7 @@ def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRa
         deadline = time.monotonic() + 180
         engines = []
         while time.monotonic() < deadline and len(engines) < 2:
-            engines = [r for r in registered_engines() if r.pid and group_members(r.pid)]
+            engines = [r for r in engines_since(engines_before) if r.pid and group_members(r.pid)]
             time.sleep(0.5)
         assert len(engines) == 2, "two engines never ran"
         os.kill(driver.pid, signal.SIGKILL)
@@ -230,7 +242,9 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_preflight_names_every_node_and_problem_and_launches_nothing(ray_cluster: LocalRayCluster, gguf: Path,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path,
+                                                                          engines_before: set[tuple[int, float]]) \
+        -> None:
     profile = tiny_profile(tmp_path)
     profile.write_text(profile.read_text().replace('model = "tunebench:demo"', 'model = "/nonexistent/model.gguf"'))
     for extra in ([], ["--skip-bad-nodes"]):
@@ -240,4 +254,33 @@ def test_the_preflight_names_every_node_and_problem_and_launches_nothing(ray_clu
         assert len(lines) == len(ray_cluster.workers), done.stderr  # one line per node that could host a trial
         assert all(line.startswith("tunebench: node ") for line in lines)
         assert "nothing was launched" in done.stderr and "Traceback" not in done.stderr
-    assert not registered_engines()
+    assert not engines_since(engines_before)
+
+
+def test_load_from_two_nodes_merges_into_one_level_that_the_engine_counted(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                           tmp_path: Path) -> None:
+    from engine_adapters.config import EngineConfig, Features, RuntimeConfig
+    from engine_adapters.launcher import EngineProcess
+
+    engine = EngineProcess(EngineConfig(kind="llamacpp", runtime=RuntimeConfig(managed="llamacpp-cpu")),
+                           Features(max_num_seqs=4))
+    engine.start()
+    try:
+        engine.wait_ready(timeout_s=300)
+        out = tmp_path / "result.json"
+        done = tunebench(["run", str(tiny_profile(tmp_path, requests=24)), "--endpoint", engine.base_url,
+                          "--api-key", engine.api_key or "", "--cluster", ray_cluster.address, "--client-nodes", "2",
+                          "--json", str(out)], ray_cluster, tmp_path)
+        print(done.stdout[-3000:], done.stderr[-2000:])
+        assert done.returncode == 0, done.stderr
+        result = json.loads(out.read_text())
+        (level,) = result["levels"]
+        summary = level["summary"]
+        assert summary["completed"] == 24 and summary["errors"] == 0  # both workers' records, in one level
+        assert summary["tokens_match_engine"] is True
+        assert summary["output_tokens"] == int(summary["engine"]["generation_tokens"])
+        notes = "\n".join(result["notes"])
+        assert "the load client runs on 2 nodes" in notes
+        assert "started on 2 hosts within" in notes and "ms of each other" in notes
+    finally:
+        engine.stop()

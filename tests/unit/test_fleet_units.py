@@ -74,7 +74,9 @@ def test_the_code_version_is_the_package_version_and_a_digest_of_the_sources() -
     (["--skip-bad-nodes"], "--skip-bad-nodes and --trial-resource need --cluster"),
     (["--cluster", "127.0.0.1:1", "--trial-resource", "=2"], "--trial-resource =2: give NAME or NAME=AMOUNT"),
     (["--cluster", "127.0.0.1:1", "--trial-resource", "gpu_a=x"], "--trial-resource gpu_a=x: the amount must be"),
-    (["--cluster", "127.0.0.1:1", "--endpoint", "http://127.0.0.1:9/v1"], "does not go with --endpoint"),
+    (["--cluster", "127.0.0.1:1", "--endpoint", "http://127.0.0.1:9/v1"], "give --client-nodes K"),
+    (["--client-nodes", "2", "--endpoint", "http://127.0.0.1:9/v1"], "--client-nodes needs --cluster"),
+    (["--cluster", "127.0.0.1:1", "--client-nodes", "2"], "give --endpoint URL"),
 ])
 def test_cluster_options_are_refused_before_anything_connects(args: list[str], message: str,
                                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,70 @@
+"""Where a campaign's trials run, chosen once for the CLI and the GUI alike: connect to the
+cluster, refuse nodes whose code differs from the driver's, run the preflight on every node that
+could host a trial, and say how many trials run at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.config import RunConfig
+from app.errors import UserError
+
+
+@dataclass
+class FleetChoice:
+    """Where a command's trials run: ``fleet`` None is this machine."""
+
+    fleet: Any = None
+    parallel: int = 1
+    client_nodes: int | None = None
+    """Load from this many nodes (``run --endpoint URL --client-nodes K``)."""
+    address: str | None = None
+    """The cluster's address as connected (None: this machine)."""
+    hosts: list[Any] = field(default_factory=list)
+    """The nodes that passed the preflight (``app.fleet.cluster.NodeView``)."""
+
+    def clients(self) -> Any:
+        """The run's client pool factory: one worker per node of the cluster (None: processes here)."""
+        if not self.client_nodes:
+            return None
+        from app.fleet.clients import RayClientPool
+
+        nodes = self.client_nodes
+        return lambda _workers, on_note=None: RayClientPool(nodes, on_note=on_note)
+
+
+def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, skip_bad_nodes: bool = False,
+               extra_resources: dict[str, float] | None = None, client_nodes: int | None = None,
+               report: Callable[[str], None] = lambda line: None) -> FleetChoice:
+    """Connects to the cluster at ``address`` (Ray's forms; ``auto`` and ``RAY_ADDRESS`` as Ray
+    reads them), checks that every node runs the driver's code and passes the preflight. Each
+    problem is one ``report`` line; a refusal is a :class:`UserError`."""
+    from app.fleet import cluster
+
+    used = cluster.connect(address)
+    views = cluster.nodes()
+    wrong = cluster.mismatches(views)
+    for line in wrong:
+        report(line)
+    if wrong:
+        raise UserError(f"{len(wrong)} node(s) of the cluster at {used} do not run the driver's tunebench, Python or "
+                        "Ray (tunebench cluster status shows them)")
+    if client_nodes is not None:
+        alive = sum(1 for v in views if v.alive)
+        if client_nodes > alive:
+            raise UserError(f"--client-nodes {client_nodes}: the cluster at {used} has {alive} live node(s)")
+        report(f"cluster at {used}: the load client runs on {client_nodes} node(s)")
+        return FleetChoice(client_nodes=client_nodes, address=used)
+    from app.fleet.preflight import checked_hosts
+    from app.fleet.trial import RayFleet, trial_resources
+
+    extra = dict(extra_resources or {})
+    wanted = {**trial_resources(config), **extra}
+    hosts = checked_hosts(config, wanted, skip_bad_nodes, report)
+    only = [v.node_id for v in hosts] if skip_bad_nodes else []
+    fleet = RayFleet(extra, only_nodes=only)
+    at_once = parallel or fleet.default_parallel(config)
+    report(f"cluster at {used}: {len(hosts)} node(s) can host trials; up to {at_once} at once")
+    return FleetChoice(fleet, at_once, address=used, hosts=list(hosts))
