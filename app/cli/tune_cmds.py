@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
 from app.cli.argtypes import add_price_argument, add_run_options, bounded_int, db_parent
+from app.cli.fleet_cmds import add_cluster_options, open_fleet
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -77,6 +78,7 @@ class _TuneConsole(_Console):
     def handle(self, ev: Event) -> None:
         p = ev.payload
         if isinstance(p, LogLine) and p.line.startswith("tunebench: tune"):
+            self._prefix = ""  # a trial's line is the tune's, not one node's: the trial's runs say where they run
             self._line(safe(p.line.removeprefix("tunebench: ")))
             return
         if isinstance(p, LogLine) and p.line.startswith("tunebench: campaign"):
@@ -140,15 +142,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
             shared.write_json({"plan": planned.model_dump(mode="json")}, json_path)
         return 0 if any(c.status != "pruned" for c in planned.candidates) else shared.EXIT_FAILED
     shared.check_resume_stores(args, "tune")
+    where = open_fleet(args, config)
 
     def build(recorder: Any, follow: Any) -> Any:
+        on_cluster: dict[str, Any] = {"fleet": where.fleet, "max_parallel": where.parallel, "on_slot_bus": follow} \
+            if where.fleet is not None else {}
         if args.resume is not None:
             from app.tuner.stored import resumable
 
             assert recorder is not None
             stored = resumable(recorder.store, args.resume or None, stem)
             tuner = Tuner.resume(stored, bus, max_candidates=args.trials, budget_s=budget_s, recorder=recorder,
-                                 telemetry=not args.no_telemetry)
+                                 telemetry=not args.no_telemetry, **on_cluster)
             done = sum(1 for t in stored.trials if t.get("status") in ("passed", "failed", "infeasible", "error"))
             print(safe(f"resuming tune {stored.id} ({stored.status}): {done} completed trial(s) kept"))
             return tuner
@@ -158,7 +163,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             space.percentile = args.percentile
         return Tuner(config, bus, slo=_slo(args, space_raw, config), space=space, strategy=args.strategy or "grid",
                      max_candidates=args.trials, budget_s=budget_s, repeats=args.repeats, profile=stem,
-                     recorder=recorder, telemetry=not args.no_telemetry, seed=args.seed)
+                     recorder=recorder, telemetry=not args.no_telemetry, seed=args.seed, **on_cluster)
 
     console = _TuneConsole(sys.stdout, args.verbose)
     state: TuneState
@@ -325,6 +330,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--json", metavar="FILE", help="write the tune (trials, pick) as JSON")
     add_run_options(tune, store_help="do not record anything (no resume)")
     add_price_argument(tune)
+    add_cluster_options(tune)
     tune.set_defaults(handler=cmd_tune)
 
     tunes = sub.add_parser("tunes", help="stored tunes: list, show, report, export the pick, import other tools' points")

@@ -21,6 +21,7 @@ from app.campaign import (
     Campaign,
     EngineKeeper,
     EngineSource,
+    Fleet,
     MachineFacts,
     Recorder,
     RunnerLike,
@@ -78,8 +79,9 @@ class Tuner:
                  engines: EngineSource | None = None, runner_factory: Callable[..., RunnerLike] | None = None,
                  telemetry: bool = True, hardware: HardwareInfo | None = None, flags: FlagSet | None = None,
                  discover_flags: bool = True, plan_gpu: str | None = None, tune_id: str | None = None,
-                 seed: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 seed: int = 0, clock: Callable[[], float] = time.monotonic, fleet: Fleet | None = None,
+                 max_parallel: int = 1, on_slot_bus: Callable[[Bus], None] | None = None,
+                 new_engines: Callable[[], EngineSource] | None = None) -> None:
         if strategy not in ("grid", "bayes"):
             raise UserError(f"unknown strategy '{strategy}' (grid or bayes)")
         if max_candidates is not None and max_candidates < 1:
@@ -88,6 +90,8 @@ class Tuner:
             raise UserError("--budget must be positive")
         if repeats == 1 or repeats < 0:
             raise UserError(f"--repeats must be 0 (off) or at least 2 to give a confidence interval (got {repeats})")
+        if max_parallel < 1:
+            raise UserError(f"--parallel must be at least 1 (got {max_parallel})")
         self.base = config
         self.bus = bus
         self.space = space
@@ -103,13 +107,24 @@ class Tuner:
         self.telemetry = telemetry
         self.plan_gpu = plan_gpu
         self.clock = clock
+        self.fleet = fleet
+        """Where trials run when not on this machine: each configuration's search is a campaign on the cluster."""
+        self.max_parallel = max_parallel
+        """How many configurations are searched at once, each with its own bus, recorder and engines."""
+        self.on_slot_bus = on_slot_bus
+        self.new_engines = new_engines or EngineKeeper
+        """Each side-by-side search's own engine source on this machine."""
+        """Called with each configuration's own bus when they run side by side, so a face can follow it."""
+        self._lock = threading.RLock()  # the state, the store and the sampler, shared by the searches at once
+        self._launches_side = 0  # engines started by the searches' own keepers
         self.machine = MachineFacts(hardware, flags, discover_flags)
         self._rng = random.Random(seed)
         self.seed = seed
         self._keeper: EngineSource | None = None
         self._session_start = 0.0
         self._elapsed_before = 0.0
-        self._stop_search = False
+        self._stopped: set[int] = set()
+        """Candidates whose search stops at the next load (the SLO missed, the budget out, cancelled)."""
         self._budget_out = False
         self._launches_before = 0
         self._resumed = False
@@ -290,15 +305,51 @@ class Tuner:
         return self._elapsed_before + (self.clock() - self._session_start)
 
     def _grid(self, cancel: threading.Event) -> None:
-        for cand in self.state.candidates:
-            if cancel.is_set() or self._budget_out:
-                return
-            if cand.status != "pending":
-                continue
+        def take() -> tuple[Candidate, Any] | None:
+            cand = next((c for c in self.state.candidates if c.status == "pending"), None)
+            if cand is None:
+                return None
             if not self._budget_left():
                 self._budget_out = True
-                return
-            self._search(cand, cancel)
+                return None
+            return cand, None
+
+        self._dispatch(cancel, take, lambda cand, token: None)
+
+    def _dispatch(self, cancel: threading.Event, take: Callable[[], tuple[Candidate, Any] | None],
+                  finish: Callable[[Candidate, Any], None]) -> None:
+        """Searches the candidates ``take`` hands out (under the lock), up to ``max_parallel`` at
+        once; ``finish`` hears of each searched one (under the lock). An error in one search stops
+        the others from starting more and is raised here."""
+        errors: list[BaseException] = []
+
+        def searches() -> None:
+            while not cancel.is_set() and not errors:
+                with self._lock:
+                    got = None if self._budget_out else take()
+                    if got is None:
+                        return
+                    cand, token = got
+                    cand.status = "searching"
+                try:
+                    self._search(cand, cancel)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                with self._lock:
+                    finish(cand, token)
+
+        if self.max_parallel == 1:
+            searches()
+        else:
+            threads = [threading.Thread(target=searches, name=f"tune-search-{n + 1}", daemon=True)
+                       for n in range(self.max_parallel)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if errors:
+            raise errors[0]
 
     def _objective(self, cand: Candidate) -> tuple[float, float]:
         """(value to maximise, constraint: <= 0 met the SLO at some load) of a searched candidate."""
@@ -317,7 +368,7 @@ class Tuner:
         import optuna
         from optuna.distributions import CategoricalDistribution
         from optuna.samplers import TPESampler
-        from optuna.trial import create_trial
+        from optuna.trial import TrialState, create_trial
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         st = self.state
@@ -326,7 +377,8 @@ class Tuner:
         runnable = [c for c in st.candidates if c.status != "pruned"]
         if st.budget_candidates is None and st.budget_s is None:
             st.budget_candidates = min(len(runnable), DEFAULT_BAYES_CANDIDATES)
-        sampler = TPESampler(seed=self.seed, n_startup_trials=max(2, min(10, len(runnable) // 3)))
+        # constant_liar: a configuration searched now counts as a poor one, so the searches at once differ
+        sampler = TPESampler(seed=self.seed, n_startup_trials=max(2, min(10, len(runnable) // 3)), constant_liar=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         by_key = {repr(sorted(c.knobs.items())): c for c in st.candidates}
 
@@ -339,33 +391,43 @@ class Tuner:
                 study.add_trial(create_trial(params=params_of(cand), distributions=dists, value=value,
                                              constraints={"slo": constraint}))
         duplicates = 0
-        while not cancel.is_set() and not self._budget_out:
-            if not any(c.status == "pending" for c in st.candidates):
-                return
-            if not self._budget_left():
-                self._budget_out = True
-                return
-            trial = study.ask(dists) if names else None
-            knobs = normalized(dict(trial.params)) if trial is not None else {}
-            found = by_key.get(repr(sorted(knobs.items())))
-            if found is None or found.status != "pending":
+
+        def take() -> tuple[Candidate, Any] | None:
+            nonlocal duplicates
+            while not cancel.is_set():
+                if not any(c.status == "pending" for c in st.candidates):
+                    return None
+                if not self._budget_left():
+                    self._budget_out = True
+                    return None
+                trial = study.ask(dists) if names else None
+                knobs = normalized(dict(trial.params)) if trial is not None else {}
+                found = by_key.get(repr(sorted(knobs.items())))
+                if found is not None and found.status == "pending":
+                    duplicates = 0
+                    return found, trial
                 if trial is not None:
-                    value, constraint = (0.0, INFEASIBLE_CONSTRAINT) if found is None or found.status == "pruned" \
-                        else self._objective(found)
-                    trial.set_constraint("slo", constraint)
-                    study.tell(trial, value)
+                    if found is not None and found.status == "searching":  # being searched now: the liar stands in
+                        study.tell(trial, state=TrialState.FAIL)
+                    else:
+                        value, constraint = (0.0, INFEASIBLE_CONSTRAINT) if found is None or found.status == "pruned" \
+                            else self._objective(found)
+                        trial.set_constraint("slo", constraint)
+                        study.tell(trial, value)
                 duplicates += 1
                 if duplicates >= MAX_DUPLICATE_ASKS:
                     untried = [c for c in st.candidates if c.status == "pending"]
                     study.enqueue_trial(params_of(self._rng.choice(untried)))
                     duplicates = 0
-                continue
-            duplicates = 0
-            self._search(found, cancel)
+            return None
+
+        def finish(cand: Candidate, trial: Any) -> None:
             if trial is not None:
-                value, constraint = self._objective(found)
+                value, constraint = self._objective(cand)
                 trial.set_constraint("slo", constraint)
                 study.tell(trial, value)
+
+        self._dispatch(cancel, take, finish)
 
     # -- one configuration: its goodput -----------------------------------------------------------
 
@@ -380,55 +442,96 @@ class Tuner:
                 f"{trial.ratios[worst]:.0%} of its limit")
 
     def _search(self, cand: Candidate, cancel: threading.Event) -> None:
+        """One candidate over the load range, lowest load first, until the SLO is missed: a
+        campaign of its own (on its own bus, recorder and engines when searches run side by side)."""
         st = self.state
         load = self.space.load
-        done = {t.load_value for t in st.trials if t.measured and t.candidate == cand.index and t.status == "passed"}
-        levels = [v for v in load.values if not any(math.isclose(v, d or 0.0) for d in done)]
-        cand.status = "searching"
-        self._stop_search = False
-        n = len(st.candidates)
-        steps = []
-        for v in levels:
-            name = f"{st.name} [{cand.index + 1}/{n}] {cand.label} @ {load.label(v)}"
-            steps.append(Step(name, trial_config(self.base, cand.knobs, load.kind, v, slo=self.slo, name=name,
-                                                 tags=[t for t in self.base.tags if not t.startswith(TAG)])))
-        if not steps:
-            self._finish_candidate(cand)
-            return
-        self._publish()
+        with self._lock:
+            done = {t.load_value for t in st.trials if t.measured and t.candidate == cand.index
+                    and t.status == "passed"}
+            levels = [v for v in load.values if not any(math.isclose(v, d or 0.0) for d in done)]
+            cand.status = "searching"
+            self._stopped.discard(cand.index)
+            n = len(st.candidates)
+            steps = []
+            for v in levels:
+                name = f"{st.name} [{cand.index + 1}/{n}] {cand.label} @ {load.label(v)}"
+                steps.append(Step(name, trial_config(self.base, cand.knobs, load.kind, v, slo=self.slo, name=name,
+                                                     tags=[t for t in self.base.tags if not t.startswith(TAG)])))
+            if not steps:
+                self._finish_candidate(cand)
+                return
+            self._publish()
         trials: dict[int, Trial] = {}
 
         def prepare(i: int, step: Step, outcomes: Sequence[StepResult]) -> Step | str:
-            if self._stop_search:
-                return "not run: the SLO was already missed at a lower load"
-            if not self._budget_left(within=True):
-                self._budget_out = True
-                self._stop_search = True
-                cand.status = "cut" if trials else "pending"
-                return "not run: the budget ran out"
-            trial = self._new_trial(cand, load.kind, levels[i])
-            trials[i] = trial
-            self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}")
-            self._save_trial(trial)
-            return step
+            with self._lock:
+                if cand.index in self._stopped:
+                    return "not run: the SLO was already missed at a lower load"
+                if not self._budget_left(within=True):
+                    self._budget_out = True
+                    self._stopped.add(cand.index)
+                    cand.status = "cut" if trials else "pending"
+                    return "not run: the budget ran out"
+                trial = self._new_trial(cand, load.kind, levels[i])
+                trials[i] = trial
+                self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}")
+                self._save_trial(trial)
+                return step
 
         def done_step(i: int, outcome: StepResult) -> None:
-            trial = trials.get(i)
-            if trial is None:
-                return
-            self._evaluate(cand, trial, outcome)
-            self._save_trial(trial)
-            self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}: {self._trial_text(trial)}")
-            self._persist_tune()
+            with self._lock:
+                trial = trials.get(i)
+                if trial is None:
+                    return
+                self._evaluate(cand, trial, outcome)
+                self._save_trial(trial)
+                self._note(f"tune: [{cand.index + 1}/{n}] {cand.label} @ {trial.load_label}: "
+                           f"{self._trial_text(trial)}")
+                self._persist_tune()
 
-        campaign = Campaign(steps, self.bus, engines=self._keeper, recorder=self.recorder, telemetry=self.telemetry,
+        bus, recorder, engines = self.bus, self.recorder, self._keeper
+        side_by_side = self.max_parallel > 1
+        if side_by_side:
+            bus = Bus()
+            if self.on_slot_bus is not None:
+                self.on_slot_bus(bus)
+            if self.recorder is not None:
+                from app.recording import RunRecorder
+
+                recorder = RunRecorder(bus, self.recorder.store)
+            if self.fleet is None:
+                engines = self.new_engines()
+        campaign = Campaign(steps, bus, engines=engines, recorder=recorder, telemetry=self.telemetry,
                             stop_on_failure=False, campaign_id=f"{st.tune_id}-c{cand.index}",
                             runner_factory=self.runner_factory, prepare=prepare, on_step_done=done_step,
-                            extra_tags=[TAG + st.tune_id])
-        campaign.run(cancel)
-        if cancel.is_set() and cand.status == "searching":
-            cand.status = "pending"  # resumable: its cancelled trial runs again
-        self._finish_candidate(cand)
+                            extra_tags=[TAG + st.tune_id], fleet=self.fleet)
+        try:
+            campaign.run(cancel)
+        finally:
+            if side_by_side:
+                self._close_side(recorder, engines)
+        with self._lock:
+            if cancel.is_set() and cand.status == "searching":
+                cand.status = "pending"  # resumable: its cancelled trial runs again
+            self._finish_candidate(cand)
+
+    def _close_side(self, recorder: Recorder | None, engines: EngineSource | None) -> None:
+        """A side-by-side search's own recorder (its errors join the tune's) and engines."""
+        if recorder is not None and recorder is not self.recorder:
+            close = getattr(recorder, "close", None)
+            if close is not None:
+                close()
+            errors = getattr(self.recorder, "errors", None)
+            if isinstance(errors, list):
+                errors.extend(getattr(recorder, "errors", []))
+        if engines is not None and engines is not self._keeper:
+            close = getattr(engines, "close", None)
+            if close is not None:
+                close()
+            launches = getattr(engines, "launches", 0)
+            with self._lock:
+                self._launches_side += launches if isinstance(launches, int) else 0
 
     def _new_trial(self, cand: Candidate, kind: str, value: float) -> Trial:
         st = self.state
@@ -458,7 +561,7 @@ class Tuner:
             trial.tok_s_per_user = per_user(trial.figures)
         if outcome.status == "cancelled":
             trial.status, trial.reason = "cancelled", "cancelled"
-            self._stop_search = True
+            self._stopped.add(cand.index)
             return
         if run is None:  # the engine did not start
             trial.status, trial.reason = "infeasible", f"the engine could not start: {outcome.reason}"
@@ -473,7 +576,7 @@ class Tuner:
         if trial.status == "passed":
             cand.best_trial = trial.index
             return
-        self._stop_search = True
+        self._stopped.add(cand.index)
         cand.binding = f"{trial.reason} at {trial.load_label}"
         if trial.status == "infeasible" and cand.best_trial is None:
             cand.status, cand.reason = "infeasible", trial.reason
@@ -535,8 +638,9 @@ class Tuner:
         campaign = Campaign([Step("confirm the pick", config, st.repeats)], self.bus, engines=self._keeper,
                             recorder=self.recorder, telemetry=self.telemetry, stop_on_failure=False,
                             campaign_id=f"{st.tune_id}-confirm", runner_factory=self.runner_factory,
-                            extra_tags=[TAG + st.tune_id])
-        result = campaign.run(cancel)
+                            extra_tags=[TAG + st.tune_id], fleet=self.fleet, on_slot_bus=self.on_slot_bus)
+        result = campaign.run(cancel, max_parallel=min(self.max_parallel, st.repeats) if self.fleet is not None
+                              else 1)
         outcome = result.steps[0] if result.steps else None
         if outcome is None:
             return
@@ -569,11 +673,15 @@ class Tuner:
             self._note(note)
 
     def _persist_tune(self, create: bool = False, claim: bool = False) -> None:
+        with self._lock:
+            self._persist_tune_locked(create, claim)
+
+    def _persist_tune_locked(self, create: bool, claim: bool) -> None:
         st = self.state
         st.elapsed_s = self._elapsed() if self._session_start else st.elapsed_s
         launches = getattr(self._keeper, "launches", None)
         if isinstance(launches, int):
-            st.engine_launches = self._launches_before + launches
+            st.engine_launches = self._launches_before + launches + self._launches_side
         if self.store is not None:
             from db import tune_store
             from db.errors import StoreError
@@ -593,6 +701,10 @@ class Tuner:
         self._publish()
 
     def _save_trial(self, trial: Trial, publish: bool = True) -> None:
+        with self._lock:
+            self._save_trial_locked(trial, publish)
+
+    def _save_trial_locked(self, trial: Trial, publish: bool) -> None:
         if self.store is not None:
             from db import tune_store
             from db.errors import StoreError
@@ -610,8 +722,9 @@ class Tuner:
 
     def _publish(self) -> None:
         """The state on the bus (a copy: the tune goes on changing its own)."""
-        self.state.revision += 1
-        self.bus.emit(CampaignUpdated(state=self.state.model_copy(deep=True)))
+        with self._lock:  # in revision order, whichever search publishes
+            self.state.revision += 1
+            self.bus.emit(CampaignUpdated(state=self.state.model_copy(deep=True)))
 
     def _end(self, status: Any, reason: str | None) -> None:
         st = self.state

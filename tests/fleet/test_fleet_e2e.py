@@ -284,3 +284,43 @@ def test_load_from_two_nodes_merges_into_one_level_that_the_engine_counted(ray_c
         assert "started on 2 hosts within" in notes and "ms of each other" in notes
     finally:
         engine.stop()
+
+
+SPACE = """
+slo = "e2e_ms<=600000"
+[knobs]
+max_num_seqs = [2, 4]
+[load]
+concurrency = [1, 2]
+"""
+
+
+def test_a_four_trial_grid_tune_two_at_once_lands_on_both_nodes(ray_cluster: LocalRayCluster, gguf: Path,
+                                                                 tmp_path: Path,
+                                                                 engines_before: set[tuple[int, float]]) -> None:
+    from app.analysis.summary import numbers
+
+    space = tmp_path / "space.toml"
+    space.write_text(SPACE)
+    out = tmp_path / "tune.json"
+    done = tunebench(["tune", str(tiny_profile(tmp_path)), "--space", str(space), "--cluster", ray_cluster.address,
+                      "--parallel", "2", "--json", str(out)], ray_cluster, tmp_path, timeout_s=600)
+    print(done.stdout[-4000:], done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr
+    assert "up to 2 at once" in done.stderr
+    tune = json.loads(out.read_text())["tune"]
+    assert tune["status"] == "completed" and tune["pick"] is not None
+    trials = tune["trials"]
+    assert len(trials) == 4 and {t["status"] for t in trials} == {"passed"}
+    store = RunStore(tmp_path / "runs.db")
+    runs = [store.get_run(t["run_id"]) for t in trials]
+    nodes = {node_of(r.tags) for r in runs}
+    assert len(nodes) == 2 and None not in nodes, nodes  # the two configurations were searched side by side
+    for run in runs:
+        assert run.status == "completed"
+        assert run.hardware["node"]["label"] == node_of(run.tags)
+        figures = numbers(run.metrics)
+        assert figures["tokens_match_engine"] == 1.0, figures  # the client's tokens equal the engine's counter
+    spans = sorted((t["started_at"], t["finished_at"]) for t in trials)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))  # two trials ran at the same time
+    assert not engines_since(engines_before)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -457,3 +458,79 @@ def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store:
     assert any(t.status == "running" for s in seen for t in s.trials)  # a trial was seen under way
     kinds = {e["kind"] for run in store.list_runs() for e in store.get_run(run.id).events}
     assert kinds and "campaign" not in kinds
+
+
+# --- searches side by side (a cluster's slots; here stand-in engines on this machine) ----------------
+
+class _Overlap:
+    """Counts the runs under way at once (each run sleeps a little so that they can overlap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def __call__(self, config: RunConfig) -> str | None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.05)
+        with self.lock:
+            self.now -= 1
+        return None
+
+
+def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: RunStore) -> None:
+    serial, _, _ = tune(None)
+    FakeTuneRunner.reset()
+    overlap = _Overlap()
+    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    followed: list[Bus] = []
+    launched: list[FakeEngines] = []
+
+    def own_engines() -> FakeEngines:
+        launched.append(FakeEngines())
+        return launched[-1]
+
+    state, _, _ = tune(store, max_parallel=3, new_engines=own_engines, on_slot_bus=followed.append)
+    assert overlap.most == 3  # three configurations were searched at once
+    assert len(followed) == len(launched) == len(state.candidates)  # each search: its own bus and engines
+    assert state.engine_launches == sum(e.launches for e in launched) == len(state.candidates)
+
+    def outcome(st: TuneState) -> list[tuple[int, float | None, str]]:
+        return sorted((t.candidate, t.load_value, t.status) for t in st.trials)
+
+    assert outcome(state) == outcome(serial)
+    assert state.pick is not None and serial.pick is not None and state.pick.knobs == serial.pick.knobs
+    assert len({t.index for t in state.trials}) == len(state.trials)  # no two trials share an index
+    stored = load_tune(store, state.tune_id)
+    assert sorted((t.candidate, t.load_value, t.status) for t in stored.trials) == outcome(state)
+    for trial in state.trials:  # every trial's own run, stored by its search's own recorder
+        run = store.get_run(trial.run_id or 0)
+        assert run.status == "completed" and f"tune:{state.tune_id}" in run.tags
+        assert run.config["load"]["concurrency"] == trial.load_value
+    assert len({t.run_id for t in state.trials}) == len(state.trials)
+
+
+def test_bayes_two_at_a_time_never_searches_a_configuration_twice(store: RunStore) -> None:
+    overlap = _Overlap()
+    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    state, _, _ = tune(store, strategy="bayes", max_candidates=4, seed=3, max_parallel=2, new_engines=FakeEngines)
+    searched = [c for c in state.candidates if c.status in ("done", "infeasible")]
+    assert len(searched) == 4 and overlap.most == 2
+    assert len({repr(sorted(c.knobs.items())) for c in searched}) == 4
+    assert state.status == "completed" and state.pick is not None
+
+
+def test_an_error_in_one_search_stops_the_tune_and_is_raised(store: RunStore) -> None:
+    def crash(config: RunConfig) -> str | None:
+        if config.features.max_num_seqs == 8 and config.load.concurrency == 8:
+            raise RuntimeError("a search died here")
+        time.sleep(0.02)
+        return None
+
+    FakeTuneRunner.hook = staticmethod(crash)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="a search died here"):
+        tune(store, max_parallel=2, new_engines=FakeEngines)
+    (stored,) = tune_store.list_tunes(store)
+    assert stored.status == "failed"
