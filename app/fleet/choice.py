@@ -35,6 +35,25 @@ class FleetChoice:
         return lambda _workers, on_note=None: RayClientPool(nodes, on_note=on_note)
 
 
+def same_hardware(hosts: list[Any]) -> tuple[list[Any], str | None]:
+    """The nodes a campaign's trials use: all of them when they have one hardware model (GPU
+    models, or the CPU without a GPU), else those of the model most of them have, so that its
+    repeats and steps compare fairly; and the line that says so (None: nothing left out)."""
+    from app.analysis.compare import hardware_model
+
+    groups: dict[str, list[Any]] = {}
+    for view in hosts:
+        model = hardware_model(view.report.hardware()) if view.report is not None else "unknown hardware"
+        groups.setdefault(model, []).append(view)
+    if len(groups) < 2:
+        return list(hosts), None
+    model, chosen = max(groups.items(), key=lambda group: len(group[1]))  # a tie: the model seen first
+    others = "; ".join(f"{len(views)} with {name}" for name, views in groups.items() if name != model)
+    return chosen, (f"the nodes that can host trials differ in hardware: trials run on the {len(chosen)} with "
+                    f"{model}, so that their runs compare fairly (left out: {others}; --trial-resource picks "
+                    "nodes by hand)")
+
+
 def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, skip_bad_nodes: bool = False,
                extra_resources: dict[str, float] | None = None, client_nodes: int | None = None,
                report: Callable[[str], None] = lambda line: None) -> FleetChoice:
@@ -62,8 +81,10 @@ def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, 
 
     extra = dict(extra_resources or {})
     wanted = {**trial_resources(config), **extra}
-    hosts = checked_hosts(config, wanted, skip_bad_nodes, report)
-    only = [v.node_id for v in hosts] if skip_bad_nodes else []
+    hosts, mixed = same_hardware(checked_hosts(config, wanted, skip_bad_nodes, report))
+    if mixed:
+        report(mixed)
+    only = [v.node_id for v in hosts] if skip_bad_nodes or mixed else []
     fleet = RayFleet(extra, only_nodes=only)
     at_once = parallel or fleet.default_parallel(config)
     report(f"cluster at {used}: {len(hosts)} node(s) can host trials; up to {at_once} at once")

@@ -55,9 +55,14 @@ class NodeReport:
     gpu_models: list[str] = field(default_factory=list)
     gpu_uuids: list[str] = field(default_factory=list)
     driver_version: str | None = None
+    cpu_model: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def hardware(self) -> dict[str, Any]:
+        """The node's hardware in the shape a stored run's has (``app.analysis.compare.hardware_model`` reads it)."""
+        return {"gpus": [{"name": name} for name in self.gpu_models], "cpu_model": self.cpu_model}
 
 
 def node_report() -> NodeReport:
@@ -70,7 +75,7 @@ def node_report() -> NodeReport:
     return NodeReport(node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
                       tunebench=code_version(), python=platform.python_version(), ray=ray.__version__,
                       gpu_models=[g.name for g in hardware.gpus], gpu_uuids=[g.uuid for g in hardware.gpus],
-                      driver_version=hardware.driver_version)
+                      driver_version=hardware.driver_version, cpu_model=hardware.cpu_model)
 
 
 @dataclass

@@ -83,3 +83,24 @@ def test_cluster_options_are_refused_before_anything_connects(args: list[str], m
     assert main(["run", "llamacpp-cpu-demo", "--no-store", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def _host(node_id: str, gpus: list[str], cpu: str = "EPYC 9654") -> NodeView:
+    report = NodeReport(node_id=node_id, hostname=f"host-{node_id}", tunebench="x", python="3.11", ray="2",
+                        gpu_models=gpus, cpu_model=cpu)
+    return NodeView(node_id=node_id, address="10.0.0.1", alive=True, total={}, free={}, report=report)
+
+
+def test_trials_keep_to_the_nodes_of_one_hardware_model_so_repeats_compare_fairly() -> None:
+    from app.fleet.choice import same_hardware
+
+    h100 = [_host("a", ["NVIDIA H100 80GB HBM3"] * 8), _host("b", ["NVIDIA H100 80GB HBM3"] * 8)]
+    a100 = [_host("c", ["NVIDIA A100-SXM4-80GB"] * 8)]
+    chosen, line = same_hardware([*a100, *h100])
+    assert [v.node_id for v in chosen] == ["a", "b"]  # the model most nodes have
+    assert line is not None and "trials run on the 2 with NVIDIA H100 80GB HBM3" in line
+    assert "left out: 1 with NVIDIA A100-SXM4-80GB" in line
+    same, none = same_hardware(h100)
+    assert same == h100 and none is None
+    cpus, mixed_cpus = same_hardware([_host("d", [], "Xeon 8480"), _host("e", [], "EPYC 9654")])
+    assert len(cpus) == 1 and mixed_cpus is not None and "CPU Xeon 8480" in mixed_cpus  # CPU engines: the CPU counts
