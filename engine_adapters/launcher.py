@@ -41,6 +41,7 @@ from engine_adapters.process_group import (
     process_start_s,
     same_process_alive,
     stop_group,
+    stop_signals_unblocked,
 )
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
@@ -278,10 +279,11 @@ class EngineProcess:
         self.started_monotonic = time.monotonic()
         self._set_phase(Phase.LAUNCHING, " ".join(self.argv[:3]))
         try:
-            self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=env, text=True, encoding="utf-8", errors="replace", bufsize=1, start_new_session=True,
-            )
+            with stop_signals_unblocked():
+                self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
+                    self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    env=env, text=True, encoding="utf-8", errors="replace", bufsize=1, start_new_session=True,
+                )
         except OSError as exc:
             raise EngineStartError(f"could not start the engine ({self.argv[0]}): {exc.strerror}") from exc
         owner_pid, owner_start_s = process_identity()

@@ -20,13 +20,15 @@ argv, and an exported script runs with either:
   came first): the process is bound to them and runs one compute thread per core, so the load
   client keeps the core left to it.
 - SIGINT or SIGTERM stops the server and exits 0 (llama.cpp installs its own handlers while it
-  starts; they are replaced once it is up, so the main thread, which only waits, hears them).
+  starts; they are replaced once it is up, so the main thread, which only waits, hears them),
+  within ``STOP_DRAIN_S`` even when its slots are still busy (then with exit status 1).
 
 Imports nothing from tunebench: it runs in the engine's venv, which has only ``xllamacpp``.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -38,6 +40,8 @@ from typing import Any
 PROG = "tunebench-llama-server"
 API_KEY_ENV = "LLAMA_API_KEY"
 CPU_LIST_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+STOP_DRAIN_S = 3.0
+"""After SIGINT or SIGTERM, the server gets this long to finish its slots' work; then the process exits."""
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 """llama.cpp's KV cache types (``kv_cache_types`` in common/arg.cpp), offered when ggml has them."""
 FLASH_ATTN = {"on": "LLAMA_FLASH_ATTN_TYPE_ENABLED", "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
@@ -338,7 +342,14 @@ def main(argv: Sequence[str]) -> int:
     print(f"{PROG}: serving on {server.listening_address}", flush=True)
     while not stop.wait(1.0):
         pass
-    print(f"{PROG}: stopping", flush=True)
+    # The server's destructor waits for its slots' work while holding the GIL, for as long as a
+    # long generation takes: past the stop the watchdog or tunebench waits for. faulthandler's
+    # timer is a C thread that needs no GIL: it ends the process (exit status 1) if it comes to that.
+    faulthandler.dump_traceback_later(STOP_DRAIN_S, exit=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    try:
+        print(f"{PROG}: stopping", flush=True)
+    except OSError:  # the process that read the log is gone (killed): stop all the same
+        pass
     del server
     return 0
 

@@ -10,6 +10,7 @@ import platform
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,24 @@ _EPOCH_START_FLOOR_S = 1e9
 system without /proc), never seconds since boot."""
 _SAME_START_TOLERANCE_S = 0.05  # /proc counts in clock ticks (1/100 s): equal starts match exactly
 _EPOCH_TOLERANCE_S = 2.0  # the epoch form moves by a whole second when the kernel's boot time does
+
+
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def stop_signals_unblocked() -> Iterator[None]:
+    """The stop signals unblocked in the calling thread while a child is started: a child inherits
+    its parent thread's signal mask, and a thread that blocks SIGINT (a Ray actor's task thread
+    does) would start an engine deaf to the SIGINT it is stopped with."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def process_start_s(pid: int) -> float | None:

@@ -27,7 +27,11 @@ BATCH_INTERVAL_S = 0.1
 MAX_BATCH_ITEMS = 2_000
 PLACEMENT_POLL_S = 0.5
 NODE_LOST = "node {label} lost"
-"""The reason of a run whose node (or actor) went away: the trial runs again once, elsewhere."""
+"""The reason of a run whose node went away: the trial runs again once, elsewhere."""
+WORKER_DIED = "the trial's worker on node {label} died"
+"""The reason of a run whose actor died on a node that lives on (its engine's watchdog stopped the
+engine): the trial runs again once, in a new placement."""
+LOST_PREFIXES = (NODE_LOST.split("{")[0], WORKER_DIED.split("{")[0])
 CPU_ENGINE_CORES = 1
 """Cores a trial of a CPU engine asks Ray for, beside the client's core."""
 CLIENT_CORES = 1
@@ -119,6 +123,16 @@ class TrialWorker:
         yield result
 
 
+def _node_alive(node_id: str) -> bool:
+    """Whether Ray still counts the node alive (its actor may have died alone)."""
+    import ray
+
+    try:
+        return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())
+    except Exception:  # the cluster cannot say: the node is taken for lost
+        return False
+
+
 class RemoteRun:
     """A run on the slot's actor, seen from the driver: it republishes the streamed items on the
     driver's bus and returns the run's result. A lost node ends it ``interrupted``."""
@@ -162,7 +176,8 @@ class RemoteRun:
                 return part
         except ray.exceptions.RayActorError:
             self.slot.lost(actor)
-            return self._interrupted(config, run_id, NODE_LOST.format(label=placed.label))
+            gone = NODE_LOST if not _node_alive(placed.node_id) else WORKER_DIED
+            return self._interrupted(config, run_id, gone.format(label=placed.label))
         finally:
             done.set()
         raise UserError(f"the trial on node {placed.label} ended without a result")
@@ -237,7 +252,7 @@ class RaySlot:
         """A run whose node was lost runs again once (its placement goes: Ray places the next one
         on a node that is alive)."""
         key = run.config.name + "|" + ",".join(t for t in run.config.tags if not t.startswith(NODE_TAG))
-        if not (run.reason or "").startswith("node ") or key in self._requeued:
+        if not (run.reason or "").startswith(LOST_PREFIXES) or key in self._requeued:
             return False
         self._requeued.add(key)
         self.close()

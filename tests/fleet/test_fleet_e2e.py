@@ -324,3 +324,80 @@ def test_a_four_trial_grid_tune_two_at_once_lands_on_both_nodes(ray_cluster: Loc
     spans = sorted((t["started_at"], t["finished_at"]) for t in trials)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))  # two trials ran at the same time
     assert not engines_since(engines_before)
+
+
+def test_ctrl_c_cancels_every_trial_stops_every_engine_and_keeps_the_finished(ray_cluster: LocalRayCluster,
+                                                                             gguf: Path, tmp_path: Path,
+                                                                             engines_before: set[tuple[int, float]]) \
+        -> None:
+    out = tmp_path / "result.json"
+    driver = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(tiny_profile(tmp_path, requests=60)),
+                               "--repeat", "3", "--cluster", ray_cluster.address, "--parallel", "2", "--json",
+                               str(out)],
+                              env={**ray_cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(driver.stdout.readline, "")),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and sum("] level 0" in line for line in list(lines)) < 3:
+            time.sleep(0.1)  # the third repeat starts once one of the first two has finished
+        assert sum("] level 0" in line for line in list(lines)) >= 3, "".join(lines[-40:])
+        running = [r for r in engines_since(engines_before) if r.pid and group_members(r.pid)]
+        assert running, "no engine ran"
+        os.kill(driver.pid, signal.SIGINT)
+        assert driver.wait(timeout=60) == 130, "".join(lines[-40:])
+        interrupted = time.monotonic()
+        left = running
+        while time.monotonic() - interrupted < 10 and left:
+            left = [r for r in running if group_members(r.pid)]
+            time.sleep(0.25)
+        assert not left, f"engines still running 10 s after Ctrl-C: {[r.pid for r in left]}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    reader.join(timeout=10)
+    stored = RunStore(tmp_path / "runs.db").list_runs()
+    statuses = sorted(r.status for r in stored)
+    assert "completed" in statuses and "cancelled" in statuses, statuses  # the finished stay, the rest cancelled
+    assert set(statuses) <= {"completed", "cancelled"}, statuses
+    assert not engines_since(engines_before)
+
+
+def test_a_trials_worker_killed_takes_its_engine_with_it_and_the_run_goes_again(
+        ray_cluster: LocalRayCluster, gguf: Path, tmp_path: Path, engines_before: set[tuple[int, float]]) -> None:
+    from app.fleet.trial import RayFleet
+
+    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
+    bus = Bus()
+    store = RunStore(tmp_path / "died.db")
+    recorder = RunRecorder(bus, store)
+    box: dict[str, object] = {}
+    campaign = Campaign([Step("worker dies", config, 1)], bus, fleet=RayFleet(), recorder=recorder)
+    worker = threading.Thread(target=lambda: box.update(result=campaign.run()), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    engines: list[EngineRecord] = []
+    while time.monotonic() < deadline and not engines:
+        engines = [r for r in engines_since(engines_before) if r.pid and group_members(r.pid)]
+        time.sleep(0.25)
+    assert len(engines) == 1, "the trial's engine never ran"
+    (engine,) = engines
+    time.sleep(2.0)  # its requests are under way
+    os.kill(engine.owner_pid, signal.SIGKILL)  # the trial's actor: the process that launched the engine
+    killed = time.monotonic()
+    while time.monotonic() - killed < 10 and group_members(engine.pid):
+        time.sleep(0.25)
+    assert not group_members(engine.pid), "the engine outlived its worker by 10 s"
+    worker.join(timeout=240)
+    assert not worker.is_alive()
+    recorder.close()
+    result = box["result"]
+    step = result.steps[0]  # type: ignore[attr-defined]
+    assert result.status == "completed", result.reason  # type: ignore[attr-defined]
+    assert [r.status for r in step.runs] == ["interrupted", "completed"]
+    assert step.runs[0].reason.startswith("the trial's worker on node ") and step.runs[0].reason.endswith(" died")
+    assert [store.get_run(i).status for i in step.stored_ids] == ["interrupted", "completed"]
+    assert not engines_since(engines_before)

@@ -306,3 +306,27 @@ def test_a_start_time_is_read_past_a_command_name_with_spaces_and_parentheses(tm
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_an_engine_started_from_a_thread_that_blocks_sigint_still_hears_it(script: Path) -> None:
+    """A Ray actor's task thread blocks SIGINT, and a child inherits its parent thread's mask: an
+    engine started there would not hear the SIGINT it is stopped with (the watchdog's first)."""
+    import threading
+
+    box: dict[str, EngineProcess] = {}
+
+    def start() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        box["engine"] = launch(script, "polite")
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    starter.join()
+    engine = box["engine"]
+    try:
+        engine.wait_ready(timeout_s=30)
+        status = Path(f"/proc/{engine.pid}/status").read_text().splitlines()
+        blocked = int(next(line for line in status if line.startswith("SigBlk:")).split()[1], 16)
+        assert not blocked & (1 << (signal.SIGINT - 1)), f"SIGINT blocked in the engine (SigBlk {blocked:#x})"
+    finally:
+        engine.stop(grace_s=(1.0, 3.0, 3.0))
