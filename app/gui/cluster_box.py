@@ -39,8 +39,11 @@ from app.gui.workers import Worker, run_in_worker
 
 ADDRESS_HINT = "auto, HOST:6379 or ray://HOST:10001"
 MAX_TRIALS_AT_ONCE = 64
-NODE_COLUMNS = ("node", "alive", "CPUs free", "GPUs free", "tunebench", "mismatch")
-TABLE_ROWS_SHOWN = 4
+NODE_COLUMNS = ("node", "alive", "CPUs", "GPUs", "tunebench", "mismatch")
+COLUMN_TIPS = ("Host name / the start of Ray's node id", "Whether Ray sees the node", "Free / total cores",
+               "Free / total GPUs, and their model", "The node's tunebench: version + a digest of its code",
+               "Whether the node's tunebench, Python or Ray differ from this workbench's")
+TABLE_ROWS_SHOWN = 3
 """Rows the node table shows before it scrolls: the configuration above keeps its room."""
 HERE_TEXT = "Empty: runs on this machine, one after another."
 
@@ -117,26 +120,35 @@ class ClusterBox(QGroupBox):
         self.parallel.setSpecialValueText("auto")
         self.parallel.setToolTip("At most this many trials at once; auto: as many as the cluster's free "
                                  "resources hold")
+        self.parallel.setFixedWidth(self.parallel.fontMetrics().horizontalAdvance("auto") * 3)
         self.status_label = QLabel(HERE_TEXT)
         self.status_label.setObjectName("clusterStatus")
         self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.table = QTableWidget(0, len(NODE_COLUMNS))
         self.table.setObjectName("clusterNodes")
-        self.table.setHorizontalHeaderLabels(list(NODE_COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
         self.table.setWordWrap(False)
+        self.table.setShowGrid(False)
+        self.table.setAlternatingRowColors(True)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
+        for col, (name, tip) in enumerate(zip(NODE_COLUMNS, COLUMN_TIPS, strict=True)):
+            heading = QTableWidgetItem(name)
+            heading.setToolTip(tip)
+            self.table.setHorizontalHeaderItem(col, heading)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)
+        header.setSectionResizeMode(NODE_COLUMNS.index("tunebench"), QHeaderView.ResizeMode.Stretch)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the version elides instead
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.table.setVisible(False)
         grid.addWidget(QLabel("Address"), 0, 0)
         grid.addWidget(self.address_edit, 0, 1)
         grid.addWidget(self.check_button, 0, 2)
         grid.addWidget(QLabel("Trials at once"), 1, 0)
-        grid.addWidget(self.parallel, 1, 1, 1, 2)
+        grid.addWidget(self.parallel, 1, 1, 1, 2, Qt.AlignmentFlag.AlignLeft)
         grid.addWidget(self.status_label, 2, 0, 1, 3)
         grid.addWidget(self.table, 3, 0, 1, 3)
         grid.setColumnStretch(1, 1)
@@ -211,6 +223,7 @@ class ClusterBox(QGroupBox):
         for row, node in enumerate(status.nodes):
             for col, text in enumerate(node_cells(node)):
                 item = QTableWidgetItem(text)
+                item.setToolTip(text)
                 if col == 5 and node.mismatches or col == 1 and not node.alive:
                     item.setForeground(QBrush(QColor(LIGHT.bad)))
                     item.setToolTip("\n".join(node.mismatches) or "Ray lost this node")
@@ -229,7 +242,8 @@ class ClusterBox(QGroupBox):
         if status is None:
             return
         line = status.line(self.parallel.value() or None)
-        self._say(f"{status.address}: {line}", LIGHT.bad if status.mismatches or not status.hosts else LIGHT.good)
+        self._say(line, LIGHT.bad if status.mismatches or not status.hosts else LIGHT.good)
+        self.status_label.setToolTip(f"{status.address}: {line}; this workbench runs tunebench {status.driver}")
 
     def _say(self, text: str, colour: str) -> None:
         self.status_label.setText(text)

@@ -94,7 +94,8 @@ def test_the_check_lists_the_nodes_of_a_real_cluster(qtbot, ray_cluster: LocalRa
                                                      make_window: Callable[..., MainWindow]) -> None:
     window = make_window()
     text = check(qtbot, window, ray_cluster.address)
-    assert text == f"{ray_cluster.address}: 3 nodes, 2 can host trials; up to 2 at once", text
+    assert text == "3 nodes, 2 can host trials; up to 2 at once", text
+    assert window.cluster_box.status_label.toolTip().startswith(f"{ray_cluster.address}: 3 nodes")
     table = window.cluster_box.table
     assert table.isVisible() and table.rowCount() == 3
     rows = [[table.item(r, c).text() for c in range(table.columnCount())] for r in range(3)]
