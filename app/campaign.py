@@ -560,9 +560,11 @@ def repeat_lines(step: StepResult, keys: Sequence[str] | None = None) -> list[st
 
 def run_repeats(config: RunConfig, repeats: int, bus: Bus, cancel: threading.Event | None = None, *,
                 engines: EngineSource | None = None, db_path: str | None = None, endpoint: str | None = None,
-                api_key: str | None = None, record: bool = True, telemetry: bool = True) -> CampaignResult:
+                api_key: str | None = None, record: bool = True, telemetry: bool = True, fleet: Fleet | None = None,
+                max_parallel: int = 1, on_slot_bus: Callable[[Bus], None] | None = None) -> CampaignResult:
     """``config`` run ``repeats`` times, each on a cold cache, recorded to the run database, with
-    the engine kept between repeats (what ``--repeat`` and the GUI's Repeats box do)."""
+    the engine kept between repeats (what ``--repeat`` and the GUI's Repeats box do). With a
+    ``fleet``, each repeat is a trial on the cluster, up to ``max_parallel`` at once."""
     recorder = None
     if record:
         from app.recording import record_to_default_store
@@ -570,8 +572,9 @@ def run_repeats(config: RunConfig, repeats: int, bus: Bus, cancel: threading.Eve
         recorder = record_to_default_store(bus, db_path)
     try:
         campaign = Campaign([Step(config.name, config, repeats)], bus, endpoint=endpoint, api_key=api_key,
-                            engines=engines, recorder=recorder, telemetry=telemetry)
-        return campaign.run(cancel)
+                            engines=engines, recorder=recorder, telemetry=telemetry, fleet=fleet,
+                            on_slot_bus=on_slot_bus)
+        return campaign.run(cancel, max_parallel=max(1, min(max_parallel, repeats)))
     finally:
         if recorder is not None:
             recorder.close()

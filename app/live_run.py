@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from app.analysis import metric_catalog as catalog
+from app.analysis.compare import NODE_TAG
 from app.config import RunConfig
 from app.events import (
     CLIENT_SOURCE,
@@ -97,6 +98,9 @@ class LiveRun:
         self.notices: list[str] = []
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.outcome: RunFinished | None = None
+        self.nodes: dict[str, str] = {}
+        """Run id -> the cluster node it runs on (its ``node:`` tag): the trials of a campaign on a
+        cluster run side by side, and each one's lines say where they come from."""
         self.latest: dict[tuple[str, str], float] = {}
         """The last value of each (source, value name) of :data:`LIVE_SOURCES`: the tiles'."""
 
@@ -118,7 +122,7 @@ class LiveRun:
             if not isinstance(item, Event):
                 continue
             if isinstance(item.payload, LogLine):
-                lines.append(item.payload.line)  # one batch per drain, after the events
+                lines.append(self.on_node(item.payload.run_id, item.payload.line))  # one batch per drain
                 continue
             if isinstance(item.payload, EngineReady):
                 samples = [s for s in samples if s.t_mono >= item.t_mono]
@@ -139,12 +143,15 @@ class LiveRun:
         match event.payload:
             case RunStarted() as started:
                 self.run, self.outcome = started, None
+                node = node_of(started.tags)
+                if node is not None:
+                    self.nodes[started.run_id] = node
                 self.started.emit(started)
             case PhaseChanged() as phase:
                 self.phase = phase
                 self.phase_changed.emit(phase)
             case LogLine() as log:
-                self._log([log.line])
+                self._log([self.on_node(log.run_id, log.line)])
             case EngineReady() as ready:
                 self.ready = ready
                 self.level_started_wall_s.clear()
@@ -174,6 +181,11 @@ class LiveRun:
             case RequestDone() | CampaignUpdated():
                 pass  # the store keeps requests; the campaign tabs draw campaigns
 
+    def on_node(self, run_id: str | None, text: str) -> str:
+        """``text`` of the run ``run_id``, prefixed with its node when it runs on a cluster."""
+        node = self.nodes.get(run_id) if run_id is not None else None
+        return f"[{node}] {text}" if node is not None else text
+
     def _log(self, lines: list[str]) -> None:
         self.log_tail.extend(lines)
         self.logged.emit(lines)
@@ -188,6 +200,11 @@ class LiveRun:
         if steady is None or started is None or t0_wall_s is None:
             return None
         return started + steady.start_s - t0_wall_s, started + steady.end_s - t0_wall_s
+
+
+def node_of(tags: Iterable[str]) -> str | None:
+    """The cluster node a run ran on, from its tags (None: this machine)."""
+    return next((t.removeprefix(NODE_TAG) for t in tags if t.startswith(NODE_TAG)), None)
 
 
 def load_text(config: RunConfig) -> str:

@@ -141,20 +141,45 @@ def connect(address: str | None) -> str:
 
     chosen = cluster_address(address)
     if ray.is_initialized():
-        return chosen
+        current = _connected_address()
+        if chosen == "auto" or current is None or chosen == current:
+            return chosen
+    # A new address (the GUI's box checks one cluster, then another) must answer before the
+    # connection in use is dropped: an unreachable one leaves it as it was.
     _check_reachable(chosen)
+    if ray.is_initialized():
+        disconnect()
     try:
         ray.init(address=chosen, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
                  configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot connect to the Ray cluster at {chosen}: {first}") from None
+    _CONNECTED["address"] = chosen
     return chosen
+
+
+_CONNECTED: dict[str, str] = {}
+"""The address this process connected to through :func:`connect`."""
+
+
+def _connected_address() -> str | None:
+    """The address of the connection in use: the one :func:`connect` made, else the cluster's own
+    (a connection made elsewhere, as a test's); None when Ray cannot say (a client connection)."""
+    import ray
+
+    if "address" in _CONNECTED:
+        return _CONNECTED["address"]
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:
+        return None
 
 
 def disconnect() -> None:
     import ray
 
+    _CONNECTED.clear()
     if ray.is_initialized():
         ray.shutdown()
 

@@ -311,10 +311,17 @@ class RayFleet:
         from app.fleet.cluster import nodes
 
         wanted = {**trial_resources(config), **self.extra_resources}
-        total = 0
-        for view in nodes(reports=False):
-            if not view.alive or (self.only_nodes and view.node_id not in self.only_nodes):
-                continue
-            fits = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in wanted.items() if amount > 0]
-            total += min(fits) if fits else 0
-        return max(1, total)
+        return trials_at_once(nodes(reports=False), wanted, self.only_nodes)
+
+
+def trials_at_once(views: list[Any], wanted: dict[str, float], only_nodes: list[str] | None = None) -> int:
+    """How many trials needing ``wanted`` the free resources of the live ``views``
+    (``app.fleet.cluster.NodeView``) hold at once, at least 1: the default of ``--parallel`` and
+    of the GUI's "trials at once"."""
+    total = 0
+    for view in views:
+        if not view.alive or (only_nodes and view.node_id not in only_nodes):
+            continue
+        fits = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in wanted.items() if amount > 0]
+        total += min(fits) if fits else 0
+    return max(1, total)

@@ -37,6 +37,7 @@ from app.gui.workers import run_in_worker
 
 if TYPE_CHECKING:
     from app.bus import Bus
+    from app.gui.cluster_box import ClusterChoice
     from app.gui.config_panel import ConfigPanel
     from app.gui.config_state import ConfigState
     from app.gui.live import PhaseBar
@@ -82,6 +83,13 @@ class CampaignHost(Protocol):
     def keep_engine(self) -> QCheckBox: ...
     @property
     def running(self) -> bool: ...
+    def cluster_choice(self) -> ClusterChoice | None:
+        """Where the campaign's steps run: a Ray cluster, or None for this machine."""
+        ...
+
+    def follow_slot(self, slot_bus: Bus) -> None:
+        """The live view follows a campaign slot's bus too (a trial on a cluster)."""
+        ...
 
     def with_store(self, fn: Callable[[RunStore], T]) -> T:
         """``fn(store)`` on the window's run database (from a worker)."""

@@ -36,6 +36,7 @@ from app.bus import Bus, Event
 from app.cost import sources_text, step_costs, usd_text
 from app.events import CampaignUpdated
 from app.gui.campaign_panel import CampaignHost, CampaignTab
+from app.gui.cluster_box import open_cluster
 from app.gui.ladder_chart import StaircaseChart
 from app.gui.theme import DARK, LIGHT
 from app.gui.workers import run_in_worker
@@ -298,8 +299,13 @@ class LadderTab(CampaignTab):
         keep, session, bus, db_path, hardware, flags = (w.keep_engine.isChecked(), w.session, w.bus, w.db_path,
                                                         w.hardware, w.flags)
         stem = w.profile_path.stem if w.profile_path else ""
+        cluster, follow = w.cluster_choice(), w.follow_slot
 
         def work() -> LadderState:
+            if cluster is not None:  # each step is a trial on the cluster, side by side (ladder --cluster)
+                on_cluster = open_cluster(cluster, config, bus, follow)
+                return run_ladder(config, bus, cancel, spec=spec, profile=stem, db_path=db_path, hardware=hardware,
+                                  flags=flags, runner_factory=self.runner_factory, **on_cluster)
             if not keep:
                 session.shutdown()  # the ladder keeps its own engine from step to step, then stops it
             return run_ladder(config, bus, cancel, spec=spec, profile=stem, engines=session if keep else None,

@@ -101,17 +101,20 @@ class LiveTab(QWidget):
             self.dashboard.show_plots()
 
     def _run_started(self, started: RunStarted) -> None:
-        self._status(f"Run {started.name} started ({started.engine_kind} {started.engine_version or ''})", 0)
+        where = self.live.nodes.get(started.run_id)
+        self._status(f"Run {started.name} started" + (f" on {where}" if where else "")
+                     + f" ({started.engine_kind} {started.engine_version or ''})", 0)
         basis = live_cost_basis(started, self._prices())  # in memory: the run's GPUs or cores and price
         for row in self.tile_rows:
             row.set_cost_basis(basis)
 
     def _phase_changed(self, phase: PhaseChanged) -> None:
-        self.phase_bar.set_phase(phase.phase.value, phase.detail)
+        detail = self.live.on_node(phase.run_id, phase.detail)
+        self.phase_bar.set_phase(phase.phase.value, detail)
         if self._running() and phase.phase.value not in ("ready", "stopping", "stopped"):
             if self.dashboard.page != Dashboard.STARTUP:
                 self.dashboard.show_startup(self._starting_text())
-            self.dashboard.startup.set_phase(phase.phase.value, phase.detail)
+            self.dashboard.startup.set_phase(phase.phase.value, detail)
 
     def _engine_ready(self, ready: EngineReady) -> None:
         lines = [f"{NOTE_PREFIX}engine ready at {ready.base_url}" +

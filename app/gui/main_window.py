@@ -45,6 +45,7 @@ from app.editing import EditedConfig
 from app.errors import UserError
 from app.gui.availability import Availability
 from app.gui.capacity_box import CapacityBox
+from app.gui.cluster_box import ClusterBox, ClusterChoice
 from app.gui.config_panel import ConfigPanel
 from app.gui.config_state import ConfigState
 from app.gui.export_dialog import ExportDialog
@@ -137,6 +138,9 @@ class MainWindow(QMainWindow):
         left_layout.setContentsMargins(4, 4, 0, 4)
         left_layout.setSpacing(4)
         left_layout.addWidget(self.config_panel, 1)
+        # app.gui.cluster_box: where Start's runs and the Ladder's steps run (this machine, or a Ray cluster)
+        self.cluster_box = ClusterBox(lambda: self.state.config)
+        left_layout.addWidget(self.cluster_box)
         left_layout.addWidget(self.run_bar)
 
         self.presentation = PresentationView()
@@ -190,6 +194,7 @@ class MainWindow(QMainWindow):
         bar.store_action.triggered.connect(self.open_store_dialog)
         self.start_button.clicked.connect(self.start_run)
         self.stop_button.clicked.connect(self.stop_run)
+        self.cluster_box.changed.connect(self.files.remember_cluster)
         for key in ("F11", "Ctrl+P"):
             shortcut = QShortcut(QKeySequence(key), self)
             shortcut.setContext(Qt.ShortcutContext.ApplicationShortcut)
@@ -349,8 +354,18 @@ class MainWindow(QMainWindow):
 
     def set_running(self, running: bool) -> None:
         self.run_bar.set_running(running)
+        self.cluster_box.set_running(running)
         self.config_panel.setEnabled(not running)
         self.toolbar.set_idle(not running)
+
+    def cluster_choice(self) -> ClusterChoice | None:
+        """Where a run or a campaign goes now: the Cluster box's cluster, or None (this machine)."""
+        return self.cluster_box.choice()
+
+    def follow_slot(self, slot_bus: Bus) -> None:
+        """A campaign's slot on a cluster has a bus of its own: the live view follows it too
+        (from the campaign's worker; the subscription is thread-safe)."""
+        slot_bus.attach(self.sub)
 
     # -- the bus -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from app.campaign import repeat_lines, run_repeats
 from app.config import RunConfig
 from app.errors import EngineFailed
 from app.events import LogLine
+from app.gui.cluster_box import ClusterChoice, open_cluster
 from app.gui.session import EngineSession
 from app.runner import RunResult
 
@@ -32,21 +33,28 @@ def repeat_box() -> QSpinBox:
 
 
 def run_work(session: EngineSession, config: RunConfig, bus: Bus, cancel: threading.Event, *, keep_engine: bool,
-             db_path: str | None, repeats: int) -> Callable[[], RunResult]:
+             db_path: str | None, repeats: int, cluster: ClusterChoice | None = None,
+             follow: Callable[[Bus], None] = lambda _slot_bus: None) -> Callable[[], RunResult]:
     """The blocking function a worker runs for Start: one run, or ``repeats`` of them. Returns the
-    last run's result (the window shows it like a single run); the set's figures go to the log."""
-    if repeats <= 1:
+    last run's result (the window shows it like a single run); the set's figures go to the log.
+    With a ``cluster``, every run (even a single one) is a trial there, as ``--cluster`` makes it;
+    ``follow`` gets each side-by-side trial's bus."""
+    if repeats <= 1 and cluster is None:
         return lambda: session.run(config, bus, cancel, keep_engine=keep_engine, db_path=db_path)
 
     def work() -> RunResult:
-        if not keep_engine:
-            session.shutdown()  # the campaign keeps its own engine between repeats, then stops it
-        result = run_repeats(config, repeats, bus, cancel, engines=session if keep_engine else None,
-                             db_path=db_path)
+        if cluster is not None:
+            on_cluster = open_cluster(cluster, config, bus, follow)
+            result = run_repeats(config, repeats, bus, cancel, db_path=db_path, **on_cluster)
+        else:
+            if not keep_engine:
+                session.shutdown()  # the campaign keeps its own engine between repeats, then stops it
+            result = run_repeats(config, repeats, bus, cancel, engines=session if keep_engine else None,
+                                 db_path=db_path)
         last = result.last_run
         if last is None:
             raise EngineFailed(result.reason or "no run started")
-        for step in result.steps:
+        for step in (s for s in result.steps if len(s.runs) > 1):
             lines = repeat_lines(step)
             for line in lines:
                 bus.emit(LogLine.note(f"{len(step.runs)} repeats: {line}"))

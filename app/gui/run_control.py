@@ -87,7 +87,8 @@ class RunControl(QObject):
         w.phase_bar.engine_starting(previous)
         self.cancel = cancel = threading.Event()
         work = run_work(w.session, config, w.bus, cancel, keep_engine=w.keep_engine.isChecked(),
-                        db_path=w.db_path, repeats=w.repeats.value())
+                        db_path=w.db_path, repeats=w.repeats.value(), cluster=w.cluster_choice(),
+                        follow=w.follow_slot)
         self.worker = run_in_worker(work, self._run_done, self._run_failed, name="run", parent=w)
         w.set_running(True)
         w.presentation.set_heading(name, load_text(config), features_text(config))

@@ -29,6 +29,10 @@ class GuiSettings(BaseModel):
     ``TUNEBENCH_DB`` or the default file. An explicit ``--db`` wins over it."""
     author: str = ""
     """The name runs recorded here carry in a shared store; empty: the OS user."""
+    cluster_address: str = ""
+    """The Cluster box's Ray address; empty: runs on this machine."""
+    cluster_trials_at_once: int = 0
+    """The Cluster box's trials at once; 0: as many as the cluster's free resources hold."""
 
     def remember(self, kind: str, value: str) -> GuiSettings:
         items = [value, *[v for v in getattr(self, kind) if v != value]][:MAX_RECENT]

@@ -42,6 +42,7 @@ class UserFiles(QObject):
         w.store_link.settings_read(settings.store_location, settings.author)
         w.show_prices(settings.prices)
         w.config_panel.set_recent_models(settings.recent_models)
+        w.cluster_box.restore(settings.cluster_address, settings.cluster_trials_at_once)
         self.fill_picker()
 
     def _settings_failed(self, message: str) -> None:
@@ -52,6 +53,15 @@ class UserFiles(QObject):
         settings = self.window.settings
         run_in_worker(lambda: save_settings(settings), None, self.window.show_error, name="save-settings",
                       parent=self.window)
+
+    def remember_cluster(self) -> None:
+        """The Cluster box's address and trials at once, as the next session's."""
+        w = self.window
+        address, at_once = w.cluster_box.address(), w.cluster_box.parallel.value()
+        if (address, at_once) == (w.settings.cluster_address, w.settings.cluster_trials_at_once):
+            return
+        w.settings = w.settings.model_copy(update={"cluster_address": address, "cluster_trials_at_once": at_once})
+        self.save_settings()
 
     def remember(self, kind: str, value: str) -> None:
         """A recent profile or model, first in its list."""

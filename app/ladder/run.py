@@ -509,9 +509,10 @@ class Ladder:
 def run_ladder(config: RunConfig, bus: Bus, cancel: threading.Event | None = None, *, spec: LadderSpec | None = None,
                profile: str = "", engines: EngineSource | None = None, db_path: str | None = None, record: bool = True,
                telemetry: bool = True, hardware: HardwareInfo | None = None, flags: FlagSet | None = None,
-               runner_factory: Callable[..., RunnerLike] | None = None) -> LadderState:
+               runner_factory: Callable[..., RunnerLike] | None = None, fleet: Fleet | None = None,
+               max_parallel: int = 1, on_slot_bus: Callable[[Bus], None] | None = None) -> LadderState:
     """A ladder recorded to the run database (what the GUI's Ladder tab does; it passes the
-    hardware and flags it probed once)."""
+    hardware and flags it probed once, and a cluster's ``fleet`` when one is chosen)."""
     recorder = None
     if record:
         from app.recording import record_to_default_store
@@ -520,7 +521,8 @@ def run_ladder(config: RunConfig, bus: Bus, cancel: threading.Event | None = Non
     try:
         return Ladder(config, bus, spec=spec, profile=profile, engines=engines, recorder=recorder, telemetry=telemetry,
                       hardware=hardware, flags=flags, discover_flags=flags is None,
-                      runner_factory=runner_factory).run(cancel)
+                      runner_factory=runner_factory, fleet=fleet, max_parallel=max_parallel,
+                      on_slot_bus=on_slot_bus).run(cancel)
     finally:
         if recorder is not None:
             recorder.close()

@@ -53,7 +53,7 @@ def leftovers(children_before: set[int], engines_before: set[int],
                      if t not in threads_before and t.is_alive()
                      and not isinstance(t, threading._DummyThread)]  # type: ignore[attr-defined]
     problems += [f"child process {pid} ({_name(pid)}) still alive" for pid in sorted(live_children() - children_before)
-                 if not _is_resource_tracker(pid)]
+                 if not _is_resource_tracker(pid) and not _is_idle_ray_worker(pid)]
     problems += [f"engine pid {r.pid} still registered" for r in registered_engines() if r.pid not in engines_before]
     return problems
 
@@ -64,6 +64,16 @@ def _is_resource_tracker(pid: int) -> bool:
     try:
         return any("multiprocessing.resource_tracker" in part for part in psutil.Process(pid).cmdline())
     except psutil.Error:
+        return False
+
+
+def _is_idle_ray_worker(pid: int) -> bool:
+    """A pooled worker of the session's test Ray cluster (its raylets are this process's children),
+    idle between tasks: the cluster's, not the window's. A trial's actor (``ray::TrialWorker``) or
+    its engine still counts."""
+    try:
+        return psutil.Process(pid).cmdline()[:1] == ["ray::IDLE"] or psutil.Process(pid).name() == "ray::IDLE"
+    except (psutil.Error, IndexError):
         return False
 
 

@@ -96,6 +96,12 @@ class SmallHost(QWidget):
     def run_ended(self) -> None:
         self.worker = None
 
+    def cluster_choice(self) -> None:
+        return None  # this machine
+
+    def follow_slot(self, slot_bus: Bus) -> None:
+        raise AssertionError("not asked for on this machine")
+
 
 def test_both_tabs_run_on_a_host_of_their_own(qtbot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     host = SmallHost(tmp_path / "runs.db")
