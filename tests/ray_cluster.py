@@ -33,8 +33,10 @@ class LocalRayCluster:
         """The environment of a driver started as a subprocess (the CLI)."""
         return {**os.environ, **LOOPBACK_PIN, "RAY_TMPDIR": self.tmp_dir}
 
-    def add_worker(self, name: str) -> Any:
-        node = self.cluster.add_node(num_cpus=WORKER_CPUS, resources={name: 1})
+    def add_worker(self, name: str, env_vars: dict[str, str] | None = None) -> Any:
+        """A worker node with ``name`` as a custom resource; ``env_vars`` are its own (its raylet's
+        and so its workers' environment)."""
+        node = self.cluster.add_node(num_cpus=WORKER_CPUS, resources={name: 1}, env_vars=env_vars)
         self.cluster.wait_for_nodes()
         self.workers[name] = node
         return node

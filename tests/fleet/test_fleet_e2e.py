@@ -401,3 +401,30 @@ def test_a_trials_worker_killed_takes_its_engine_with_it_and_the_run_goes_again(
     assert step.runs[0].reason.startswith("the trial's worker on node ") and step.runs[0].reason.endswith(" died")
     assert [store.get_run(i).status for i in step.stored_ids] == ["interrupted", "completed"]
     assert not engines_since(engines_before)
+
+
+def test_skip_bad_nodes_leaves_a_node_without_the_runtime_out_and_runs_on_the_others(
+        ray_cluster: LocalRayCluster, gguf: Path, tmp_path: Path, engines_before: set[tuple[int, float]]) -> None:
+    empty_cache = tmp_path / "bare-node-cache"  # a node where neither the runtime nor the model was installed
+    empty_cache.mkdir()
+    ray_cluster.add_worker("node_bare", env_vars={"TUNEBENCH_CACHE_DIR": str(empty_cache)})
+    try:
+        bare = ray_cluster.node_id_of("node_bare")[:8]
+        refused = tunebench(["run", str(tiny_profile(tmp_path)), "--cluster", ray_cluster.address], ray_cluster,
+                            tmp_path)
+        assert refused.returncode == 2 and "nothing was launched" in refused.stderr, refused.stderr
+        problems = [line for line in refused.stderr.splitlines() if line.startswith("tunebench: node ")]
+        assert problems and all(bare in line for line in problems), refused.stderr  # only the bare node
+        assert any("is not installed" in line for line in problems)
+        out = tmp_path / "result.json"
+        done = tunebench(["run", str(tiny_profile(tmp_path)), "--repeat", "2", "--cluster", ray_cluster.address,
+                          "--skip-bad-nodes", "--json", str(out)], ray_cluster, tmp_path)
+        print(done.stdout[-2000:], done.stderr[-2000:])
+        assert done.returncode == 0, done.stderr
+        assert "left out: node " in done.stderr and "2 node(s) can host trials; up to 2 at once" in done.stderr
+        runs = json.loads(out.read_text())["steps"][0]["runs"]
+        assert [r["status"] for r in runs] == ["completed", "completed"]
+        assert not any(bare in (node_of(r["config"]["tags"]) or "") for r in runs)  # kept off the bare node
+    finally:
+        ray_cluster.remove_worker("node_bare")
+    assert not engines_since(engines_before)
