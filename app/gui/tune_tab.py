@@ -40,6 +40,7 @@ from app.export.launch import SINGLE_NODE_FORMATS
 from app.export.tune_report import COLUMNS, IMPORT_COLOURS, pick_text, trial_table
 from app.gui.campaign_panel import CampaignHost, CampaignTab
 from app.gui.capacity_box import CapacityBox
+from app.gui.cluster_box import open_cluster
 from app.gui.theme import LIGHT, Theme
 from app.gui.workers import run_in_worker
 from app.tuner.state import TuneState, chart_points, pareto_front, slo_frontier, tpot_floor
@@ -328,12 +329,16 @@ class TuneTab(CampaignTab):
         if hardware is not None:
             kwargs["hardware"] = hardware
         session = w.session
+        cluster, follow = w.cluster_choice(), w.follow_slot
 
         def work() -> TuneState:
             from app.recording import record_to_default_store
             from db import tune_store
 
-            session.shutdown()  # one engine at a time: the tune starts and stops its own
+            if cluster is not None:  # each configuration's search is a trial on the cluster (tune --cluster)
+                kwargs.update(open_cluster(cluster, config, bus, follow))
+            else:
+                session.shutdown()  # one engine at a time: the tune starts and stops its own
             recorder = record_to_default_store(bus, db_path)
             try:
                 if chosen is not None:

@@ -165,6 +165,33 @@ def test_the_ladder_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: 
     assert handed["on_slot_bus"] == window.follow_slot
 
 
+def test_a_tune_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: ignore[no-untyped-def]
+        qtbot, ray_cluster: LocalRayCluster, make_window: Callable[..., MainWindow], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.tuner.run as tuner_run
+    from app.fleet.trial import RayFleet
+
+    handed: dict[str, Any] = {}
+
+    class TunerOnTheCluster:
+        def __init__(self, *_args: Any, **kwargs: Any) -> None:
+            handed.update(kwargs)
+            raise UserError("stopped here by the test")
+
+    monkeypatch.setattr(tuner_run, "Tuner", TunerOnTheCluster)
+    window = make_window("cpu-demo", db_path=tmp_path / "runs.db")
+    tab = window.tune
+    window.tabs.setCurrentWidget(tab)
+    tab.slo_edit.setText("ttft_ms<=150,tpot_ms<=60")
+    window.cluster_box.address_edit.setText(ray_cluster.address)
+    qtbot.mouseClick(tab.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    assert "stopped here by the test" in window.banner.text(), window.banner.text()
+    assert isinstance(handed.get("fleet"), RayFleet)
+    assert handed["max_parallel"] == 2  # what the two worker nodes hold at once
+    assert handed["on_slot_bus"] == window.follow_slot
+
+
 def test_the_address_and_trials_at_once_are_kept_in_the_settings(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
     window.cluster_box.address_edit.setText("ray://head.example:10001")
     window.cluster_box.address_edit.editingFinished.emit()
