@@ -9,7 +9,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,26 +86,33 @@ class TrialWorker:
             batch_interval_s: float = BATCH_INTERVAL_S, max_batch: int = MAX_BATCH_ITEMS) -> Iterator[Any]:
         """Yields lists of bus items as the run publishes them, then the ``RunResult`` (or a str:
         why the engine did not start)."""
+
+        def work(bus: Bus, cancel: threading.Event) -> RunResult | str:
+            try:
+                engine = self._keeper.engine_for(config, bus, cancel)
+            except (EngineFailed, UserError) as exc:
+                return "cancelled" if cancel.is_set() else f"engine: {exc}"
+            return Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel)
+
+        yield from self._stream(work, batch_interval_s, max_batch)
+
+    def _stream(self, work: Callable[[Bus, threading.Event], RunResult | str], batch_interval_s: float,
+                max_batch: int) -> Iterator[Any]:
+        """Runs ``work(bus, cancel)`` in a thread and yields what it publishes on ``bus`` in batches
+        while it runs, then its outcome (an exception it raised is raised here). A subclass whose
+        engine is a stand-in streams its run through this too."""
         cancel = self._cancel = threading.Event()
         bus = Bus()
         mailbox = bus.subscribe(maxlen=10_000_000)
         outcome: queue.Queue[RunResult | str | BaseException] = queue.Queue()
 
-        def work() -> None:
+        def target() -> None:
             try:
-                engine = self._keeper.engine_for(config, bus, cancel)
-            except (EngineFailed, UserError) as exc:
-                outcome.put("cancelled" if cancel.is_set() else f"engine: {exc}")
-                return
-            except BaseException as exc:
-                outcome.put(exc)
-                return
-            try:
-                outcome.put(Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel))
+                outcome.put(work(bus, cancel))
             except BaseException as exc:
                 outcome.put(exc)
 
-        thread = threading.Thread(target=work, name="trial-run", daemon=True)
+        thread = threading.Thread(target=target, name="trial-run", daemon=True)
         thread.start()
         while thread.is_alive():
             batch = mailbox.drain(max_batch, timeout_s=batch_interval_s)
