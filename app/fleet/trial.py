@@ -115,8 +115,8 @@ class TrialWorker:
         thread = threading.Thread(target=target, name="trial-run", daemon=True)
         thread.start()
         while thread.is_alive():
-            batch = mailbox.drain(max_batch, timeout_s=batch_interval_s)
-            if batch:
+            thread.join(batch_interval_s)  # what one interval published goes in one batch (not one per item)
+            while batch := mailbox.drain(max_batch):
                 yield batch
         while batch := mailbox.drain(max_batch):
             yield batch
