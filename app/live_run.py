@@ -32,6 +32,7 @@ from app.events import (
     PhaseChanged,
     Progress,
     RequestDone,
+    RequestsDone,
     RunFinished,
     RunStarted,
     Sample,
@@ -178,7 +179,7 @@ class LiveRun:
             case RunFinished() as outcome:
                 self.outcome = outcome
                 self.finished.emit(outcome)
-            case RequestDone() | CampaignUpdated():
+            case RequestDone() | RequestsDone() | CampaignUpdated():
                 pass  # the store keeps requests; the campaign tabs draw campaigns
 
     def on_node(self, run_id: str | None, text: str) -> str:

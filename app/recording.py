@@ -40,6 +40,7 @@ from app.events import (
     PhaseChanged,
     Progress,
     RequestDone,
+    RequestsDone,
     RunFinished,
     RunStarted,
 )
@@ -217,6 +218,8 @@ class RunRecorder:
             return
         elif isinstance(p, RequestDone):
             self._requests.append(p.record.model_dump())
+        elif isinstance(p, RequestsDone):  # a trial on a cluster: its requests in rows
+            self._requests.extend(p.records())
         elif isinstance(p, Progress):  # the client's live figures: stored as the "client" series
             self._samples.append(p.sample(item.t_mono, item.t_wall))
         elif isinstance(p, LogLine):

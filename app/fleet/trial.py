@@ -19,7 +19,7 @@ from app.bus import Bus, Event
 from app.campaign import EngineKeeper, RunnerLike
 from app.config import RunConfig
 from app.errors import EngineFailed, UserError
-from app.events import LogLine, RunFinished, RunStarted
+from app.events import LogLine, RequestDone, RequestsDone, RunFinished, RunStarted
 from app.runner import Runner, RunResult
 from engine_adapters.runtimes import is_cpu_build
 
@@ -135,13 +135,41 @@ class TrialWorker:
         while thread.is_alive():
             thread.join(batch_interval_s)  # what one interval published goes in one batch (not one per item)
             while batch := mailbox.drain(max_batch):
-                yield batch
+                yield as_rows(batch)
         while batch := mailbox.drain(max_batch):
-            yield batch
+            yield as_rows(batch)
         result = outcome.get()
         if isinstance(result, BaseException):
             raise result
         yield result
+
+
+def as_rows(batch: list[Any]) -> list[Any]:
+    """A batch as it crosses to the driver: each run of consecutive ``RequestDone`` events of one
+    run becomes one ``RequestsDone`` (rows of values), the rest goes as it is, in order."""
+    out: list[Any] = []
+    pending: list[RequestDone] = []
+    first: Event | None = None
+
+    def flush() -> None:
+        if first is not None and pending:
+            out.append(Event(first.t_mono, first.t_wall, RequestsDone.of(pending[0].run_id,
+                                                                        [done.record for done in pending])))
+            pending.clear()
+
+    for item in batch:
+        payload = item.payload if isinstance(item, Event) else None
+        if isinstance(payload, RequestDone):
+            if pending and pending[0].run_id != payload.run_id:
+                flush()
+            if not pending:
+                first = item
+            pending.append(payload)
+            continue
+        flush()
+        out.append(item)
+    flush()
+    return out
 
 
 def _node_alive(node_id: str) -> bool:

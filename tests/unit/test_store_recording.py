@@ -4,11 +4,12 @@ could not all be stored is never left ``completed``."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from app.bus import Bus
+from app.bus import Bus, Event
 from app.config import RunConfig
 from app.events import (
     EngineReady,
@@ -259,3 +260,36 @@ def test_items_a_slow_recorder_dropped_are_counted_on_the_run(store: RunStore) -
     run = store.get_run(recorder.run_id)
     assert run.dropped_items > 0 and run.n_samples + run.dropped_items <= 20_000
     assert run.status != "completed"  # dropped data: the stored run is incomplete
+
+
+def test_requests_sent_as_rows_by_a_trial_on_a_cluster_are_stored_as_the_same_records(store: RunStore,
+                                                                                      tmp_path: Path) -> None:
+    """A trial's worker turns its RequestDone events into RequestsDone rows (app.fleet.trial.as_rows),
+    in order with the rest; the recorder stores those exactly as the records they came from."""
+    from app.events import RequestsDone
+    from app.fleet.trial import as_rows
+
+    scratch = Bus()
+    sub = scratch.subscribe()
+    _start(scratch)
+    for i in range(4):
+        _request(scratch, i)
+    scratch.emit(LogLine(run_id="r1", line="between"))
+    _request(scratch, 4, error="HTTP 500")
+    _finish(scratch)
+    sent = sub.drain()
+    packed = as_rows(sent)
+    kinds = [item.payload.kind for item in packed if isinstance(item, Event)]
+    assert kinds == ["run_started", "requests", "log", "requests", "run_finished"]  # one event per stretch, in order
+    assert [len(item.payload.rows) for item in packed if isinstance(item, Event)
+            and isinstance(item.payload, RequestsDone)] == [4, 1]
+    stored = []
+    for items, target in ((sent, store), (packed, RunStore(tmp_path / "rows.db"))):
+        bus = Bus()
+        recorder = RunRecorder(bus, target)
+        for item in items:
+            bus.publish(item)
+        recorder.close()
+        assert not recorder.errors and recorder.run_id is not None
+        stored.append([{k: v for k, v in r.items() if k != "id"} for r in target.request_records(recorder.run_id)])
+    assert stored[0] == stored[1] and len(stored[0]) == 5
