@@ -73,29 +73,6 @@ WORKER_NODES = 4
 PARALLEL = (1, 2, 4)
 PROGRESS_INTERVAL_S = 0.5
 OUTPUT_TOKENS = 32
-PROFILE = """
-name = "fleet bench"
-tags = ["fleet-bench"]
-[engine]
-kind = "llamacpp"
-model = "tunebench:demo"
-[engine.runtime]
-kind = "managed"
-managed = "llamacpp-cpu"
-[features]
-max_num_seqs = 4
-[workload]
-kind = "random"
-num_requests = 100
-[workload.input_len]
-mean = 64
-[workload.output_len]
-mean = 32
-[load]
-concurrency = 4
-warmup_requests = 0
-"""
-"""A CPU engine's trial (2 CPUs: one node each); ``num_requests`` is how many records a trial sends."""
 
 
 def record(index: int, t0_wall_s: float) -> RequestRecord:
@@ -402,9 +379,12 @@ def main() -> int:
     if args.quick:
         args.trials, args.engine_start_s, args.stream_s = 4, 2.0, 3.0
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    from tests.ray_cluster import start_test_cluster  # sets RAY_TMPDIR and the loopback pin before Ray starts
+    from tests.ray_cluster import (  # start_test_cluster sets RAY_TMPDIR and the loopback pin before Ray starts
+        start_test_cluster,
+        tiny_profile_text,
+    )
 
-    config = read_profile(PROFILE, "fleet benchmark").run
+    config = read_profile(tiny_profile_text(requests=100, warmup_requests=0), "fleet benchmark").run
     steps = trial_steps(config, args.trials, args.records, "trial")
     cluster = start_test_cluster(tuple(f"node_{n + 1}" for n in range(WORKER_NODES)))
     ok = True

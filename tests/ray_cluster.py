@@ -10,7 +10,45 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+TINY_PROFILE = """
+name = "fleet tiny"
+tags = ["fleet-test"]
+[engine]
+kind = "llamacpp"
+model = "tunebench:demo"
+[engine.runtime]
+kind = "managed"
+managed = "llamacpp-cpu"
+[features]
+max_num_seqs = 4
+[workload]
+kind = "random"
+num_requests = {requests}
+[workload.input_len]
+mean = 64
+[workload.output_len]
+mean = 32
+[load]
+concurrency = 4
+warmup_requests = {warmup_requests}
+"""
+"""The fleet's trial in its tests and benchmark: the llama.cpp CPU engine (the fastest start) and
+a small random workload; one trial takes 2 CPUs, a worker node's all."""
+
+
+def tiny_profile_text(requests: int = 16, warmup_requests: int = 1) -> str:
+    return TINY_PROFILE.replace("{requests}", str(requests)).replace("{warmup_requests}", str(warmup_requests))
+
+
+def tiny_profile(folder: Path, requests: int = 16) -> Path:
+    """The tiny profile written to ``folder``."""
+    path = folder / "tiny.toml"
+    path.write_text(tiny_profile_text(requests))
+    return path
+
 
 LOOPBACK_PIN = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 """Makes every Ray process use 127.0.0.1 on these machines (tests only: never the product's)."""

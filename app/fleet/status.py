@@ -58,8 +58,10 @@ class ClusterStatus:
 
     def line(self, parallel: int | None = None) -> str:
         """The status in one line: "3 nodes, 2 can host trials; up to 2 at once"."""
-        count = len(self.nodes)
-        text = f"{count} node{'s' if count != 1 else ''}, {self.hosts} can host trials"
+        alive = sum(1 for n in self.nodes if n.alive)
+        dead = len(self.nodes) - alive  # nodes Ray still lists after they went away
+        text = (f"{alive} node{'s' if alive != 1 else ''}" + (f" ({dead} dead)" if dead else "")
+                + f", {self.hosts} can host trials")
         if self.mismatches:
             bad = sum(1 for n in self.nodes if n.mismatches)
             return text + (f"; {bad} node{' runs' if bad == 1 else 's run'} other code than this workbench: "

@@ -9,6 +9,7 @@ campaign tabs read).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ class UserFiles(QObject):
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window = window
+        self._saving = threading.Lock()
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -50,9 +52,16 @@ class UserFiles(QObject):
         self.window.store_link.settings_failed()
 
     def save_settings(self) -> None:
-        settings = self.window.settings
-        run_in_worker(lambda: save_settings(settings), None, self.window.show_error, name="save-settings",
-                      parent=self.window)
+        """In a worker, one save at a time, each writing the newest settings: two saves in flight
+        (an address, then trials at once, changed in quick succession) could otherwise land out
+        of order and leave the older settings in the file."""
+        window, lock = self.window, self._saving
+
+        def save() -> None:
+            with lock:
+                save_settings(window.settings)
+
+        run_in_worker(save, None, self.window.show_error, name="save-settings", parent=self.window)
 
     def remember_cluster(self) -> None:
         """The Cluster box's address and trials at once, as the next session's."""

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from app.analysis.compare import NODE_TAG
-from app.bus import Bus, Event
-from app.campaign import Campaign, Step
+from app.bus import Bus, Event, Subscription
+from app.campaign import Campaign, CampaignResult, Step
 from app.config import RunConfig
 from app.events import RunStarted
 from app.profiles import load_profile_file
@@ -27,47 +28,17 @@ from app.store import RunStore
 from engine_adapters.launcher import EngineRecord, group_members, registered_engines
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
-from tests.ray_cluster import LocalRayCluster
+from tests.ray_cluster import LocalRayCluster, tiny_profile
 
 pytestmark = pytest.mark.e2e
 
 RUNTIME = MANAGED_RUNTIMES["llamacpp-cpu"]
-TINY = """
-name = "fleet tiny"
-tags = ["fleet-test"]
-[engine]
-kind = "llamacpp"
-model = "tunebench:demo"
-[engine.runtime]
-kind = "managed"
-managed = "llamacpp-cpu"
-[features]
-max_num_seqs = 4
-[workload]
-kind = "random"
-num_requests = {requests}
-[workload.input_len]
-mean = 64
-[workload.output_len]
-mean = 32
-[load]
-concurrency = 4
-warmup_requests = 1
-"""
-
-
 @pytest.fixture(scope="module")
 def gguf() -> Path:
     """Made once here, before two nodes would both convert it at the same moment."""
     if not RUNTIME.is_installed() or not (demo_model_dir() / COMPLETE_MARKER).is_file():
         pytest.fail("llama.cpp runtime or demo model missing: run `make engine`")
     return ensure_gguf_demo_model(str(RUNTIME.interpreter))
-
-
-def tiny_profile(tmp_path: Path, requests: int = 16) -> Path:
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY.replace("{requests}", str(requests)))
-    return path
 
 
 def tunebench(args: list[str], cluster: LocalRayCluster, tmp_path: Path, timeout_s: float = 300) \
@@ -84,6 +55,48 @@ def engines_before() -> set[tuple[int, float]]:
 
 def engines_since(before: set[tuple[int, float]]) -> list[EngineRecord]:
     return [r for r in registered_engines() if (r.pid, r.create_time) not in before]
+
+
+@dataclass
+class TrialInBackground:
+    """One trial of the tiny profile on the cluster, run by a campaign in a thread of this process."""
+
+    started: Subscription
+    store: RunStore
+    recorder: RunRecorder
+    thread: threading.Thread
+    box: dict[str, CampaignResult]
+
+    def result(self, timeout_s: float = 240) -> CampaignResult:
+        self.thread.join(timeout=timeout_s)
+        assert not self.thread.is_alive(), "the campaign did not end"
+        self.recorder.close()
+        return self.box["result"]
+
+
+def trial_in_background(tmp_path: Path, name: str) -> TrialInBackground:
+    from app.fleet.trial import RayFleet
+
+    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
+    bus = Bus()
+    started = bus.subscribe(kinds=(RunStarted,))
+    store = RunStore(tmp_path / f"{name.replace(' ', '-')}.db")
+    recorder = RunRecorder(bus, store)
+    box: dict[str, CampaignResult] = {}
+    campaign = Campaign([Step(name, config, 1)], bus, fleet=RayFleet(), recorder=recorder)
+    thread = threading.Thread(target=lambda: box.update(result=campaign.run()), daemon=True)
+    thread.start()
+    return TrialInBackground(started, store, recorder, thread, box)
+
+
+def still_running(engines: list[EngineRecord], within_s: float = 10.0) -> list[EngineRecord]:
+    """The engines of ``engines`` still running ``within_s`` from now (checked every 0.25 s)."""
+    deadline = time.monotonic() + within_s
+    left = [r for r in engines if group_members(r.pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = [r for r in left if group_members(r.pid)]
+    return left
 
 
 def node_of(tags: list[str]) -> str | None:
@@ -132,21 +145,11 @@ def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: L
 
 def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_cluster: LocalRayCluster, gguf: Path,
                                                                         tmp_path: Path) -> None:
-    from app.fleet.trial import RayFleet
-
-    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
-    bus = Bus()
-    started = bus.subscribe(kinds=(RunStarted,))
-    store = RunStore(tmp_path / "lost.db")
-    recorder = RunRecorder(bus, store)
-    box: dict[str, object] = {}
-    campaign = Campaign([Step("lost node", config, 1)], bus, fleet=RayFleet(), recorder=recorder)
-    worker = threading.Thread(target=lambda: box.update(result=campaign.run()), daemon=True)
-    worker.start()
+    trial = trial_in_background(tmp_path, "lost node")
     deadline = time.monotonic() + 120
     first = None
     while first is None and time.monotonic() < deadline:
-        for item in started.drain(timeout_s=0.5):
+        for item in trial.started.drain(timeout_s=0.5):
             if isinstance(item, Event) and isinstance(item.payload, RunStarted):
                 first = node_of(item.payload.tags)
     assert first is not None, "the trial never started"
@@ -154,17 +157,14 @@ def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_clust
     time.sleep(2.0)  # mid-trial: its requests are under way
     ray_cluster.remove_worker(lost)
     try:
-        worker.join(timeout=240)
-        assert not worker.is_alive()
-        recorder.close()
-        result = box["result"]
-        step = result.steps[0]  # type: ignore[attr-defined]
-        assert result.status == "completed", result.reason  # type: ignore[attr-defined]
+        result = trial.result()
+        step = result.steps[0]
+        assert result.status == "completed", result.reason
         assert [r.status for r in step.runs] == ["interrupted", "completed"]
         assert step.runs[0].reason == f"node {first} lost"
         second = step.runs[1].hardware["node"]["label"]
         assert second != first
-        stored = [store.get_run(i) for i in step.stored_ids]
+        stored = [trial.store.get_run(i) for i in step.stored_ids]
         assert [r.status for r in stored] == ["interrupted", "completed"]
         assert stored[0].reason == f"node {first} lost"
     finally:
@@ -187,11 +187,7 @@ def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRa
         assert len(engines) == 2, "two engines never ran"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
-        killed = time.monotonic()
-        left = engines
-        while time.monotonic() - killed < 10 and left:
-            left = [r for r in engines if group_members(r.pid)]
-            time.sleep(0.25)
+        left = still_running(engines)
         assert not left, f"engine processes still running 10 s after the driver died: {[r.pid for r in left]}"
     finally:
         if driver.poll() is None:
@@ -349,11 +345,7 @@ def test_ctrl_c_cancels_every_trial_stops_every_engine_and_keeps_the_finished(ra
         assert running, "no engine ran"
         os.kill(driver.pid, signal.SIGINT)
         assert driver.wait(timeout=60) == 130, "".join(lines[-40:])
-        interrupted = time.monotonic()
-        left = running
-        while time.monotonic() - interrupted < 10 and left:
-            left = [r for r in running if group_members(r.pid)]
-            time.sleep(0.25)
+        left = still_running(running)
         assert not left, f"engines still running 10 s after Ctrl-C: {[r.pid for r in left]}"
     finally:
         if driver.poll() is None:
@@ -368,16 +360,7 @@ def test_ctrl_c_cancels_every_trial_stops_every_engine_and_keeps_the_finished(ra
 
 def test_a_trials_worker_killed_takes_its_engine_with_it_and_the_run_goes_again(
         ray_cluster: LocalRayCluster, gguf: Path, tmp_path: Path, engines_before: set[tuple[int, float]]) -> None:
-    from app.fleet.trial import RayFleet
-
-    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
-    bus = Bus()
-    store = RunStore(tmp_path / "died.db")
-    recorder = RunRecorder(bus, store)
-    box: dict[str, object] = {}
-    campaign = Campaign([Step("worker dies", config, 1)], bus, fleet=RayFleet(), recorder=recorder)
-    worker = threading.Thread(target=lambda: box.update(result=campaign.run()), daemon=True)
-    worker.start()
+    trial = trial_in_background(tmp_path, "worker dies")
     deadline = time.monotonic() + 120
     engines: list[EngineRecord] = []
     while time.monotonic() < deadline and not engines:
@@ -387,19 +370,14 @@ def test_a_trials_worker_killed_takes_its_engine_with_it_and_the_run_goes_again(
     (engine,) = engines
     time.sleep(2.0)  # its requests are under way
     os.kill(engine.owner_pid, signal.SIGKILL)  # the trial's actor: the process that launched the engine
-    killed = time.monotonic()
-    while time.monotonic() - killed < 10 and group_members(engine.pid):
-        time.sleep(0.25)
-    assert not group_members(engine.pid), "the engine outlived its worker by 10 s"
-    worker.join(timeout=240)
-    assert not worker.is_alive()
-    recorder.close()
-    result = box["result"]
-    step = result.steps[0]  # type: ignore[attr-defined]
-    assert result.status == "completed", result.reason  # type: ignore[attr-defined]
+    assert not still_running([engine]), "the engine outlived its worker by 10 s"
+    result = trial.result()
+    step = result.steps[0]
+    assert result.status == "completed", result.reason
     assert [r.status for r in step.runs] == ["interrupted", "completed"]
-    assert step.runs[0].reason.startswith("the trial's worker on node ") and step.runs[0].reason.endswith(" died")
-    assert [store.get_run(i).status for i in step.stored_ids] == ["interrupted", "completed"]
+    reason = step.runs[0].reason or ""
+    assert reason.startswith("the trial's worker on node ") and reason.endswith(" died"), reason
+    assert [trial.store.get_run(i).status for i in step.stored_ids] == ["interrupted", "completed"]
     assert not engines_since(engines_before)
 
 
