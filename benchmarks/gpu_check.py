@@ -5,7 +5,9 @@ achieved (bytes read + written / time, timed with CUDA events).
 Needs an NVIDIA GPU, its driver, PyTorch with CUDA and nvidia-ml-py. Without them it says so and
 exits 0. On Hopper (e.g. an H200, where a copy moves ~4.3 TB/s) both figures should agree within
 ~15%; before Hopper there is no GPM, and the script reports the busy-time figures only. The copy
-is also set against the planner's bandwidth ceiling (the spec table): it must stay under it.
+is also set against the planner's bandwidth ceiling (the spec table): it must stay under it. Last,
+the sampler must read exactly the GPUs CUDA_VISIBLE_DEVICES selects, as a trial on a cluster
+relies on (Ray sets it to its bundle's GPUs).
 
     python benchmarks/gpu_check.py [--seconds 5] [--gib 4] [--json results.json]
 """
@@ -136,6 +138,30 @@ def run_check(copy: Copy, *, seconds: float, nvml: object | None = None, uuid: s
     return out
 
 
+FOREIGN_UUID = "GPU-00000000-0000-0000-0000-000000000000"
+"""A UUID no GPU has: what CUDA_VISIBLE_DEVICES holds for a trial whose bundle got another GPU."""
+
+
+def visible_check(uuid: str) -> dict[str, dict[str, Any]]:
+    """A trial on a cluster samples the GPUs Ray gave its bundle: Ray sets CUDA_VISIBLE_DEVICES,
+    and the sampler must read exactly those. The GPU by its UUID and by its index, and a UUID no
+    GPU here has, each with the GPUs the sampler then reads."""
+    from app.telemetry.gpu import GpuSampler
+
+    cases = {"by UUID": (uuid, [uuid]), "by index": ("0", [uuid]), "another bundle's GPU": (FOREIGN_UUID, [])}
+    out: dict[str, dict[str, Any]] = {}
+    for label, (value, expected) in cases.items():
+        sampler = GpuSampler(cuda_visible_devices=value)
+        try:
+            sampled = [r.uuid for r in sampler.open() if r.available and r.source != "gpu"]
+            rows = sampler.sample()
+        finally:
+            sampler.close()
+        out[label] = {"cuda_visible_devices": value, "sampled": sampled, "sources": [source for source, _ in rows],
+                      "ok": sampled == expected and len(rows) == len(expected)}
+    return out
+
+
 def _tb(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1e12:.2f} TB/s"
 
@@ -194,9 +220,15 @@ def main() -> int:
     copy, uuid = torch_copy(args.gib)
     result = run_check(copy, seconds=args.seconds, uuid=uuid)
     print_result(result)
+    visible: dict[str, dict[str, Any]] = visible_check(uuid) if uuid else {}
+    for label, case in visible.items():
+        print(f"  CUDA_VISIBLE_DEVICES {label} ({case['cuda_visible_devices']}): the sampler read "
+              f"{case['sampled'] or 'no GPU'}{'' if case['ok'] else '  WRONG: a trial would sample GPUs not its own'}")
+    result["visible"] = visible
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    return 1 if result.get("ok") is False or result.get("planner_ceiling_holds") is False else 0
+    wrong = result.get("ok") is False or result.get("planner_ceiling_holds") is False
+    return 1 if wrong or not all(case["ok"] for case in visible.values()) else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ is published as ``memory_busy_pct``. Real DRAM bandwidth comes from GPM (Hopper 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -371,7 +372,8 @@ class GpuSampler:
             self._failed(device, "gpm", ("dram_bw_util_pct",), exc)
             return
         code, util = results.get(nvml.NVML_GPM_METRIC_DRAM_BW_UTIL, (-1, 0.0))
-        if code == 0 and "dram_bw_util_pct" not in device.unsupported:
+        # An idle H200 gave NaN here (seen on one, driver 580): no reading, not a figure.
+        if code == 0 and math.isfinite(util) and "dram_bw_util_pct" not in device.unsupported:
             util = min(max(util, 0.0), 100.0)
             values["dram_bw_util_pct"] = util
             if device.peak.bytes_per_s is not None:
@@ -380,7 +382,7 @@ class GpuSampler:
             for key, metric in (("pcie_tx_bytes_per_s", nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC),
                                 ("pcie_rx_bytes_per_s", nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC)):
                 code, mib_per_s = results.get(metric, (-1, 0.0))
-                if code == 0:
+                if code == 0 and math.isfinite(mib_per_s):
                     values[key] = max(mib_per_s, 0.0) * MIB
 
     def _is_not_supported(self, exc: BaseException) -> bool:

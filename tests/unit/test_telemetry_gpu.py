@@ -72,6 +72,23 @@ def test_hopper_reports_every_quantity_in_canonical_units() -> None:
     assert not fake.initialised  # init and shutdown balanced (probe_gpus' own pair included)
 
 
+def test_a_gpm_reading_that_is_not_a_number_is_left_out() -> None:
+    """An idle H200 gave NaN for DRAM bandwidth (benchmarks/gpu_check.py on one): no reading, and
+    never a NaN in a stored series."""
+    gpu = FakeGpu.h200()
+    gpu.state.update(dram_bw_util_pct=float("nan"), gpm_pcie_tx_mib_per_s=float("nan"), gpm_pcie_rx_mib_per_s=8.0)
+    sampler, _ = _open(FakeNvml([gpu]))
+    time.sleep(0.01)
+    ((_source, values),) = sampler.sample()
+    assert "dram_bw_util_pct" not in values and "dram_bw_bytes_per_s" not in values
+    assert "pcie_tx_bytes_per_s" not in values and values["pcie_rx_bytes_per_s"] == 8 * 2**20
+    gpu.state.update(dram_bw_util_pct=40.0)  # the next interval's reading is there again
+    time.sleep(0.01)
+    ((_source, values),) = sampler.sample()
+    assert values["dram_bw_util_pct"] == 40.0
+    sampler.close()
+
+
 def test_unsupported_quantities_are_reported_once_and_never_queried_again() -> None:
     gpu = FakeGpu(unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"},
                   no_permission={"nvmlDeviceGetComputeRunningProcesses"})
