@@ -201,8 +201,9 @@ def test_repeats_box_beside_start_runs_a_set(qtbot, make_window, tmp_path: Path,
 
     seen: dict[str, object] = {}
 
-    def fake_run_work(session, config, bus, cancel, *, keep_engine, db_path, repeats):  # type: ignore[no-untyped-def]
-        seen["repeats"] = repeats
+    def fake_run_work(session, config, bus, cancel, *, keep_engine, db_path, repeats, cluster=None,  # type: ignore[no-untyped-def]
+                      follow=None):
+        seen["repeats"], seen["cluster"] = repeats, cluster
 
         def work():  # type: ignore[no-untyped-def]
             raise RuntimeError("not run in this test")
@@ -214,5 +215,5 @@ def test_repeats_box_beside_start_runs_a_set(qtbot, make_window, tmp_path: Path,
     window.repeats.setValue(3)
     qtbot.waitUntil(lambda: window.start_button.isEnabled(), timeout=30_000)
     window.start_run()
-    assert seen["repeats"] == 3
+    assert seen["repeats"] == 3 and seen["cluster"] is None  # no address in the Cluster box: this machine
     qtbot.waitUntil(lambda: not window.running, timeout=30_000)
