@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError, group_members, registry_dir, stop_group
+from tests.e2e.cli_io import read_until
 
 pytestmark = pytest.mark.e2e
 TUNEBENCH = [sys.executable, "-m", "app.cli"]
@@ -113,29 +113,13 @@ def test_missing_model_is_diagnosed_within_seconds() -> None:
     assert str(error).startswith("The model was not found")
 
 
-def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> tuple[re.Match[str], list[str]]:
-    """Read the CLI's stdout until a line matches (the CLI flushes each line)."""
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"CLI exited ({proc.poll()}) before {pattern!r}:\n" + "".join(seen[-30:]))
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match, seen
-    raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n" + "".join(seen[-30:]))
-
-
 def test_cli_engine_start_then_ctrl_c_stops_the_whole_group(repo_root: Path) -> None:
     cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo", "--port", "0"], cwd=repo_root,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        ready, seen = _read_until(cli, r"engine ready at (http://127\.0\.0\.1:\d+) \(pid (\d+)", 600)
-        key, _ = _read_until(cli, r"API key: (\S+)", 10)
-        _read_until(cli, r"feature prefix_caching=True: active \(verified by prefix-cache hits on \d+ of", 60)
+        ready, seen = read_until(cli, r"engine ready at (http://127\.0\.0\.1:\d+) \(pid (\d+)", 600)
+        key, _ = read_until(cli, r"API key: (\S+)", 10)
+        read_until(cli, r"feature prefix_caching=True: active \(verified by prefix-cache hits on \d+ of", 60)
         assert any("[loading weights]" in line for line in seen)
         engine_pid = int(ready.group(2))
         assert stream_completion(ready.group(1), key.group(1), max_tokens=4)[-1]["usage"]["completion_tokens"] == 4
@@ -155,7 +139,7 @@ def test_engine_of_a_sigkilled_tunebench_is_stopped_by_its_watchdog(repo_root: P
     cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo"], cwd=repo_root,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        _read_until(cli, r"\[loading weights\]", 300)
+        read_until(cli, r"\[loading weights\]", 300)
         records = [json.loads(p.read_text()) for p in registry_dir().glob("*.json")]
         mine = [r for r in records if r["owner_pid"] == cli.pid]
         assert len(mine) == 1, records
@@ -188,7 +172,7 @@ def test_engine_orphaned_with_its_watchdog_is_stopped_at_next_start(repo_root: P
     cli = subprocess.Popen([*TUNEBENCH, "engine", "start", "cpu-demo"], cwd=repo_root,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        _read_until(cli, r"\[loading weights\]", 300)
+        read_until(cli, r"\[loading weights\]", 300)
         mine = [r for r in (json.loads(p.read_text()) for p in registry_dir().glob("*.json")) if r["owner_pid"] == cli.pid]
         assert len(mine) == 1, mine
         engine_pid, watchdog_pid = mine[0]["pid"], mine[0]["watchdog_pid"]

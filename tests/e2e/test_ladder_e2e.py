@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,7 +22,8 @@ from app.ladder.stored import list_ladders
 from app.store import RunStore
 from db import campaign_store
 from engine_adapters.hardware import probe_hardware
-from engine_adapters.launcher import group_members, registered_engines
+from engine_adapters.launcher import registered_engines
+from tests.e2e.cli_io import read_until, sigkill_and_check_engine_stops
 
 pytestmark = pytest.mark.e2e
 
@@ -101,20 +101,6 @@ def test_cpu_ladder_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "<th>$ / 1M output tokens</th>" in report.read_text()  # priced from the stored runs
 
 
-def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"the ladder exited ({proc.poll()}) before {pattern!r}:\n" + "".join(seen[-30:]))
-        seen.append(line)
-        if re.search(pattern, line):
-            return seen
-    raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n" + "".join(seen[-30:]))
-
-
 def test_sigkill_after_the_first_step_keeps_it_and_leaves_no_engine(tmp_path: Path) -> None:
     db = tmp_path / "killed.db"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -122,15 +108,10 @@ def test_sigkill_after_the_first_step_keeps_it_and_leaves_no_engine(tmp_path: Pa
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        _read_until(proc, r"step 1/4 'baseline': [\d,]+ output tok/s", 600)
+        read_until(proc, r"step 1/4 'baseline': [\d,]+ output tok/s", 600)
         engines = [e for e in registered_engines() if e.owner_pid == proc.pid]
         assert len(engines) == 1, engines  # kept for the next (load-only) step
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        killed = time.monotonic()
-        while group_members(engines[0].pid) and time.monotonic() - killed < 60:
-            time.sleep(0.2)
-        assert group_members(engines[0].pid) == [], "the engine outlived the killed ladder"
+        sigkill_and_check_engine_stops(proc, engines[0].pid, "ladder")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -29,6 +29,7 @@ from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import Features
 from engine_adapters.launcher import EngineProcess, free_port, group_members, stop_group
 from engine_adapters.vllm import parse_non_default_args
+from tests.e2e.cli_io import wait_health
 from tests.unit.test_export_scripts import shellcheck_bin
 
 pytestmark = pytest.mark.e2e
@@ -109,20 +110,6 @@ def test_real_runs_are_recorded_listed_compared_and_exported(engine_pool, demo_e
     assert "features.prefix_caching" in report.read_text()
 
 
-def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the exported script exited before the engine was ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"no /health after {timeout_s} s")
-
-
 def test_exported_bash_script_starts_the_same_engine_with_the_same_flags(demo_engine: EngineProcess,
                                                                          tmp_path: Path) -> None:
     """The demo engine was launched by tunebench from the cpu-demo configuration; the script
@@ -137,7 +124,7 @@ def test_exported_bash_script_starts_the_same_engine_with_the_same_flags(demo_en
         proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     try:
-        _wait_health(f"http://127.0.0.1:{port}/health", proc, 400)
+        wait_health(f"http://127.0.0.1:{port}/health", proc, 400)
         deadline = time.monotonic() + 10
         while "engine ready at" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
             time.sleep(0.2)  # the script's own health wait reports too

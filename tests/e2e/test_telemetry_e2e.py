@@ -79,13 +79,7 @@ def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess
                       and "generation_tokens_total" in s.values]
     counted = engine_samples[-1].values["generation_tokens_total"] - engine_samples[0].values["generation_tokens_total"]
     assert counted == tokens, (counted, tokens)
-    base = engine_samples[0]
-    for sample in engine_samples[1:]:
-        if "generation_tok_per_s" in sample.values:
-            expected = ((sample.values["generation_tokens_total"] - base.values["generation_tokens_total"])
-                        / (sample.t_mono - base.t_mono))
-            assert sample.values["generation_tok_per_s"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
-            base = sample
+    _assert_rates_are_counter_deltas(engine_samples)
     # A starved vLLM API server (a CPU burner or another engine on these 2 cores) serves /metrics
     # from the same event loop that relays the engine core's outputs, so it answers mostly when it
     # has caught up, often once a round of requests is over: the gauges read mid-load can all be 0
@@ -217,6 +211,14 @@ def test_engine_restart_gives_no_negative_or_huge_rates(engine_pool, demo_engine
     totals = [s.values["generation_tokens_total"] for s in samples]
     switch = next(i for i, total in enumerate(totals) if total != totals[0])
     assert switch >= 2 and "generation_tok_per_s" not in samples[switch].values, (switch, totals)
+    _assert_rates_are_counter_deltas(samples, restart_at=samples[switch])
+    notices = [e.payload.message for e in items if isinstance(e, Event) and isinstance(e.payload, Notice)]
+    assert sum(1 for n in notices if "restart" in n.lower() or "went back" in n.lower()) == 1, notices
+
+
+def _assert_rates_are_counter_deltas(samples: list[Sample], restart_at: Sample | None = None) -> None:
+    """Every published rate is its counter's delta over the time since the last rate's scrape; the
+    sample where the engine restarted (``restart_at``, carrying no rate) is the next baseline."""
     base = samples[0]
     for sample in samples[1:]:
         if "generation_tok_per_s" in sample.values:
@@ -224,7 +226,5 @@ def test_engine_restart_gives_no_negative_or_huge_rates(engine_pool, demo_engine
                         / (sample.t_mono - base.t_mono))
             assert sample.values["generation_tok_per_s"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
             base = sample
-        elif sample is samples[switch]:
-            base = sample  # the new engine's first count is the next baseline
-    notices = [e.payload.message for e in items if isinstance(e, Event) and isinstance(e.payload, Notice)]
-    assert sum(1 for n in notices if "restart" in n.lower() or "went back" in n.lower()) == 1, notices
+        elif sample is restart_at:
+            base = sample

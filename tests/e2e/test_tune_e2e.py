@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from app.tuner.stored import load_tune
 from db import tune_store
 from engine_adapters.cpu_binding import OMP_BIND_ENV
 from engine_adapters.launcher import free_port, group_members, registered_engines, stop_group
+from tests.e2e.cli_io import read_until, sigkill_and_check_engine_stops, wait_health
 from tests.unit.test_export_scripts import shellcheck_bin
 
 pytestmark = pytest.mark.e2e
@@ -93,19 +93,6 @@ class Tuned:
     engines_before: set[int]  # engines this test session already held (other tests' shared ones)
 
 
-def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float, seen: list[str]) -> str:
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"the tune exited ({proc.poll()}) before {pattern!r}:\n" + "".join(seen[-40:]))
-        seen.append(line)
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"no {pattern!r} within {timeout_s} s:\n" + "".join(seen[-40:]))
-
-
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
     folder = tmp_path_factory.mktemp("tune")
@@ -120,16 +107,11 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen: list[str] = []
     try:
-        _read_until(proc, r"^tune: \[2/4\] .* @ concurrency 1$", 900, seen)  # the first configuration is done
-        _read_until(proc, r"engine ready at", 600, seen)  # the second one's engine serves its first trial
+        read_until(proc, r"^tune: \[2/4\] .* @ concurrency 1$", 900, seen)  # the first configuration is done
+        read_until(proc, r"engine ready at", 600, seen)  # the second one's engine serves its first trial
         engines = [e for e in registered_engines() if e.owner_pid == proc.pid]
         assert len(engines) == 1, engines
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        killed = time.monotonic()
-        while group_members(engines[0].pid) and time.monotonic() - killed < 60:
-            time.sleep(0.2)
-        assert group_members(engines[0].pid) == [], "the engine outlived the killed tune"
+        sigkill_and_check_engine_stops(proc, engines[0].pid, "tune")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -231,20 +213,6 @@ def test_each_trial_is_priced_from_its_stored_run_and_requests(tuned: Tuned, tmp
     assert "<th>$/1M good</th>" in html and "x 0.05 $/core-h (your price)" in html
 
 
-def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the exported script exited before the engine was ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"no /health after {timeout_s} s")
-
-
 SLO_NOISE = 1.25
 """How far past a bound a re-measured p99 of 16 requests may land: the pick is, by construction,
 the configuration and load nearest the SLO's edge, so a second measurement falls either side."""
@@ -273,7 +241,7 @@ def test_the_pick_exported_and_relaunched_from_its_script_meets_the_slo_again(tu
         proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     try:
-        _wait_health(f"http://127.0.0.1:{port}/health", proc, 600)
+        wait_health(f"http://127.0.0.1:{port}/health", proc, 600)
         config = RunConfig.model_validate(state.pick.config)
         # The trial ran on an engine that had served the lower loads first; a fresh one serves its
         # first requests slower (its first batches), so it serves the same load once before it is measured.

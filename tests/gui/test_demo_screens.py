@@ -22,7 +22,6 @@ from app.gui.main_window import MainWindow
 from app.load.aggregate import summarize
 from app.load.metrics import EngineDeltas, RequestRecord
 from app.runner import LevelResult, RunResult
-from app.store import RunStore
 from engine_adapters.config import Features
 
 pytestmark = pytest.mark.gui
@@ -272,14 +271,10 @@ def test_presentation_fits_a_projector_and_says_which_features_are_on(qtbot, win
 
 
 def test_compare_leads_with_a_headline_in_words(qtbot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.unit.test_compare_reliability import _store_run
+    from tests.unit.test_compare_reliability import store_prefix_demo
 
     db = tmp_path / "demo.db"
-    with RunStore(db) as store:
-        off = _store_run(store, "prefix off", prefix=False, client_ttft_ms=121.0, itl_ms=12.0, lag_ms=3.0,
-                         engine_ttft_ms=91.2)
-        on = _store_run(store, "prefix on", prefix=True, client_ttft_ms=173.0, itl_ms=0.0, lag_ms=900.0,
-                        engine_ttft_ms=19.7)
+    off, on = store_prefix_demo(db)
     window = make_window(db_path=db)
     window.compare_runs([off, on])
     qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=10_000)

@@ -170,14 +170,10 @@ def test_export_html_report_of_one_or_more_runs_and_saves(qtbot, seeded, tmp_pat
 def test_compare_greys_a_starved_clients_figures_and_leads_with_the_engines(qtbot, make_window, tmp_path: Path) -> None:
     """The issue's demo in the Compare tab: the engine's TTFT (91.2 -> 19.7 ms) leads and is green;
     the starved client's TTFT p50 is grey with its reason, never red; the bars draw the engine's."""
-    from tests.unit.test_compare_reliability import _store_run
+    from tests.unit.test_compare_reliability import store_prefix_demo
 
     db = tmp_path / "demo.db"
-    with RunStore(db) as store:
-        off = _store_run(store, "prefix off", prefix=False, client_ttft_ms=121.0, itl_ms=12.0, lag_ms=3.0,
-                         engine_ttft_ms=91.2)
-        on = _store_run(store, "prefix on", prefix=True, client_ttft_ms=173.0, itl_ms=0.0, lag_ms=900.0,
-                        engine_ttft_ms=19.7)
+    off, on = store_prefix_demo(db)
     window = make_window(db_path=db)
     window.compare_runs([off, on])
     qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=10_000)

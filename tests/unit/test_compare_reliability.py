@@ -38,14 +38,20 @@ def _store_run(store: RunStore, name: str, *, prefix: bool, client_ttft_ms: floa
     return run_id
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> tuple[Path, int, int]:
-    path = tmp_path / "runs.db"
+def store_prefix_demo(path: Path) -> tuple[int, int]:
+    """The issue's demo pair: prefix caching off, then on with a starved client (900 ms lag)."""
     with RunStore(path) as store:
         off = _store_run(store, "prefix off", prefix=False, client_ttft_ms=121.0, itl_ms=12.0, lag_ms=3.0,
                          engine_ttft_ms=91.2)
         on = _store_run(store, "prefix on", prefix=True, client_ttft_ms=173.0, itl_ms=0.0, lag_ms=900.0,
                         engine_ttft_ms=19.7)
+    return off, on
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> tuple[Path, int, int]:
+    path = tmp_path / "runs.db"
+    off, on = store_prefix_demo(path)
     return path, off, on
 
 
