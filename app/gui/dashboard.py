@@ -12,6 +12,7 @@ read is ``app.gui.series``, the roofline plot ``app.gui.roofline``.
 from __future__ import annotations
 
 import html
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent, QShowEvent
+from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.analysis import metric_catalog as catalog
 from app.cost import RunCost, live_cost, usd_text
+from app.gui.fit_label import FitLabel
 from app.gui.live import StartupView
 from app.gui.roofline import RooflinePanel, style_plot
 from app.gui.series import (
@@ -84,20 +86,16 @@ class Tile(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 4, 10, 4)
         layout.setSpacing(0)
-        self.value_label = QLabel("–")
+        # A long number shrinks to the tile (a projector at 1024 px, seven tiles), keeping most of its size.
+        self.value_label = FitLabel("–", keep_share=0.6)
         self.value_label.setObjectName("tileValue")
         self.value_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.caption = QLabel(spec.label)
+        self.caption = FitLabel(spec.label, wrap=True)  # long captions wrap, then shrink: never widen the window
         self.caption.setObjectName("tileLabel")
         self.caption.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.sub = QLabel("")
+        self.sub = FitLabel("", wrap=True)
         self.sub.setObjectName("tileSub")
         self.sub.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        for label in (self.caption, self.sub):  # long captions wrap: a tile never widens the window
-            label.setWordWrap(True)
-        # Nor does a long number: it shrinks to the tile instead (a projector at 1024 px, six tiles).
-        self.value_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self._value_pt: float | None = None
         layout.addWidget(self.value_label)
         layout.addWidget(self.caption)
         layout.addWidget(self.sub)
@@ -110,37 +108,12 @@ class Tile(QFrame):
             return
         self._shown = wanted
         self.value_label.setText(value)
-        self._fit_value()
         self.caption.setText(caption)
         self.sub.setText(sub)
         self.setToolTip(tooltip)
 
     def set_value(self, value: float | None) -> None:
         self.show(_fmt(self.spec.fmt, value), self.spec.label)
-
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
-        super().resizeEvent(event)
-        self._fit_value()
-
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
-        super().showEvent(event)  # a tile on a hidden page was sized before it could measure
-        self._fit_value()
-
-    def _fit_value(self) -> None:
-        """The theme's size for the number, or smaller when the tile is too narrow for it."""
-        label = self.value_label
-        if not self.isVisible():
-            return  # measured when shown
-        if self._value_pt is None:
-            label.ensurePolished()  # the theme's style sheet sets the size
-            self._value_pt = label.font().pointSizeF()
-        font = label.font()
-        room = max(label.width() - 4, 1)
-        font.setPointSizeF(self._value_pt)
-        needed = QFontMetrics(font).horizontalAdvance(label.text())
-        size = self._value_pt if needed <= room else max(6.0, self._value_pt * room / needed)
-        if abs(label.font().pointSizeF() - size) > 0.25:  # the theme's style sheet sets the size: override it here
-            label.setStyleSheet("" if size == self._value_pt else f"font-size: {size:.1f}pt;")
 
     def text(self) -> str:
         return self.value_label.text()
@@ -322,14 +295,28 @@ def _finite_range(values: np.ndarray) -> tuple[float, float] | None:
     return (float(finite.min()), float(finite.max())) if len(finite) else None
 
 
-def title_height(title_pt: int, legend_pt: int) -> int:
-    """Pixels for a two-line plot title (the title, then the legend)."""
-    fonts = []
-    for pt in (title_pt, legend_pt):
-        font = QFont()
-        font.setPointSize(pt)
-        fonts.append(QFontMetrics(font).lineSpacing())
-    return sum(fonts) + 6
+def _font(pt: int, bold: bool = False) -> QFont:
+    font = QFont()
+    font.setPointSize(pt)
+    font.setBold(bold)
+    return font
+
+
+def wrap_entries(entries: Sequence[str], pt: int, width_px: int, gap: str = "   ") -> list[list[int]]:
+    """Entries packed greedily into lines no wider than ``width_px`` at ``pt`` (an entry wider
+    than that has a line of its own): the indices of each line's entries."""
+    metrics = QFontMetrics(_font(pt))
+    lines: list[list[int]] = []
+    used = 0
+    for i, entry in enumerate(entries):
+        width = metrics.horizontalAdvance(entry)
+        if lines and used + metrics.horizontalAdvance(gap) + width <= width_px:
+            lines[-1].append(i)
+            used += metrics.horizontalAdvance(gap) + width
+        else:
+            lines.append([i])
+            used = width
+    return lines
 
 
 class PlotPanel(pg.PlotWidget):
@@ -341,7 +328,8 @@ class PlotPanel(pg.PlotWidget):
         item = style_plot(self, theme)
         item.showGrid(x=False, y=True, alpha=0.15)  # horizontal lines to read values; vertical ones cost ~0.4 ms a refresh
         item.setMenuEnabled(False)
-        item.setLabel("bottom", "s since load start", **{"color": theme.muted, "font-size": f"{theme.axis_pt}pt"})
+        self._axis_label: tuple[str, int] | None = None
+        """The time axis's label as set, and its size: ``_fit_axis_label`` sets it for the width."""
         # The legend is part of the title, above the plot: it never covers a line.
         self._legend: list[tuple[str, str]] = []
         self.ceiling: float | None = None
@@ -352,6 +340,7 @@ class PlotPanel(pg.PlotWidget):
         a labelled item dropped on reset is left in a line <-> label cycle still wired to the
         scene's paint signal, and the cyclic GC freed it at any moment, even inside a paint."""
         self._windows_shown = 0
+        self._titled_width = -1
         self._set_title()
         # Light PlotCurveItems fed with data already clipped to the visible range and decimated to
         # the plot's width (PlotDataItem's own pipeline costs ~15x more per update).
@@ -387,23 +376,59 @@ class PlotPanel(pg.PlotWidget):
         self.getPlotItem().autoBtn.show()
 
     def _set_title(self) -> None:
+        """The title, then the legend, wrapped to the plot's width: a narrow plot (a projector
+        at 150%) gets more lines, never a cut one."""
         theme = self.theme
-        unit = f" ({self.spec.unit})" if self.spec.unit else ""
-        legend = "&nbsp;&nbsp;".join(
-            f'<span style="color:{colour}">\u2501\u2501 {html.escape(label)}</span>' for label, colour in self._legend)
+        unit = f"({self.spec.unit})" if self.spec.unit else ""
+        entries = [(f"\u2501\u2501 {label}", colour) for label, colour in self._legend]
         if self.ceiling is not None:
-            off = " (off the scale)" if self.ceiling > CEILING_IN_VIEW * self._data_max() else ""
-            legend += f'&nbsp;&nbsp;<span style="color:{self.theme.muted}">\u2504\u2504 ceiling{off}</span>'
+            entries.append(("\u2504\u2504 ceiling", self.theme.muted))
+            if self.ceiling > CEILING_IN_VIEW * self._data_max():
+                entries.append(("(off the scale)", self.theme.muted))
         size = max(theme.plot_title_pt - 2, 8)
-        # Title on one line, the legend on the next: narrow plots keep both readable.
         name = self.spec.short if self.spec.short and theme.name == "dark" else self.spec.title
-        title = (f"<b>{html.escape(name)}</b>{html.escape(unit)}<br>"
-                 f'<span style="font-size:{size}pt">{legend or "&nbsp;"}</span>')
+        room = self._title_room()
+        bold = QFontMetrics(_font(theme.plot_title_pt, bold=True))
+        heading = [f"<b>{html.escape(name)}</b>"] + ([html.escape(unit)] if unit else [])
+        one_line = bold.horizontalAdvance(f"{name} {unit}".strip()) <= room
+        title = " ".join(heading) if one_line else "<br>".join(heading)
+        legend_lines = wrap_entries([text for text, _ in entries], size, room) or [[]]
+        legend = "<br>".join("&nbsp;&nbsp;&nbsp;".join(
+            f'<span style="color:{entries[i][1]}">{html.escape(entries[i][0])}</span>' for i in line) or "&nbsp;"
+            for line in legend_lines)
         item = self.getPlotItem()
-        item.setTitle(title, color=theme.foreground, size=f"{theme.plot_title_pt}pt")
-        height = title_height(theme.plot_title_pt, size)  # pyqtgraph leaves one 30 px line for a title
+        item.setTitle(f'{title}<br><span style="font-size:{size}pt">{legend}</span>', color=theme.foreground,
+                      size=f"{theme.plot_title_pt}pt")
+        height = math.ceil(item.titleLabel.item.boundingRect().height())  # its lines and the text's margins
         item.titleLabel.setMaximumHeight(height)
+        item.titleLabel.setMinimumWidth(0)  # the text is wrapped to the room: it must not widen the plot
         item.layout.setRowFixedHeight(0, height)
+        self._titled_width = self.width()
+        self._fit_axis_label(room)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        style_plot(self, theme)
+        self._set_title()
+
+    def _title_room(self) -> int:
+        """Pixels across the plot for the title: the widget less the left axis and margins."""
+        return max(self.width() - int(self.getPlotItem().getAxis("left").width()) - 16, 40)
+
+    def _fit_axis_label(self, room: int) -> None:
+        """The time axis's label, shortened to its unit when the plot is too narrow for it."""
+        axis = self.getPlotItem().getAxis("bottom")
+        full = "s since load start"
+        text = full if QFontMetrics(_font(self.theme.axis_pt)).horizontalAdvance(full) <= room else "s"
+        if self._axis_label != (text, self.theme.axis_pt):
+            self._axis_label = (text, self.theme.axis_pt)
+            axis.setLabel(text, **{"color": self.theme.muted, "font-size": f"{self.theme.axis_pt}pt"})
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        # Re-wrapped first: the plot is then laid out to the new width with the title's new minimum.
+        if getattr(self, "_titled_width", None) not in (None, self.width()):  # pyqtgraph resizes before __init__ ends
+            self._set_title()
+        super().resizeEvent(event)
 
     def _data_max(self) -> float:
         return max((hi for _, _, hi in self._extent.values()), default=0.0)
@@ -586,6 +611,12 @@ class PlotGrid(QWidget):
 
     def refresh(self, store: SeriesStore) -> int:
         return sum(panel.refresh(store) for panel in self.panels.values())
+
+    def set_theme(self, theme: Theme) -> None:
+        """New font sizes (the presentation scaled to its screen); the colours stay."""
+        self.theme = theme
+        for panel in self.panels.values():
+            panel.set_theme(theme)
 
     def mark_window(self, start_s: float, end_s: float, label: str) -> None:
         for panel in self.panels.values():

@@ -5,24 +5,48 @@ the desk dashboard), and a before/after view of two runs with the A/B headline
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QGridLayout, QStackedWidget, QVBoxLayout, QWidget
 
 from app.gui.dashboard import PlotGrid, TileRow
+from app.gui.fit_label import FitLabel
 from app.gui.series import SeriesKey, SeriesStore
-from app.gui.theme import DARK, stylesheet
+from app.gui.theme import DARK, MIN_THEME_PT, Theme, scaled, stylesheet
 from app.headline import Headline
 
 PRESENTATION_PLOTS = ("tokens", "latency", "itl")
 VERDICT_COLOURS = {"better": DARK.good, "worse": DARK.bad, "same": DARK.muted, "unreliable": DARK.muted, "": DARK.muted}
+DESIGN_SIZE = (1024, 716)
+"""The room the presentation page is laid out for at its theme's sizes (a 1024x768 window less
+the workbench's banner); on a smaller screen, or a larger display scaling (which leaves fewer
+logical pixels), every font shrinks in proportion, so the plots keep room for their curves."""
 
 
-def _label(text: str, pt: int, colour: str = DARK.foreground, bold: bool = False) -> QLabel:
-    label = QLabel(text)
-    label.setStyleSheet(f"font-size: {pt}pt; color: {colour};" + (" font-weight: 600;" if bold else ""))
-    label.setWordWrap(True)
-    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # never widens the window
-    return label
+class _Text(FitLabel):
+    """A presentation text at its design size, scaled with the window, shrunk further to fit."""
+
+    def __init__(self, text: str, pt: int, colour: str, bold: bool) -> None:
+        super().__init__(text, wrap=True)
+        self.design_pt, self.colour, self.bold = pt, colour, bold
+        self.set_scale(1.0)
+
+    def set_scale(self, factor: float) -> None:
+        size = max(MIN_THEME_PT, round(self.design_pt * factor))
+        self.setStyleSheet(f"font-size: {size}pt; color: {self.colour};" + (" font-weight: 600;" if self.bold else ""))
+
+
+def _label(text: str, pt: int, colour: str = DARK.foreground, bold: bool = False) -> _Text:
+    return _Text(text, pt, colour, bold)
+
+
+def scale_for(width_px: int, height_px: int) -> float:
+    """The presentation's font scale for a page: 1 at its design size or larger, less (in steps
+    of 0.05, so a resize by a pixel does not restyle) on a smaller one."""
+    factor = min(1.0, width_px / DESIGN_SIZE[0], height_px / DESIGN_SIZE[1])
+    return max(0.5, math.floor(factor * 20) / 20)
 
 
 class CurrentPageStack(QStackedWidget):
@@ -65,6 +89,12 @@ class BeforeAfterView(QWidget):
         layout.addWidget(self.note)
         layout.addStretch(1)
         self.headline: Headline | None = None
+        self.scale = 1.0
+
+    def set_scale(self, factor: float) -> None:
+        self.scale = factor
+        for label in self.findChildren(_Text):
+            label.set_scale(factor)
 
     def show_headline(self, headline: Headline, money: str = "") -> None:
         """``money``: the same change in money (``app.headline.money_line``), the line a customer
@@ -97,6 +127,7 @@ class BeforeAfterView(QWidget):
         for col, stretch in enumerate((3, 2, 2, 3)):
             self.grid.setColumnStretch(col, stretch)
         self.note.setText("\n".join(notes))
+        self.set_scale(self.scale)
 
 
 class PresentationView(QWidget):
@@ -105,16 +136,13 @@ class PresentationView(QWidget):
         self.setObjectName("presentation")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # paint the dark background
         self.setStyleSheet(stylesheet(DARK) + f"QWidget#presentation {{ background: {DARK.background}; }}")
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(24, 14, 24, 10)
-        layout.setSpacing(10)
+        self._layout = layout = QVBoxLayout(self)
+        self._space(1.0)
         self.title = _label("tunebench", 26, DARK.foreground, bold=True)
         self.subtitle = _label("", 15, DARK.muted)
         self.features = _label("", 15, DARK.accent)
-        self.hint = QLabel("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after")
-        self.hint.setStyleSheet(f"font-size: 11pt; color: {DARK.muted};")
+        self.hint = _label("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after", 11, DARK.muted)
         self.hint.setAlignment(Qt.AlignmentFlag.AlignRight)
-        self.hint.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tiles = TileRow()
         self.plots = PlotGrid(DARK, columns=3, only=PRESENTATION_PLOTS)
         live = QWidget()
@@ -135,6 +163,27 @@ class PresentationView(QWidget):
         layout.addWidget(self.pages, 1)
         layout.addWidget(self.hint)
         self._live_heading = ("tunebench", "", "")
+        self.scale = 1.0
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        factor = scale_for(event.size().width(), event.size().height())
+        if factor != self.scale:  # restyled before the layout places anything at the new size
+            self.set_theme(scaled(DARK, factor), factor)
+        super().resizeEvent(event)
+
+    def _space(self, factor: float) -> None:
+        """Margins and gaps at their design size, scaled as the fonts are."""
+        self._layout.setContentsMargins(*(round(m * factor) for m in (24, 14, 24, 10)))
+        self._layout.setSpacing(round(10 * factor))
+
+    def set_theme(self, theme: Theme, factor: float) -> None:
+        self.scale = factor
+        self._space(factor)
+        self.setStyleSheet(stylesheet(theme) + f"QWidget#presentation {{ background: {theme.background}; }}")
+        for label in self.findChildren(_Text):
+            label.set_scale(factor)
+        self.before_after.scale = factor
+        self.plots.set_theme(theme)
 
     # -- the heading ------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ back of a room on a projector)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,20 @@ DARK = Theme(
     curves=("#4fc3f7", "#ffb74d", "#81c784", "#e57373", "#ba68c8", "#4dd0e1", "#fff176"),
     tile_value_pt=48, tile_label_pt=16, plot_title_pt=18, axis_pt=14, line_width=3.0, tile_sub_pt=13, header_pt=16,
 )
+
+
+MIN_THEME_PT = 7
+
+
+def scaled(theme: Theme, factor: float) -> Theme:
+    """The theme with every font ``factor`` times its size (never under ``MIN_THEME_PT``): the
+    presentation keeps its design size on a smaller or more scaled screen."""
+    def pt(size: int) -> int:
+        return max(MIN_THEME_PT, round(size * factor))
+
+    return replace(theme, tile_value_pt=pt(theme.tile_value_pt), tile_label_pt=pt(theme.tile_label_pt),
+                   plot_title_pt=pt(theme.plot_title_pt), axis_pt=pt(theme.axis_pt),
+                   tile_sub_pt=pt(theme.tile_sub_pt), header_pt=pt(theme.header_pt))
 
 
 def stylesheet(theme: Theme) -> str:
