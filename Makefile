@@ -45,7 +45,7 @@ pg-server:
 test: engine pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 # `make test` on RUNS fresh clones of this commit in a row, each while BURNERS busy loops take a
@@ -58,7 +58,7 @@ test-under-load:
 lint: deps
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
 
 bench: deps
 	@status=0; for b in benchmarks/*.py; do echo "== $$b"; QT_QPA_PLATFORM=offscreen $(BIN)/python $$b || status=1; done; \

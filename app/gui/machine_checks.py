@@ -2,13 +2,16 @@
 fingerprint and the engine's flags (probed again when the runtime changes), which settings are
 available here (``app.gui.availability``), and the adapter's validation of the configuration
 being edited (its issues kept by ``app.editing.EditedConfig``, shown by the config panel).
+
+What it needs of the window is :class:`ChecksHost`; the window is one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QPushButton, QStatusBar, QWidget
 
 from app.engines import CheckReport, check_config
 from app.gui.availability import Availability, compute_availability, judge_here
@@ -18,15 +21,45 @@ from engine_adapters.hardware import HardwareInfo
 from engine_adapters.registry import get_adapter, maturity
 
 if TYPE_CHECKING:
-    from app.gui.main_window import MainWindow
+    from app.gui.config_panel import ConfigPanel
+    from app.gui.config_state import ConfigState
+    from app.gui.live import PhaseBar
+    from app.gui.live_tab import LiveTab
+    from app.live_run import LiveRun
+
+
+class ChecksHost(Protocol):
+    """What the checks need of the window: the configuration they check, and where they show
+    what they found."""
+
+    def window(self) -> QWidget:
+        """The window the checks live and die with."""
+        ...
+
+    @property
+    def state(self) -> ConfigState: ...
+    @property
+    def live(self) -> LiveRun: ...
+    @property
+    def live_tab(self) -> LiveTab: ...
+    @property
+    def phase_bar(self) -> PhaseBar: ...
+    @property
+    def config_panel(self) -> ConfigPanel: ...
+    @property
+    def start_button(self) -> QPushButton: ...
+    @property
+    def running(self) -> bool: ...
+    def statusBar(self) -> QStatusBar: ...
+    def show_error(self, message: str) -> None: ...
 
 
 class MachineChecks(QObject):
     """The window's probe, availability and validation; each result is drawn as it arrives."""
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, host: ChecksHost) -> None:
+        super().__init__(host.window())
+        self.host = host
         self.flags: FlagSet | None = None
         self.hardware: HardwareInfo | None = None
         self.availability: Availability | None = None
@@ -34,26 +67,26 @@ class MachineChecks(QObject):
 
     def start(self) -> None:
         """The first probe; later ones follow the configuration's runtime."""
-        self.window.phase_bar.set_text("Checking hardware and the installed engine…")
+        self.host.phase_bar.set_text("Checking hardware and the installed engine…")
         self._probe_engine()
-        self.window.state.changed.connect(self._config_changed)
+        self.host.state.changed.connect(self._config_changed)
 
     def _probe_engine(self) -> None:
         """Hardware fingerprint and the configured runtime's flags (the first discovery runs the
         engine's --help, ~10 s; then it is cached by version)."""
-        config = self.window.state.config
+        config = self.host.state.config
         self._probed_runtime = config.engine.runtime.model_dump_json() + config.engine.kind
-        run_in_worker(lambda: check_config(config), self._probed, self.window.show_error, name="probe",
-                      parent=self.window)
+        run_in_worker(lambda: check_config(config), self._probed, self.host.show_error, name="probe",
+                      parent=self)
 
     def _config_changed(self, _path: str) -> None:
-        engine = self.window.state.config.engine
+        engine = self.host.state.config.engine
         if engine.runtime.model_dump_json() + engine.kind != self._probed_runtime:
             self._probe_engine()
 
     def _probed(self, report: CheckReport) -> None:
         assert report.hardware is not None  # check_config always probes it
-        w = self.window
+        w = self.host
         self.hardware, self.flags, note = report.hardware, report.flags, "; ".join(report.notes)
         w.live.has_gpu = w.live.has_gpu or self.hardware.has_gpu
         w.live_tab.apply_support()
@@ -71,18 +104,18 @@ class MachineChecks(QObject):
     def refresh_availability(self) -> None:
         if self.hardware is None:
             return
-        config, hardware, flags = self.window.state.config, self.hardware, self.flags
+        config, hardware, flags = self.host.state.config, self.hardware, self.flags
         run_in_worker(lambda: compute_availability(config, hardware, flags), self._availability_ready,
-                      self.window.show_error, name="availability", parent=self.window)
+                      self.host.show_error, name="availability", parent=self)
 
     def _availability_ready(self, availability: Availability) -> None:
         self.availability = availability
-        self.window.config_panel.apply_availability(availability)
+        self.host.config_panel.apply_availability(availability)
 
     def validate(self) -> None:
         """Adapter validation (and what this machine can do) in a worker; a newer request waits
         for the running one."""
-        edited = self.window.state.model
+        edited = self.host.state.model
         if self.hardware is None or not edited.begin_validation():
             return
         config, hardware, flags = edited.config, self.hardware, self.flags
@@ -91,17 +124,17 @@ class MachineChecks(QObject):
             issues = check_config(config, discover_flags=False, hardware=hardware, flags=flags).issues
             return [*issues, *judge_here(config, hardware, issues)]
 
-        run_in_worker(judge, self._validated, self._validation_failed, name="validate", parent=self.window)
+        run_in_worker(judge, self._validated, self._validation_failed, name="validate", parent=self)
 
     def _validated(self, issues: list[ValidationIssue]) -> None:
-        edited = self.window.state.model
+        edited = self.host.state.model
         again = edited.finish_validation(issues)  # the config panel hears the issues from the model
         errors = edited.errors
-        self.window.start_button.setToolTip("\n".join(str(i) for i in errors) if errors
-                                            else "Launch the engine and run the load")
+        self.host.start_button.setToolTip("\n".join(str(i) for i in errors) if errors
+                                          else "Launch the engine and run the load")
         if again:
             self.validate()
 
     def _validation_failed(self, message: str) -> None:
-        self.window.state.model.validation_failed()
-        self.window.show_error(message)
+        self.host.state.model.validation_failed()
+        self.host.show_error(message)

@@ -7,7 +7,9 @@ being edited is ``app.editing.EditedConfig`` (its Qt face ``state``: ``app.gui.c
 a run as the bus tells it is ``app.live_run.LiveRun`` (``live``), which the Live tab
 (``app.gui.live_tab``) subscribes to. Runs start and end in ``app.gui.run_control``; the store,
 History and Compare go through ``app.gui.store_link``; the toolbar is ``app.gui.toolbar``.
-The window implements ``app.gui.campaign_panel.CampaignHost`` for the Ladder and Tune tabs.
+The window implements ``app.gui.campaign_panel.CampaignHost`` for the Ladder and Tune tabs, and
+the host each helper declares (``RunHost``, ``StoreHost``, ``ChecksHost``, ``FilesHost``): no other
+module of app.gui imports this one, even for type hints (``importlinter-type-checking.toml``).
 
 Threading: the GUI thread only drains the bus (a QTimer at 20 Hz), updates widgets and starts
 workers. Runs, engine stops, store queries, profile files and validation all run in

@@ -4,6 +4,7 @@ edited, or a campaign tab's ladder or tune (:meth:`RunControl.start_campaign`).
 The work runs in a worker (``app.gui.repeats.run_work`` in a :class:`app.gui.workers.Worker`);
 what it publishes reaches the GUI through the window's bus subscription, drained by its timer
 into the live run (``app.live_run``). This module only launches, cancels and reports the end.
+What it needs of the window is :class:`RunHost`; the window is one.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QCheckBox, QPushButton, QSpinBox, QStatusBar, QTabWidget, QWidget
 
 from app.config import RunConfig
 from app.cost import RunCost, run_cost
@@ -29,7 +30,20 @@ from app.store import RunStore
 from engine_adapters.registry import get_adapter
 
 if TYPE_CHECKING:
-    from app.gui.main_window import MainWindow
+    from app.bus import Bus
+    from app.cost import PriceTable
+    from app.gui.cluster_box import ClusterChoice
+    from app.gui.config_panel import ConfigPanel
+    from app.gui.config_state import ConfigState
+    from app.gui.live import LogView, PhaseBar
+    from app.gui.live_tab import LiveTab
+    from app.gui.presentation import PresentationView
+    from app.gui.run_bar import RunBar
+    from app.gui.session import EngineSession
+    from app.gui.settings import GuiSettings
+    from app.live_run import LiveRun
+
+T = TypeVar("T")
 
 
 def startup_key(config: RunConfig) -> str:
@@ -42,12 +56,89 @@ def starting_text(config: RunConfig) -> str:
     return f"Starting {get_adapter(config.engine.kind).display_name} on {config.engine.model}"
 
 
+class Remembering(Protocol):
+    """Who keeps the recent models in the settings (the user's files)."""
+
+    def remember(self, kind: str, value: str) -> None: ...
+
+
+class RunRecords(Protocol):
+    """Who edits and lists the stored runs (the store link): a run's note, History after a run."""
+
+    def store_call(self, fn: Callable[[RunStore], Any]) -> None: ...
+    def refresh_history(self) -> None: ...
+
+
+class RunHost(Protocol):
+    """What a run needs of the window: the configuration and run bar it starts from, where it
+    runs and records, the live view it clears and reports into, and the window's own steps
+    (idle or running, the bus drained, the next name suggested, closing once the run ended)."""
+
+    previous_config: dict[str, Any] | None
+
+    def window(self) -> QWidget:
+        """The window the run control lives and dies with."""
+        ...
+
+    @property
+    def state(self) -> ConfigState: ...
+    @property
+    def settings(self) -> GuiSettings: ...
+    @property
+    def bus(self) -> Bus: ...
+    @property
+    def session(self) -> EngineSession: ...
+    @property
+    def db_path(self) -> str | None: ...
+    @property
+    def live(self) -> LiveRun: ...
+    @property
+    def close_requested(self) -> bool: ...
+    @property
+    def files(self) -> Remembering: ...
+    @property
+    def store_link(self) -> RunRecords: ...
+    @property
+    def config_panel(self) -> ConfigPanel: ...
+    @property
+    def run_bar(self) -> RunBar: ...
+    @property
+    def keep_engine(self) -> QCheckBox: ...
+    @property
+    def repeats(self) -> QSpinBox: ...
+    @property
+    def stop_button(self) -> QPushButton: ...
+    @property
+    def tabs(self) -> QTabWidget: ...
+    @property
+    def live_tab(self) -> LiveTab: ...
+    @property
+    def dashboard(self) -> Dashboard: ...
+    @property
+    def phase_bar(self) -> PhaseBar: ...
+    @property
+    def log_view(self) -> LogView: ...
+    @property
+    def presentation(self) -> PresentationView: ...
+    def statusBar(self) -> QStatusBar: ...
+    def cluster_choice(self) -> ClusterChoice | None: ...
+    def follow_slot(self, slot_bus: Bus) -> None: ...
+    def with_store(self, fn: Callable[[RunStore], T]) -> T: ...
+    def prices(self) -> PriceTable: ...
+    def show_error(self, message: str) -> None: ...
+    def show_banner(self, text: str | None, error: bool = True) -> None: ...
+    def set_running(self, running: bool) -> None: ...
+    def tick(self) -> None: ...
+    def suggest_name(self) -> None: ...
+    def finish_close(self) -> None: ...
+
+
 class RunControl(QObject):
     """The running run's worker and cancel event, and what the window does as it starts and ends."""
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, host: RunHost) -> None:
+        super().__init__(host.window())
+        self.host = host
         self.cancel: threading.Event | None = None
         self.worker: Worker | None = None
         self.last_result: RunResult | None = None
@@ -58,7 +149,7 @@ class RunControl(QObject):
         return self.worker is not None
 
     def start_run(self) -> None:
-        w = self.window
+        w = self.host
         if self.running or w.close_requested:
             return
         problems = w.config_panel.problems()
@@ -89,7 +180,7 @@ class RunControl(QObject):
         work = run_work(w.session, config, w.bus, cancel, keep_engine=w.keep_engine.isChecked(),
                         db_path=w.db_path, repeats=w.repeats.value(), cluster=w.cluster_choice(),
                         follow=w.follow_slot)
-        self.worker = run_in_worker(work, self._run_done, self._run_failed, name="run", parent=w)
+        self.worker = run_in_worker(work, self._run_done, self._run_failed, name="run", parent=self)
         w.set_running(True)
         w.presentation.set_heading(name, load_text(config), features_text(config))
         w.files.remember("recent_models", config.engine.model)
@@ -102,19 +193,19 @@ class RunControl(QObject):
         self.set_run_plan(None, "planning\u2026")
 
         def planned(result: tuple[Plan | None, str | None]) -> None:
-            if self.window.live.config is config:  # not a plan for an earlier run
+            if self.host.live.config is config:  # not a plan for an earlier run
                 self.set_run_plan(*result)
 
-        run_in_worker(lambda: plan_for_run(config), planned, name="plan-run", parent=self.window)
+        run_in_worker(lambda: plan_for_run(config), planned, name="plan-run", parent=self)
 
     def set_run_plan(self, plan: Plan | None, why: str | None = None) -> None:
-        w = self.window
+        w = self.host
         w.live.plan = plan
         w.dashboard.set_plan(plan, why or "")
         w.presentation.tiles.set_plan(plan, why or "")
 
     def stop_run(self) -> None:
-        w = self.window
+        w = self.host
         if self.cancel is not None and not self.cancel.is_set():
             self.cancel.set()
             w.stop_button.setEnabled(False)
@@ -122,7 +213,7 @@ class RunControl(QObject):
             w.statusBar().showMessage("Stopping…")
 
     def _run_done(self, result: RunResult) -> None:
-        w = self.window
+        w = self.host
         self.last_result = result
         if w.live.config is not None:
             w.previous_config = w.live.config.model_dump(mode="json")
@@ -147,7 +238,7 @@ class RunControl(QObject):
     def _show_run_summary(self, result: RunResult) -> None:
         """The tiles show the run's summary; the cost tile is priced from the stored run (its GPUs
         and profile prices) at the summary's throughput."""
-        w = self.window
+        w = self.host
         if not w.live_tab.show_summary(result) or not result.run_id:
             return
         summary = next(lv.summary for lv in reversed(result.levels) if lv.summary.requests)
@@ -159,10 +250,10 @@ class RunControl(QObject):
             return run_cost(run, prices, figures.get("output_tok_per_s"), figures.get("total_tok_per_s"),
                             unreliable=unreliable.get("output_tok_per_s"))
 
-        run_in_worker(lambda: w.with_store(cost), w.live_tab.show_cost, None, name="run-cost", parent=w)
+        run_in_worker(lambda: w.with_store(cost), w.live_tab.show_cost, None, name="run-cost", parent=self)
 
     def _run_failed(self, message: str) -> None:
-        w = self.window
+        w = self.host
         w.dashboard.startup.set_phase("failed", message)
         self.run_ended()
         w.show_error(f"Run failed: {message}")
@@ -173,7 +264,7 @@ class RunControl(QObject):
                        cancel: threading.Event, name: str, phase_text: str, owner: QWidget) -> None:
         """``work()`` (a campaign tab's ladder or tune) in the run worker, as the window's running
         run: Stop sets ``cancel``, closing the window waits for it, and the live view is cleared."""
-        w = self.window
+        w = self.host
         w.show_banner(None)
         w.live_tab.clear("")
         w.log_view.clear()
@@ -183,7 +274,7 @@ class RunControl(QObject):
         w.phase_bar.set_text(phase_text, 2)
 
     def run_ended(self) -> None:
-        w = self.window
+        w = self.host
         self.worker = None
         self.cancel = None
         w.set_running(False)

@@ -2,7 +2,8 @@
 or Run database…), opened once in a worker, and the History and Compare tabs fed from it.
 
 Every store call runs in a worker (:func:`app.gui.workers.run_in_worker`); the window and the
-campaign tabs reach the store through :meth:`StoreLink.with_store` only.
+campaign tabs reach the store through :meth:`StoreLink.with_store` only. What it needs of the
+window is :class:`StoreHost`; the window is one.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtWidgets import QTabWidget, QWidget
 
 from app.analysis.compare import Comparison
 from app.gui.history import CompareExtras, compare_with_extras
@@ -22,7 +24,9 @@ from app.store import DB_ENV, RunInfo, RunStore
 from db.writes import AUTHOR_ENV, default_author
 
 if TYPE_CHECKING:
-    from app.gui.main_window import MainWindow
+    from app.cost import PriceTable
+    from app.gui.history import CompareView, HistoryView
+    from app.gui.settings import GuiSettings
 
 T = TypeVar("T")
 HISTORY_POLL_MS = 5000
@@ -30,12 +34,53 @@ HISTORY_POLL_MS = 5000
 into a shared store finishes there, not here."""
 
 
+class SettingsSaver(Protocol):
+    """Who writes the settings (the user's files): the store chosen is kept there."""
+
+    def save_settings(self) -> None: ...
+
+
+class StoredCampaigns(Protocol):
+    """A campaign tab: its picker lists the stored campaigns of the store in use."""
+
+    def refresh_stored(self) -> None: ...
+
+
+class StoreHost(Protocol):
+    """What the store link needs of the window: the settings that name the store, the tabs fed
+    from it, and the last run's configuration (a first run's name is suggested against it)."""
+
+    settings: GuiSettings
+
+    def window(self) -> QWidget:
+        """The window the link lives and dies with; Run database… opens over it."""
+        ...
+
+    @property
+    def files(self) -> SettingsSaver: ...
+    @property
+    def tabs(self) -> QTabWidget: ...
+    @property
+    def history(self) -> HistoryView: ...
+    @property
+    def compare(self) -> CompareView: ...
+    @property
+    def ladder(self) -> StoredCampaigns: ...
+    @property
+    def tune(self) -> StoredCampaigns: ...
+    @property
+    def previous_config(self) -> dict[str, Any] | None: ...
+    def previous_loaded(self, config: dict[str, Any]) -> None: ...
+    def prices(self) -> PriceTable: ...
+    def show_error(self, message: str) -> None: ...
+
+
 class StoreLink(QObject):
     """The store in use and the tabs that show it (History, Compare, the campaign pickers)."""
 
-    def __init__(self, window: MainWindow, db_path: str | None) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, host: StoreHost, db_path: str | None) -> None:
+        super().__init__(host.window())
+        self.host = host
         self.db_path = db_path
         # --db, then TUNEBENCH_DB, win over the location chosen in Run database… (as in docs/store.md)
         self.explicit = db_path is not None or bool(os.environ.get(DB_ENV, "").strip())
@@ -80,7 +125,7 @@ class StoreLink(QObject):
             self.refresh_history()
 
     def refresh_history(self) -> None:
-        location, history = self.db_path, self.window.history
+        location, history = self.db_path, self.host.history
 
         def read(result: tuple[str, list[RunInfo]]) -> None:
             if location != self.db_path:
@@ -93,33 +138,33 @@ class StoreLink(QObject):
             if location == self.db_path and self._history_from != location:  # not the runs on screen
                 history.set_where(f"{shown_location(location)} (not opened)")
                 history.set_runs([])
-            self.window.show_error(message)
+            self.host.show_error(message)
 
         run_in_worker(lambda: self.with_store(lambda s: (s.where, s.list_runs(limit=5000))), read, failed,
                       name="history", parent=self)
 
     def _history_loaded(self, runs: list[RunInfo]) -> None:
-        self.window.history.set_runs(runs)
+        self.host.history.set_runs(runs)
         if any(r.status == "running" for r in runs) and not self.history_poll.isActive():
             self.history_poll.start()  # a run being recorded (here, or by another workbench) moves on
-        if self.window.previous_config is None and runs:  # a first run this session: suggest against the last stored
+        if self.host.previous_config is None and runs:  # a first run this session: suggest against the last stored
             latest = max(runs, key=lambda r: r.started_at)
             run_in_worker(lambda: self.with_store(lambda s: s.get_run(latest.id).config),
-                          self.window.previous_loaded, None, name="last-config", parent=self)
+                          self.host.previous_loaded, None, name="last-config", parent=self)
 
     def open_store_dialog(self) -> StoreDialog:
         """Run database…: on OK the choice is saved, the store switched and History re-read."""
-        dialog = StoreDialog(self.window, self.db_path or "", os.environ.get(AUTHOR_ENV, ""),
-                             where=self.window.history.where.text().removeprefix("Runs in: "))
+        dialog = StoreDialog(self.host.window(), self.db_path or "", os.environ.get(AUTHOR_ENV, ""),
+                             where=self.host.history.where.text().removeprefix("Runs in: "))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # a typed password does not outlive it
         dialog.accepted.connect(lambda: self._store_chosen(dialog.location(), dialog.author()))
         dialog.open()
         return dialog
 
     def _store_chosen(self, location: str, author: str) -> None:
-        window = self.window
-        window.settings = window.settings.model_copy(update={"store_location": location, "author": author})
-        window.files.save_settings()
+        host = self.host
+        host.settings = host.settings.model_copy(update={"store_location": location, "author": author})
+        host.files.save_settings()
         self.use_store(location or None, author)
 
     def use_store(self, location: str | None, author: str) -> None:
@@ -130,7 +175,7 @@ class StoreLink(QObject):
             os.environ[AUTHOR_ENV] = author
         else:
             os.environ.pop(AUTHOR_ENV, None)
-        self.window.history.author = default_author()
+        self.host.history.author = default_author()
         self.db_path = location
 
         def drop() -> None:
@@ -139,17 +184,17 @@ class StoreLink(QObject):
             if store is not None:
                 store.close()
 
-        run_in_worker(drop, lambda _r: self._store_switched(), self.window.show_error, name="store-close",
+        run_in_worker(drop, lambda _r: self._store_switched(), self.host.show_error, name="store-close",
                       parent=self)
 
     def _store_switched(self) -> None:
         self.refresh_history()
-        for tab in (self.window.ladder, self.window.tune):  # their pickers list the stored campaigns of the store in use
+        for tab in (self.host.ladder, self.host.tune):  # their pickers list the stored campaigns of the store in use
             tab.refresh_stored()
 
     def store_call(self, fn: Callable[[RunStore], Any]) -> None:
         """An edit of the stored runs (rename, tag, notes, delete); History re-reads after it."""
-        run_in_worker(lambda: self.with_store(fn), lambda _r: self.refresh_history(), self.window.show_error,
+        run_in_worker(lambda: self.with_store(fn), lambda _r: self.refresh_history(), self.host.show_error,
                       name="store-edit", parent=self)
 
     def delete_runs(self, ids: list[int]) -> None:
@@ -160,21 +205,21 @@ class StoreLink(QObject):
 
     def compare_runs(self, ids: list[int], baseline: int | None = None) -> None:
         if len(ids) < 2:
-            self.window.show_error("Select at least two runs to compare.")
+            self.host.show_error("Select at least two runs to compare.")
             return
         self.compare_ids = list(ids)
-        prices = self.window.prices()
+        prices = self.host.prices()
         run_in_worker(lambda: self.with_store(lambda s: compare_with_extras(s, ids, baseline, prices)),
-                      self._compared, self.window.show_error, name="compare", parent=self)
+                      self._compared, self.host.show_error, name="compare", parent=self)
 
     def _compared(self, result: tuple[Comparison, CompareExtras]) -> None:
         comparison, extras = result
-        self.window.compare.show_comparison(comparison, extras)
-        self.window.tabs.setCurrentWidget(self.window.compare)
+        self.host.compare.show_comparison(comparison, extras)
+        self.host.tabs.setCurrentWidget(self.host.compare)
 
     def recompare(self) -> None:
         """The comparison on screen again (at new prices), with its baseline."""
-        comparison = self.window.compare.comparison
+        comparison = self.host.compare.comparison
         if comparison is not None:
             self.compare_runs(self.compare_ids, baseline=comparison.runs[comparison.baseline].id)
 

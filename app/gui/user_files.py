@@ -4,16 +4,17 @@ store chosen, prices, each engine's last start time), each read or written in a 
 
 The configuration a profile holds goes into the editing model (``app.editing.EditedConfig``),
 which remembers the file; the settings stay the window's (``window.settings``, which the
-campaign tabs read).
+campaign tabs read). What it needs of the window is :class:`FilesHost`; the window is one.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QStatusBar, QWidget
 
 from app.events import EngineReady
 from app.gui.run_control import startup_key
@@ -23,23 +24,79 @@ from app.labels import engine_defaults
 from app.profiles import Profile, ProfileError, load_profile_file, save_profile
 
 if TYPE_CHECKING:
-    from app.gui.main_window import MainWindow
+    from app.gui.cluster_box import ClusterBox
+    from app.gui.config_panel import ConfigPanel
+    from app.gui.config_state import ConfigState
+    from app.gui.live_tab import LiveTab
+    from app.gui.toolbar import MainToolBar
+    from app.live_run import LiveRun
+
+
+class SettingsReader(Protocol):
+    """Who hears that the settings were read (the store link: they may name the store)."""
+
+    def settings_read(self, location: str | None, author: str) -> None: ...
+    def settings_failed(self) -> None: ...
+
+
+class AvailabilityCheck(Protocol):
+    """Who works out again what this machine can run of a newly opened profile (the checks)."""
+
+    def refresh_availability(self) -> None: ...
+
+
+class FilesHost(Protocol):
+    """What the files need of the window: the settings they read and write, the configuration a
+    profile goes into, and the widgets that show what was read."""
+
+    settings: GuiSettings
+
+    def window(self) -> QWidget:
+        """The window the files live and die with; its title names the profile."""
+        ...
+
+    @property
+    def state(self) -> ConfigState: ...
+    @property
+    def profile_path(self) -> Path | None: ...
+    @property
+    def shipped(self) -> dict[str, Path]: ...
+    @property
+    def live(self) -> LiveRun: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def store_link(self) -> SettingsReader: ...
+    @property
+    def checks(self) -> AvailabilityCheck: ...
+    @property
+    def toolbar(self) -> MainToolBar: ...
+    @property
+    def config_panel(self) -> ConfigPanel: ...
+    @property
+    def cluster_box(self) -> ClusterBox: ...
+    @property
+    def live_tab(self) -> LiveTab: ...
+    def statusBar(self) -> QStatusBar: ...
+    def show_prices(self, prices: list[str]) -> None: ...
+    def show_error(self, message: str) -> None: ...
+    def show_banner(self, text: str | None, error: bool = True) -> None: ...
 
 
 class UserFiles(QObject):
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, host: FilesHost) -> None:
+        super().__init__(host.window())
+        self.host = host
         self._saving = threading.Lock()
 
     # -- settings ------------------------------------------------------------------------------
 
     def load_settings(self) -> None:
         run_in_worker(load_settings, self._settings_loaded, self._settings_failed, name="settings",
-                      parent=self.window)
+                      parent=self)
 
     def _settings_loaded(self, settings: GuiSettings) -> None:
-        w = self.window
+        w = self.host
         w.settings = settings
         w.store_link.settings_read(settings.store_location, settings.author)
         w.show_prices(settings.prices)
@@ -48,24 +105,24 @@ class UserFiles(QObject):
         self.fill_picker()
 
     def _settings_failed(self, message: str) -> None:
-        self.window.show_error(message)
-        self.window.store_link.settings_failed()
+        self.host.show_error(message)
+        self.host.store_link.settings_failed()
 
     def save_settings(self) -> None:
         """In a worker, one save at a time, each writing the newest settings: two saves in flight
         (an address, then trials at once, changed in quick succession) could otherwise land out
         of order and leave the older settings in the file."""
-        window, lock = self.window, self._saving
+        host, lock = self.host, self._saving
 
         def save() -> None:
             with lock:
-                save_settings(window.settings)
+                save_settings(host.settings)
 
-        run_in_worker(save, None, self.window.show_error, name="save-settings", parent=self.window)
+        run_in_worker(save, None, self.host.show_error, name="save-settings", parent=self)
 
     def remember_cluster(self) -> None:
         """The Cluster box's address and trials at once, as the next session's."""
-        w = self.window
+        w = self.host
         address, at_once = w.cluster_box.address(), w.cluster_box.parallel.value()
         if (address, at_once) == (w.settings.cluster_address, w.settings.cluster_trials_at_once):
             return
@@ -74,7 +131,7 @@ class UserFiles(QObject):
 
     def remember(self, kind: str, value: str) -> None:
         """A recent profile or model, first in its list."""
-        w = self.window
+        w = self.host
         w.settings = w.settings.remember(kind, value)
         self.save_settings()
         if kind == "recent_models":
@@ -82,7 +139,7 @@ class UserFiles(QObject):
 
     def remember_startup(self, ready: EngineReady) -> None:
         """How long this engine took to start: the next start's time left."""
-        w = self.window
+        w = self.host
         if ready.startup_s is not None and w.live.config is not None:
             w.settings = w.settings.with_startup(startup_key(w.live.config), ready.startup_s)
             self.save_settings()
@@ -90,32 +147,32 @@ class UserFiles(QObject):
     # -- profiles ------------------------------------------------------------------------------
 
     def _is_shipped(self, path: Path) -> bool:
-        return str(path) in {str(p) for p in self.window.shipped.values()}
+        return str(path) in {str(p) for p in self.host.shipped.values()}
 
     def fill_picker(self) -> None:
-        w = self.window
+        w = self.host
         w.toolbar.fill_profiles(w.shipped, w.settings.recent_profiles, w.profile_path)
 
     def picked(self, index: int) -> None:
-        path = self.window.toolbar.picked_profile(index)
+        path = self.host.toolbar.picked_profile(index)
         if path is not None:
             self.open_profile(path)
 
     def ask_and_open(self) -> None:
-        current = self.window.profile_path
-        path = self.window.toolbar.ask_open_path(current.parent if current else Path.home())
+        current = self.host.profile_path
+        path = self.host.toolbar.ask_open_path(current.parent if current else Path.home())
         if path is not None:
             self.open_profile(path)
 
     def open_profile(self, path: Path) -> None:
         """Load in a worker; a bad file leaves the current configuration untouched."""
-        w = self.window
+        w = self.host
 
         def loaded(profile: Profile) -> None:
             config = profile.run
             w.state.model.load(config, path, profile.campaigns)
             w.config_panel.set_engine_defaults(engine_defaults(config.engine.kind))
-            w.setWindowTitle(f"tunebench — {path.name}")
+            w.window().setWindowTitle(f"tunebench — {path.name}")
             w.statusBar().showMessage("; ".join([f"Opened {path}", *profile.notes]), 10_000 if profile.notes else 5000)
             w.show_banner(None)
             if not self._is_shipped(path):
@@ -125,19 +182,19 @@ class UserFiles(QObject):
             if not w.running:  # the last run's graphs and figures belong to another profile
                 w.live_tab.clear(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
 
-        run_in_worker(lambda: load_profile_file(path), loaded, w.show_error, name="open-profile", parent=w)
+        run_in_worker(lambda: load_profile_file(path), loaded, w.show_error, name="open-profile", parent=self)
 
     def save(self, ask: bool = False) -> None:
         """Save (or Save as…): a shipped profile, or none yet, asks where."""
-        path = self.window.profile_path
+        path = self.host.profile_path
         if ask or path is None or self._is_shipped(path):
-            path = self.window.toolbar.ask_save_path(Path.home() / f"{self.window.state.config.name or 'profile'}.toml")
+            path = self.host.toolbar.ask_save_path(Path.home() / f"{self.host.state.config.name or 'profile'}.toml")
             if path is None:
                 return
         self.save_profile_to(path)
 
     def save_profile_to(self, path: Path) -> None:
-        w = self.window
+        w = self.host
         problems = w.config_panel.problems()
         if problems:
             w.show_error("Not saved, the configuration has unfinished edits: " + "; ".join(problems))
@@ -146,7 +203,7 @@ class UserFiles(QObject):
 
         def saved(_: Any) -> None:
             w.state.model.saved(path)
-            w.setWindowTitle(f"tunebench — {path.name}")
+            w.window().setWindowTitle(f"tunebench — {path.name}")
             w.statusBar().showMessage(f"Saved {path}", 5000)
             self.remember("recent_profiles", str(path))
             self.fill_picker()
@@ -157,4 +214,4 @@ class UserFiles(QObject):
             except OSError as exc:
                 raise ProfileError(f"{path}: cannot write: {exc.strerror}") from None
 
-        run_in_worker(write, saved, w.show_error, name="save-profile", parent=w)
+        run_in_worker(write, saved, w.show_error, name="save-profile", parent=self)
