@@ -16,11 +16,13 @@ from pydantic import ValidationError
 
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import Comparison, compare_runs, single_run_comparison
+from app.compare_bundle import CompareExtras, compare_extras
 from app.config import RunConfig
-from app.cost import COST_COLUMNS, PriceTable, cost_rows, price_table, priced_at_goodput, sources_text
-from app.distributions import aligned, load_start_offsets, run_distributions, sweeps
+from app.cost.prices import PriceTable
+from app.cost.text import COST_COLUMNS, cost_rows, sources_text
+from app.distributions import aligned
 from app.export.quoting import templates
-from app.headline import headlines, money_lines
+from app.headline import Headline
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
 from app.store import RunStore
@@ -241,25 +243,21 @@ def _roofline_charts(comparison: Comparison) -> tuple[list[dict[str, str]], list
     return charts, notes
 
 
-def _headline_items(comparison: Comparison) -> list[dict[str, object]]:
+def _headline_items(items: Sequence[Headline]) -> list[dict[str, object]]:
     """The A/B headline of each compared run (``app.headline``), for the card at the top."""
-    if len(comparison.runs) < 2:
-        return []
     return [{"sentence": h.sentence(),
              "figures": [{"text": f.values_text(), "change": f.factor if f.verdict != "same"
                           else "no significant difference", "verdict": f.verdict, "note": f.note}
-                         for f in h.figures]} for h in headlines(comparison)]
+                         for f in h.figures]} for h in items]
 
 
-def _cost_section(comparison: Comparison, prices: PriceTable | None,
-                  store: RunStore | None) -> tuple[str | None, list[str], list[list[str]], list[str]]:
+def _cost_section(comparison: Comparison,
+                  extras: CompareExtras) -> tuple[str | None, list[str], list[list[str]], list[str]]:
     """The before/after in money (a baseline and one other run: ``app.headline.money_line``), then
-    every run's cost table as Compare shows it (``app.cost.cost_rows``; with ``store``, at goodput
-    too) and its notes: whose prices and SLO, and why a figure is missing or deserves caution."""
-    costs, lines = money_lines(comparison, prices if prices is not None else price_table())
-    good_note = ""
-    if store is not None:
-        costs, good_note = priced_at_goodput(store, comparison, costs)
+    every run's cost table as Compare shows it (``app.cost.cost_rows``; at goodput too where the
+    extras were counted from the store) and its notes: whose prices and SLO, and why a figure is
+    missing or deserves caution."""
+    costs, lines, good_note = extras.costs, extras.money_lines, extras.good_slo_text
     columns, rows = list(COST_COLUMNS), cost_rows(comparison, costs)
     if len(comparison.runs) == 1:  # nothing to be cheaper than
         columns.pop(2)
@@ -270,15 +268,15 @@ def _cost_section(comparison: Comparison, prices: PriceTable | None,
     return (lines[0] if len(comparison.runs) == 2 else None), columns, rows, notes
 
 
-def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tuple[list[dict[str, str]], list[str]]:
-    """TTFT/ITL CDFs (from the stored requests) and, for sweeps, throughput against latency."""
+def _distribution_charts(extras: CompareExtras) -> tuple[list[dict[str, str]], list[str]]:
+    """TTFT/ITL CDFs (from the stored requests, where the extras were counted from the store)
+    and, for sweeps, throughput against latency."""
     charts: list[dict[str, str]] = []
     notes: list[str] = []
-    if store is not None:
-        dists = run_distributions(store, comparison)
+    if extras.distributions:
         for attr, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
             curves = []
-            for d in dists:
+            for d in extras.distributions:
                 cdf = getattr(d, attr)
                 if cdf is None:
                     continue
@@ -290,7 +288,7 @@ def _distribution_charts(comparison: Comparison, store: RunStore | None) -> tupl
             if curves:
                 charts.append({"name": f"{name} distribution", "uri": _svg_uri(xy_chart_svg(
                     f"{name} distribution (client)", curves, f"{name} (ms)", "% at or below"))})
-    for sweep in sweeps(comparison):
+    for sweep in extras.sweeps:
         curves = [(f"#{c.run_id}", [p.x for p in c.points], [p.y for p in c.points], False) for c in sweep.curves]
         charts.append({"name": f"{sweep.x_label} vs {sweep.y_label}", "uri": _svg_uri(xy_chart_svg(
             f"Throughput vs {catalog.metric(sweep.y_key).name} across the levels", curves, sweep.x_label,
@@ -305,7 +303,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
     charts; with ``store``, also the cost at goodput and the TTFT/ITL distributions."""
     runs = comparison.runs
     labels = comparison.labels()
-    offsets = load_start_offsets(comparison)
+    extras = compare_extras(comparison, store, prices)
+    offsets = extras.load_start_s
     # Figures, names, verdicts and reliability as Compare has them (app.analysis.compare / app.analysis.metric_catalog);
     # a chart never draws a figure its run flagged unreliable: the engine's own stands in for it.
     bars = [{"name": m.metric.label, "uri": _svg_uri(bar_chart_svg(m.metric.label, labels, m.values))}
@@ -318,8 +317,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                                             [aligned(v, offsets[i], comparison.bin_s)
                                                              for i, v in enumerate(s.values)], labels))}
              for s in ordered[:max_series] if any(np.isfinite(v).any() for v in s.values)]
-    dist_charts, dist_notes = _distribution_charts(comparison, store)
-    cost_line, cost_columns, cost_table, cost_notes = _cost_section(comparison, prices, store)
+    dist_charts, dist_notes = _distribution_charts(extras)
+    cost_line, cost_columns, cost_table, cost_notes = _cost_section(comparison, extras)
     roofline_charts, roofline_notes = _roofline_charts(comparison)
     metrics = [{"name": row["name"] + (f" — {row['direction']}" if len(runs) > 1 else ""), "key": row["key"],
                 "cells": [{"value": c["value"], "delta": c["note"], "verdict": c["cls"], "reason": c["reason"]}
@@ -335,7 +334,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                                     for v in vals], "terms": comparison.engine_terms.get(k)}
               for k, vals in comparison.config_diff],
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
-        headlines=_headline_items(comparison), cost_line=cost_line, cost_columns=cost_columns,
+        headlines=_headline_items(extras.headlines), cost_line=cost_line, cost_columns=cost_columns,
         cost_rows=cost_table, cost_notes=cost_notes, distributions=dist_charts, distribution_notes=dist_notes,
         rooflines=roofline_charts, roofline_notes=roofline_notes)
 

@@ -6,7 +6,8 @@ workers and the views only display what they return.
 
 Why one module: the runs table and the compare view share the selection, the
 baseline and the worker calls that load them; what they show is computed headless
-(``app.analysis.compare``, ``app.headline``, ``app.distributions``).
+(``app.analysis.compare``, and ``app.compare_bundle``, which the HTML report shows too; its
+``compare_with_extras`` is named here as well, for the window's store link).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import datetime as dt
 import html
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,25 +44,18 @@ from PySide6.QtWidgets import (
 )
 
 from app.analysis import metric_catalog as catalog
-from app.analysis.compare import Comparison, compare_runs
-from app.cost import (
-    COST_COLUMNS,
-    PriceTable,
-    RunCost,
-    cost_rows,
-    price_table,
-    priced_at_goodput,
-    sources_text,
-)
-from app.distributions import RunDistributions, Sweep, aligned, load_start_offsets, run_distributions, sweeps
+from app.analysis.compare import Comparison
+from app.compare_bundle import CompareExtras
+from app.compare_bundle import compare_with_extras as compare_with_extras
+from app.cost.text import COST_COLUMNS, cost_rows, sources_text
+from app.distributions import aligned, load_start_offsets
 from app.gui.capacity_box import CapacityBox
 from app.gui.series import series_label
 from app.gui.theme import LIGHT
-from app.headline import Headline, headlines, money_lines
+from app.headline import Headline
 from app.labels import engine_defaults, label_for, value_text
 from app.store import RunInfo, RunStore
 from db.writes import default_author
-from engine_adapters.registry import engine_terms_for
 
 HEADLINES: tuple[tuple[str, str], ...] = (
     ("output_tok_per_s", "tok/s"),
@@ -389,35 +382,6 @@ def is_detail(key: str, values: Sequence[float | None]) -> bool:
         return True
     m = catalog.metric(base)
     return m.group in ("errors", "client") and all(not v for v in values)
-
-
-@dataclass
-class CompareExtras:
-    """What the Compare view shows beyond the comparison itself, computed in the same worker."""
-
-    headlines: list[Headline] = field(default_factory=list)
-    distributions: list[RunDistributions] = field(default_factory=list)
-    sweeps: list[Sweep] = field(default_factory=list)
-    load_start_s: list[float] = field(default_factory=list)
-    """Per run, seconds from the run's start to the start of its load (the engine's start before)."""
-    costs: list[RunCost] = field(default_factory=list)
-    """Per run, $ per 1M tokens at the throughput the table shows (``app.cost.compared_costs``)."""
-    money_lines: list[str] = field(default_factory=list)
-    """Per headline, the before/after in money (``app.headline.money_line``)."""
-    good_slo_text: str = ""
-    """Whose SLO the good-output costs were counted under, or why there are none."""
-
-
-def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None,
-                        prices: PriceTable | None = None) -> tuple[Comparison, CompareExtras]:
-    """Everything the Compare view draws (run it in a worker: it reads the store); costs at
-    ``prices`` (default: the shipped list)."""
-    comparison = compare_runs(store, ids, baseline, engine_terms_of=engine_terms_for)
-    costs, lines = money_lines(comparison, prices if prices is not None else price_table())
-    costs, good_slo_text = priced_at_goodput(store, comparison, costs)
-    extras = CompareExtras(headlines(comparison), run_distributions(store, comparison), sweeps(comparison),
-                           load_start_offsets(comparison), costs, lines, good_slo_text)
-    return comparison, extras
 
 
 def _setting_text(key: str, value: Any) -> str:
