@@ -18,11 +18,12 @@ the streaming generator, the slot buses, a ``RunRecorder`` per slot into one SQL
   2-core machine), and *cold*, each campaign placing its own slots (printed, with the time to
   place 4 slots at once: a real engine start of 30 s or more amortises it).
 - **Streaming:** 4 trials at once, each publishing its records at a quarter of ``--records-per-s``
-  for ``--stream-s`` seconds. Target: the driver takes in and stores at least 20,000 records per
-  second of its own CPU time (from the first record's arrival to the last run stored), and every
-  record sent is stored. Judged per CPU second because here the workers that send share the 2
-  cores with the driver, which on a real cluster they would not: the wall-clock rate (records
-  stored / (last stored - first sent)) is printed too, bounded by what the workers manage to send.
+  for ``--stream-s`` seconds. Target: the driver takes in and stores at least 20,000 records a
+  second of wall-clock time, measured over the stored window (records stored / (the last run
+  stored - the first record sent)), and every record sent is stored. Here the workers that send
+  share the machine's cores with the driver, which on a real cluster they would not, so the rate
+  offered is printed beside it (a miss with less offered than the target is this machine's, and
+  still a miss), and so is the driver's CPU time a record (a projection, not judged).
 
     .venv/bin/python benchmarks/fleet.py [--quick] [--engine-start-s 3] [--trials 8]
                                          [--records-per-s 25000] [--stream-s 5]
@@ -340,15 +341,17 @@ def streaming(config: RunConfig, store: RunStore, records_per_s: float, stream_s
     window_cpu_s = arrivals.cpu_at_stored_s - arrivals.cpu_at_first_s
     cpu_per_record_s = window_cpu_s / max(stored, 1)
     print(f"streaming: the driver spent {driver_cpu_s:.2f} CPU s on the campaign, {window_cpu_s:.2f} s of it from the "
-          f"first record's arrival to the last run stored: {cpu_per_record_s * 1e6:.0f} us a record, so "
-          f"one core of its own would take in {1 / max(cpu_per_record_s, 1e-12):,.0f} records/s (here the 4 "
-          f"workers, Ray and the machine's other work share {os.cpu_count()} cores with it; load average "
+          f"first record's arrival to the last run stored: {cpu_per_record_s * 1e6:.0f} us a record (a projection, "
+          f"not judged: one core of its own would take in {1 / max(cpu_per_record_s, 1e-12):,.0f} records/s; here "
+          f"the 4 workers, Ray and the machine's other work share {os.cpu_count()} cores with it; load average "
           f"{os.getloadavg()[0]:.1f})")
-    capacity_per_s = 1 / max(cpu_per_record_s, 1e-12)
-    print(f"streaming: judged: the driver's intake per CPU second, {capacity_per_s:,.0f} records/s "
-          f"(target >= {RECORDS_TARGET_PER_S:,.0f}), and nothing dropped; the wall-clock rate above is printed, "
-          "not judged: it is bounded by what the workers, on the same 2 cores, manage to send")
-    return capacity_per_s >= RECORDS_TARGET_PER_S and dropped == 0 and dropped_on_bus == 0
+    offered_per_s = sent / max(send_s, 1e-9)
+    met = stored_per_s >= RECORDS_TARGET_PER_S and dropped == 0 and dropped_on_bus == 0
+    print(f"streaming: judged: records stored a second of wall-clock time over the stored window, "
+          f"{stored_per_s:,.0f} (target >= {RECORDS_TARGET_PER_S:,.0f}), and nothing dropped"
+          + ("" if met or offered_per_s >= RECORDS_TARGET_PER_S else
+             f"; the workers offered only {offered_per_s:,.0f} records/s on this machine's cores"))
+    return met
 
 
 def efficiency_warm_and_cold(config: RunConfig, steps: Sequence[Step], store: RunStore, engine_start_s: float) -> bool:

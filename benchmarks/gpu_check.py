@@ -2,8 +2,9 @@
 compare the DRAM bandwidth the sampler saw (GPM DRAM_BW_UTIL x peak) with the bandwidth the copy
 achieved (bytes read + written / time, timed with CUDA events).
 
-Needs an NVIDIA GPU, its driver, PyTorch with CUDA and nvidia-ml-py. Without them it says so and
-exits 0. On Hopper (e.g. an H200, where a copy moves ~4.3 TB/s) both figures should agree within
+Needs an NVIDIA GPU, its driver, PyTorch with CUDA and nvidia-ml-py. Without them it prints
+"gpu_check: skipped: no GPU" and why, and exits with SKIPPED_EXIT (77), which ``make bench``
+reports as skipped: nothing was checked, so it is no pass. On Hopper (e.g. an H200, where a copy moves ~4.3 TB/s) both figures should agree within
 ~15%; before Hopper there is no GPM, and the script reports the busy-time figures only. The copy
 is also set against the planner's bandwidth ceiling (the spec table): it must stay under it. Last,
 the sampler must read exactly the GPUs CUDA_VISIBLE_DEVICES selects, as a trial on a cluster
@@ -34,6 +35,9 @@ from app.telemetry import TelemetryCollector  # noqa: E402
 from engine_adapters.gpu_specs import find_gpu_spec  # noqa: E402
 
 AGREEMENT = 0.15  # sampler vs copy, relative
+SKIPPED_EXIT = 77
+"""The exit status of a check that could not run here (the automake convention); ``make bench``'s
+recipe reads it as skipped."""
 Copy = Callable[[float], tuple[float, float]]  # seconds wanted -> (bytes moved, seconds taken)
 
 
@@ -195,28 +199,34 @@ def print_result(result: dict[str, Any]) -> None:
     print(f"  {result['message']}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of the copy (default 5)")
-    parser.add_argument("--gib", type=float, default=4.0, help="size of each buffer in GiB (default 4)")
-    parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = parser.parse_args()
+def _missing_gpu() -> str | None:
+    """Why there is no GPU to check here (None: there is one, with PyTorch's CUDA and NVML)."""
     try:
         import torch
     except ImportError:
-        print("gpu_check: PyTorch is not installed here: nothing to check (needs an NVIDIA GPU and PyTorch with CUDA)")
-        return 0
+        return "PyTorch is not installed here; the check needs an NVIDIA GPU and PyTorch with CUDA"
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU visible to PyTorch here: nothing to check")
-        return 0
+        return "no CUDA GPU visible to PyTorch here"
     try:
         import pynvml
 
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
     except Exception as exc:  # noqa: BLE001
-        print(f"gpu_check: NVML is not usable here ({exc}): nothing to check")
-        return 0
+        return f"NVML is not usable here: {exc}"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the copy (default 5)")
+    parser.add_argument("--gib", type=float, default=4.0, help="size of each buffer in GiB (default 4)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+    missing = _missing_gpu()
+    if missing is not None:
+        print(f"gpu_check: skipped: no GPU ({missing}): nothing to check")
+        return SKIPPED_EXIT
     copy, uuid = torch_copy(args.gib)
     result = run_check(copy, seconds=args.seconds, uuid=uuid)
     print_result(result)

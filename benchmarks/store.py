@@ -22,11 +22,17 @@ throwaway server the server's CPU seconds (its postmaster and every backend, rea
 included) are printed too, to show where a write's time goes: this process, the server, or
 waiting (round trips).
 
-By default PostgreSQL is a throwaway server (``tests/pg_server.py``: 127.0.0.1 only, fsync off)
-in the temporary directory, always stopped at the end; ``--pg-url`` uses an existing database
-instead (its runs are deleted afterwards; a real server's fsync makes its writes slower, and its
-size figure counts every run in tunebench's tables). ``--backends`` picks one backend: a ratio
-needs both, so it is then not judged.
+Both backends run at one stated durability, read back from each and printed with the figures:
+SQLite as tunebench opens it (WAL, ``synchronous=NORMAL``), PostgreSQL with ``fsync=on``,
+``synchronous_commit=off`` and ``full_page_writes=on``. On a power loss either may lose the last
+transactions it committed, and neither corrupts its database; a faster setting on one side only
+(the test suite's servers run with fsync off) would compare unlike stores.
+
+By default PostgreSQL is a throwaway server (``tests/pg_server.py``: 127.0.0.1 only, started
+crash safe as above) in the temporary directory, always stopped at the end; ``--pg-url`` uses an
+existing database instead (its runs are deleted afterwards; its size figure counts every run in
+tunebench's tables, and its durability is what it is configured with: printed, and called out
+when it differs). ``--backends`` picks one backend: a ratio needs both, so it is then not judged.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from app.analysis.compare import Comparison, compare_runs  # noqa: E402
 from app.store import RunStore, SampleIn, StoreError  # noqa: E402
 from db.dialects import POSTGRESQL, SQLITE  # noqa: E402
 from db.models import Base  # noqa: E402
-from tests.pg_server import PgServerMissing, start_pg_server  # noqa: E402
+from tests.pg_server import CRASH_SAFE_DURABILITY, PgServerMissing, start_pg_server  # noqa: E402
 
 WRITE_TARGET_S, COMPARE_TARGET_S, SIZE_TARGET_MIB = 2.0, 0.300, 100.0
 PG_WRITE_RATIO_TARGET, PG_COMPARE_TARGET_S = 2.0, 0.200
@@ -58,6 +64,13 @@ COMPARE_ROUNDS = 3
 BACKENDS = (SQLITE, POSTGRESQL)
 LABELS = {SQLITE: "SQLite", POSTGRESQL: "PostgreSQL"}
 PG_DATABASE = "tunebench_bench"
+DURABILITY = {SQLITE: {"journal_mode": "wal", "synchronous": "NORMAL"},
+              POSTGRESQL: dict(setting.split("=", 1) for setting in CRASH_SAFE_DURABILITY)}
+"""The stated durability: what each backend must run with for the figures to compare like with like."""
+DURABILITY_MEANS = ("on a power loss either may lose the last transactions it committed; neither corrupts "
+                    "its database")
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+"""``PRAGMA synchronous``'s answer is a number: its name by that index."""
 
 
 def synthetic_run(store: RunStore, seed: int, n_requests: int, n_samples: int,
@@ -214,7 +227,10 @@ def main() -> int:
               f"{len(comparison.series)} aligned series x "
               f"{comparison.series[0].t_s.size if comparison.series else 0} points")
         print(f"load average while measuring: {load_before:.2f} before, {load_after:.2f} after, "
-              f"on {os.cpu_count()} CPUs\n")
+              f"on {os.cpu_count()} CPUs")
+        if not _print_durability(backends):
+            print("the backends do not run at the stated durability: the figures compare unlike stores")
+        print()
         rows = _rows(backends, args.runs)
         _print_table(rows, [b.name for b in backends])
     misses = [(row, target, value) for row in rows for target, value in row.misses()]
@@ -246,7 +262,7 @@ def _open(name: str, tmp: Path, pg_url: str | None, cleanup: ExitStack) -> Backe
         return Backend(name, store)
     server_cpu: Callable[[], float | None] | None = None
     if pg_url is None:
-        server = start_pg_server(tmp / "pg")
+        server = start_pg_server(tmp / "pg", crash_safe=True)
         cleanup.callback(server.stop)
         url = server.create_database(PG_DATABASE)
         server_cpu = lambda: _tree_cpu_s(server.pid) if server.pid is not None else None  # noqa: E731
@@ -258,6 +274,31 @@ def _open(name: str, tmp: Path, pg_url: str | None, cleanup: ExitStack) -> Backe
     if pg_url is not None:
         cleanup.callback(_delete_runs, backend)
     return backend
+
+
+def _durability(backend: Backend) -> dict[str, str]:
+    """The settings that decide what a crash keeps, as the backend itself reports them."""
+    with backend.store.engine.connect() as conn:
+        if backend.name == SQLITE:
+            synchronous = int(conn.exec_driver_sql("PRAGMA synchronous").scalar_one())
+            return {"journal_mode": str(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()).lower(),
+                    "synchronous": SQLITE_SYNCHRONOUS[synchronous]}
+        return {name: str(conn.exec_driver_sql(f"SHOW {name}").scalar_one()) for name in DURABILITY[POSTGRESQL]}
+
+
+def _print_durability(backends: Sequence[Backend]) -> bool:
+    """Prints each backend's durability; whether every one runs at the stated level."""
+    stated = True
+    for backend in backends:
+        found = _durability(backend)
+        wanted = DURABILITY[backend.name]
+        off = [f"{name}={value} (stated: {wanted[name]})" for name, value in found.items() if value != wanted[name]]
+        stated = stated and not off
+        print(f"durability: {backend.label} " + ", ".join(f"{name}={value}" for name, value in found.items())
+              + (f": NOT the stated level: {'; '.join(off)}" if off else ""))
+    if stated:
+        print(f"durability: the stated level on each backend: {DURABILITY_MEANS}")
+    return stated
 
 
 def _delete_runs(backend: Backend) -> None:

@@ -2,9 +2,10 @@
 
 ``start_pg_server(base_dir)`` runs ``initdb`` into ``base_dir/pgdata`` and starts a postmaster
 that listens on 127.0.0.1 only (a free port, no Unix socket), trusts the role ``tb`` and runs
-with ``fsync=off``: a server for tests, never for data anyone keeps. initdb and start to ready take
-about a second (a restart ~0.1 s), so a test module shares one server (a module- or
-session-scoped fixture) and isolates its tests with ``create_database()``::
+with ``fsync=off`` (:data:`TEST_DURABILITY`; a benchmark asks for ``crash_safe``): a server for
+tests, never for data anyone keeps. initdb and start to ready take about a second (a restart
+~0.1 s), so a test module shares one server (a module- or session-scoped fixture) and isolates
+its tests with ``create_database()``::
 
     @pytest.fixture(scope="module")
     def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
@@ -69,14 +70,16 @@ _PORT_ATTEMPTS: Final = 5
 _PORT_CLASH: Final = "Address already in use"
 _NO_ACCESS: Final = "Permission denied"
 _ACCESS_ATTEMPTS: Final = 3
-# A test server: nothing here needs to survive a crash of the machine.
 _SERVER_SETTINGS: Final = (
     f"listen_addresses={HOST}",
     "unix_socket_directories=",  # TCP on 127.0.0.1 only; also no socket-path length limit
-    "fsync=off",
-    "synchronous_commit=off",
-    "full_page_writes=off",
 )
+TEST_DURABILITY: Final = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+"""A test server's (the default): nothing here needs to survive a crash of the machine, and a
+power loss may corrupt the cluster."""
+CRASH_SAFE_DURABILITY: Final = ("fsync=on", "synchronous_commit=off", "full_page_writes=on")
+"""A benchmark's, the level of tunebench's SQLite store (WAL, ``synchronous=NORMAL``): a power
+loss may lose the last transactions committed, never corrupts the database."""
 # What postmaster does on each signal, for when pg_ctl cannot deliver the stop itself.
 _STOP_SIGNALS: Final = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
@@ -205,8 +208,11 @@ class PgServer:
     data_dir: Path
 
     def __init__(self, *, bin_dir: Path, data_dir: Path, port: int, log_file: Path,
-                 home: Path | None = None) -> None:
+                 home: Path | None = None, durability: tuple[str, ...] = TEST_DURABILITY) -> None:
         self.host = HOST
+        self.durability = durability
+        """The settings that decide what survives a crash (:data:`TEST_DURABILITY` or
+        :data:`CRASH_SAFE_DURABILITY`)."""
         self.port = port
         self.user = USER
         self.data_dir = data_dir
@@ -337,7 +343,7 @@ class PgServer:
     def _spawn(self) -> None:
         """Run the postmaster in the foreground as our child and wait until it takes connections."""
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port)]
-        for setting in _SERVER_SETTINGS:
+        for setting in (*_SERVER_SETTINGS, *self.durability):
             argv += ["-c", setting]
         command = _as_server_user(argv, parent_death_signal=True)
         # setpriv (or nothing) execs postgres: our child is the postmaster; runuser forks it.
@@ -442,10 +448,12 @@ def _remove_orphaned_homes() -> None:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def start_pg_server(base_dir: Path) -> PgServer:
+def start_pg_server(base_dir: Path, *, crash_safe: bool = False) -> PgServer:
     """initdb into ``base_dir/pgdata`` (which must not exist yet; as root, a link to the server's
     own directory) and start a server on a free 127.0.0.1 port (a new port on a clash).
-    ``base_dir/postgres.log`` is the server's log.
+    ``base_dir/postgres.log`` is the server's log. A test's server runs with
+    :data:`TEST_DURABILITY`; ``crash_safe`` (a benchmark's) syncs its new cluster and runs with
+    :data:`CRASH_SAFE_DURABILITY`.
     Raises ``PgServerMissing`` when the binaries are not installed."""
     bin_dir = find_pg_bin_dir()
     base_dir = base_dir.resolve()
@@ -455,8 +463,8 @@ def start_pg_server(base_dir: Path) -> PgServer:
     home = _own_home(base_dir) if _running_as_root() else None
     data_dir = (home or base_dir) / "pgdata"
     log_file = (home or base_dir) / "postgres.log"
-    initdb = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", USER, "-A", "trust", "--no-sync",
-              "--encoding=UTF8", "--locale=C", "--no-instructions"]
+    initdb = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", USER, "-A", "trust",
+              *(() if crash_safe else ("--no-sync",)), "--encoding=UTF8", "--locale=C", "--no-instructions"]
     for attempt in range(_ACCESS_ATTEMPTS):
         shutil.rmtree(data_dir, ignore_errors=True)  # what a failed attempt left
         data_dir.mkdir(mode=0o700)  # initdb wants it private
@@ -472,7 +480,8 @@ def start_pg_server(base_dir: Path) -> PgServer:
             break
         if _NO_ACCESS not in output or attempt == _ACCESS_ATTEMPTS - 1:
             raise RuntimeError(f"initdb failed ({result.returncode}):\n{output}")
-    server = PgServer(bin_dir=bin_dir, data_dir=data_dir, port=_free_port(), log_file=log_file, home=home)
+    server = PgServer(bin_dir=bin_dir, data_dir=data_dir, port=_free_port(), log_file=log_file, home=home,
+                      durability=CRASH_SAFE_DURABILITY if crash_safe else TEST_DURABILITY)
     if home is not None:
         server.links = [base_dir / "pgdata", base_dir / "postgres.log"]
     for attempt in range(_PORT_ATTEMPTS):

@@ -85,6 +85,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
                                     for v in views]}, indent=2))
         return 0 if not wrong else 2
     print(f"cluster at {used}; this driver runs tunebench {cluster.code_version()}")
+    print("  (free: what no placement group holds there; tunebench runs every trial and load client in one)")
     for v in views:
         if not v.alive:
             print(f"  {v.label}  dead")

@@ -10,6 +10,7 @@ import logging
 import os
 import platform
 import socket
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +88,7 @@ class NodeView:
     alive: bool
     total: dict[str, float]
     free: dict[str, float]
+    """``total`` less what placement groups hold on the node (:func:`unreserved`)."""
     report: NodeReport | None = None
 
     @property
@@ -187,13 +189,15 @@ def disconnect() -> None:
 def nodes(reports: bool = True) -> list[NodeView]:
     """Every node Ray knows (dead ones too), with each live node's report when ``reports``."""
     import ray
+    from ray.util import placement_group_table
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    free_by_node = _free_by_node()
+    listed = ray.nodes()
+    total_by_node = {n["NodeID"]: {k: float(v) for k, v in (n.get("Resources") or {}).items()} for n in listed}
+    free_by_node = unreserved(total_by_node, placement_group_table().values())
     views = [NodeView(node_id=n["NodeID"], address=n.get("NodeManagerAddress", ""), alive=bool(n.get("Alive")),
-                      total={k: float(v) for k, v in (n.get("Resources") or {}).items()},
-                      free=free_by_node.get(n["NodeID"], {}))
-             for n in ray.nodes()]
+                      total=total_by_node[n["NodeID"]], free=free_by_node[n["NodeID"]])
+             for n in listed]
     if reports:
         remote = ray.remote(num_cpus=0)(node_report)
         pending = {v.node_id: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(v.node_id, soft=False))
@@ -209,15 +213,30 @@ def nodes(reports: bool = True) -> list[NodeView]:
     return sorted(views, key=lambda v: (not v.alive, v.address, v.node_id))
 
 
-def _free_by_node() -> dict[str, dict[str, float]]:
-    """Free resources per node, from Ray's state API (empty when it is not available)."""
-    try:
-        from ray._private.state import available_resources_per_node
+RESERVING_STATES = frozenset({"PREPARED", "CREATED", "RESCHEDULING"})
+"""The states of a placement group whose placed bundles hold their node's resources (a pending one
+holds none yet, a removed one none any more)."""
 
-        return {node_id: {k: float(v) for k, v in free.items()}
-                for node_id, free in available_resources_per_node().items()}
-    except Exception:
-        return {}
+
+def unreserved(total_by_node: dict[str, dict[str, float]],
+               groups: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each node's resources less what placement groups hold there, from Ray's public calls only
+    (``ray.nodes`` and ``ray.util.placement_group_table``: Ray's per-node availability is private).
+    Every trial and load client of a fleet runs in a placement group, so this is what a new one can
+    still get; a task or actor outside any placement group (another job's) is not counted."""
+    free = {node_id: dict(total) for node_id, total in total_by_node.items()}
+    for group in groups:
+        if group.get("state") not in RESERVING_STATES:
+            continue
+        placed = group.get("bundles_to_node_id") or {}
+        for index, bundle in (group.get("bundles") or {}).items():
+            node_free = free.get(str(placed.get(index, "")))
+            if node_free is None:  # not placed yet, or on a node Ray no longer lists
+                continue
+            for resource, amount in bundle.items():
+                if resource in node_free:
+                    node_free[resource] = max(0.0, node_free[resource] - float(amount))
+    return free
 
 
 def mismatches(views: list[NodeView], driver: str | None = None) -> list[str]:
@@ -241,7 +260,6 @@ def mismatches(views: list[NodeView], driver: str | None = None) -> list[str]:
         if report.ray != ray.__version__:
             lines.append(f"node {view.label}: Ray {report.ray}, the driver runs {ray.__version__}")
     return lines
-
 
 
 def _prepare_node(runtime: str, demo_model: bool) -> list[str]:

@@ -114,6 +114,26 @@ def test_cluster_status_shows_every_node_and_no_mismatch(ray_cluster: LocalRayCl
     assert {k for n in alive for k in n["total"]} >= set(ray_cluster.workers)
 
 
+def test_cluster_status_counts_a_placement_groups_resources_as_held(ray_cluster: LocalRayCluster) -> None:
+    """Free is a node's total less what placement groups hold there (a trial's or a client's)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from app.fleet import cluster
+
+    node_a = ray_cluster.node_id_of("node_a")
+    before = {v.node_id: v for v in cluster.nodes(reports=False)}
+    group = placement_group([{"CPU": 1.0, "node_a": 0.5}], strategy="STRICT_PACK")
+    assert group.wait(60), "the placement group was not placed"
+    try:
+        during = {v.node_id: v for v in cluster.nodes(reports=False)}
+    finally:
+        remove_placement_group(group)
+    assert during[node_a].total == before[node_a].total
+    assert during[node_a].free["CPU"] == before[node_a].free["CPU"] - 1.0
+    assert during[node_a].free["node_a"] == before[node_a].free["node_a"] - 0.5
+    assert {k: v.free for k, v in during.items() if k != node_a} == {k: v.free for k, v in before.items() if k != node_a}
+
+
 def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: LocalRayCluster, gguf: Path,
                                                                    tmp_path: Path,
                                                                    engines_before: set[tuple[int, float]]) -> None:

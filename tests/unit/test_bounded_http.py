@@ -64,14 +64,26 @@ def test_a_plain_reply_and_a_chunked_one_are_read_whole() -> None:
     assert (reply.status, reply.body, reply.ok) == (200, b"abcde", True)
 
 
+DRIBBLE_PAUSE_S = 0.2
+DRIBBLED_HEAD = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 200
+"""Sent a byte at a time, DRIBBLE_PAUSE_S apart: over 40 s in all."""
+CUT_WITHIN_S = 10.0
+"""How soon a 1 s deadline must cut the dribble here: only a fetch that waits for the whole head
+misses it. The strict figure (under 2 s) is benchmarks/responsiveness.py's."""
+
+
+def fetch_a_dribbled_head(deadline_s: float = 1.0) -> float:
+    """Seconds a fetch with ``deadline_s`` took to give up on a head dribbled a byte at a time."""
+    with serve([bytes([b]) for b in DRIBBLED_HEAD], pause_s=DRIBBLE_PAUSE_S) as url:
+        started_s = time.monotonic()
+        with pytest.raises(FetchTimeout, match=f"within {deadline_s:g} s"):
+            fetch(url, deadline_s=deadline_s, max_bytes=1 << 20)
+        return time.monotonic() - started_s
+
+
 def test_a_server_that_dribbles_its_head_is_cut_at_the_deadline() -> None:
     """A byte every 0.2 s never trips a per-read timeout; the deadline ends it all the same."""
-    head = list(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 200)
-    with serve([bytes([b]) for b in head], pause_s=0.2) as url:
-        started_s = time.monotonic()
-        with pytest.raises(FetchTimeout, match="within 1 s"):
-            fetch(url, deadline_s=1.0, max_bytes=1 << 20)
-    assert time.monotonic() - started_s < 2.0
+    assert fetch_a_dribbled_head() < CUT_WITHIN_S
 
 
 def test_an_endless_body_stops_at_the_cap() -> None:

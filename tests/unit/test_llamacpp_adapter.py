@@ -37,6 +37,7 @@ from engine_adapters.llamacpp_gguf import (
     vocab_from_tokenizer,
 )
 from engine_adapters.registry import get_adapter
+from tests.feature_changes import every_feature_changed
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 VERSION = "xllamacpp-2026.10.11549"
@@ -145,26 +146,10 @@ def test_every_catalogued_feature_is_mapped_or_refused(tmp_path: Path, gguf: Pat
     """A toggle llama.cpp takes gives flags; one it lacks is refused with a reason (so the GUI
     greys it): none may do nothing silently. Each feature set away from its default:"""
     engine = python_engine(tmp_path, gguf)
-    changed = {
-        "weights_dtype": Features(weights_dtype="fp8"), "kv_cache_dtype": Features(kv_cache_dtype="q8_0"),
-        "prefix_caching": Features(prefix_caching=False),
-        "speculative.method": Features(speculative=SpeculativeConfig(method="ngram")),
+    changed = every_feature_changed(["--cache-reuse", "8"], {
+        "kv_cache_dtype": Features(kv_cache_dtype="q8_0"),
         "speculative.draft_model": Features(speculative=SpeculativeConfig(method="draft_model", draft_model="/d.gguf")),
-        "speculative.num_speculative_tokens": Features(speculative=SpeculativeConfig(method="ngram",
-                                                                                     num_speculative_tokens=5)),
-        "speculative.ngram_prompt_lookup_max": Features(speculative=SpeculativeConfig(method="ngram",
-                                                                                      ngram_prompt_lookup_max=6)),
-        "cuda_graphs": Features(cuda_graphs=False), "chunked_prefill": Features(chunked_prefill=False),
-        "max_num_seqs": Features(max_num_seqs=3), "max_num_batched_tokens": Features(max_num_batched_tokens=64),
-        "gpu_memory_utilization": Features(gpu_memory_utilization=0.5), "max_model_len": Features(max_model_len=512),
-        "kv_offload_gib": Features(kv_offload_gib=1, kv_offload_backend="native"),
-        "cpu_offload_gib": Features(cpu_offload_gib=1), "tensor_parallel_size": Features(tensor_parallel_size=2),
-        "pipeline_parallel_size": Features(pipeline_parallel_size=2), "gpu_layers": Features(gpu_layers=10),
-        "flash_attention": Features(flash_attention=True), "extra_args": Features(extra_args=["--cache-reuse", "8"]),
-        "data_parallel_size": Features(data_parallel_size=2),
-        "distributed_executor_backend": Features(distributed_executor_backend="ray"), "nodes": Features(nodes=2),
-        "reasoning_parser": Features(reasoning_parser="qwen3"),
-    }
+    })
     assert set(changed) == {f.key for f in FEATURES}
     base = [tok for toks in feature_flags(Features()).values() for tok in toks]
     for key, features in changed.items():

@@ -50,6 +50,17 @@ def _listening_addresses(port: int) -> list[str]:
     return found
 
 
+DURABILITY_QUERY = "show fsync; show synchronous_commit; show full_page_writes"
+
+
+def test_a_test_server_skips_syncing_and_a_crash_safe_one_syncs(pg: PgServer, tmp_path: Path) -> None:
+    """The suite's servers trade crash safety for speed; a benchmark's is crash safe (it may lose
+    the last commits on a power loss, as SQLite's WAL with synchronous=NORMAL may)."""
+    assert pg.psql(DURABILITY_QUERY).splitlines() == ["off", "off", "off"]
+    with start_pg_server(tmp_path, crash_safe=True) as safe:
+        assert safe.psql(DURABILITY_QUERY).splitlines() == ["on", "off", "on"]
+
+
 def test_server_starts_and_accepts_a_connection(pg: PgServer) -> None:
     assert pg.running and pg.host == "127.0.0.1" and pg.user == "tb"
     assert pg.psql("select current_user, current_database()") == "tb\tpostgres"

@@ -24,6 +24,9 @@ KEY = "sekret"
 
 STOP_JOIN_S = 10.0  # stop()'s join time-out: generous, so a slow machine cannot fail the "stopped" check
 DEADLINE_S = 10.0  # how long a test waits for the collector to have done what it checks
+START_WITHIN_S = 10.0
+"""start() only starts threads: a start that waited on a scrape (a hung one takes 20 s here)
+misses this. The strict figure (under 1 s) is benchmarks/responsiveness.py's."""
 
 
 @dataclass
@@ -94,7 +97,7 @@ def run_until(make: Callable[[Bus], TelemetryCollector],
     collector = make(bus)
     started = time.monotonic()
     collector.start()
-    assert time.monotonic() - started < 1.0  # start never blocks (it only starts threads)
+    assert time.monotonic() - started < START_WITHIN_S  # start never blocks (it only starts threads)
     items: list = []
     deadline = time.monotonic() + DEADLINE_S
     while not until(items, collector) and time.monotonic() < deadline:

@@ -24,11 +24,19 @@ def load_script():  # type: ignore[no-untyped-def]
     return module
 
 
-def test_exits_cleanly_without_gpu_or_torch() -> None:
+def test_says_it_is_skipped_without_gpu_or_torch() -> None:
+    """Nothing checked is no pass: the script says so and exits with the status `make bench` reads
+    as skipped."""
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("gpu_check: ") and "nothing to check" in done.stdout
+    assert done.returncode == load_script().SKIPPED_EXIT != 0, done.stderr
+    assert done.stdout.startswith("gpu_check: skipped: no GPU (") and "nothing to check" in done.stdout
     assert done.stderr == ""
+
+
+def test_make_bench_reads_the_skip_status_as_skipped() -> None:
+    recipe = (SCRIPT.parents[1] / "Makefile").read_text().split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert f"skip_rc={load_script().SKIPPED_EXIT};" in recipe
+    assert "skipped=" in recipe and "$$rc -eq $$skip_rc" in recipe
 
 
 def _copy_on(gpu: FakeGpu, peak: float, util_pct: float):  # type: ignore[no-untyped-def]

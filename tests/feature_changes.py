@@ -1,0 +1,38 @@
+"""Each catalogued feature set away from its default: the one table the adapters' "mapped or
+refused" tests walk. An engine's test names only what it takes in its own terms (its extra
+arguments, a cache type or a speculative method of its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine_adapters.config import Features, SpeculativeConfig
+
+
+def every_feature_changed(extra_args: list[str], own: Mapping[str, Features] | None = None) -> dict[str, Features]:
+    """Feature key -> features with that one feature away from its default; ``own`` replaces
+    entries of the table (it cannot add a key the catalogue lacks)."""
+    table = {
+        "weights_dtype": Features(weights_dtype="fp8"), "kv_cache_dtype": Features(kv_cache_dtype="fp8"),
+        "prefix_caching": Features(prefix_caching=False),
+        "speculative.method": Features(speculative=SpeculativeConfig(method="ngram")),
+        "speculative.draft_model": Features(speculative=SpeculativeConfig(method="eagle3", draft_model="/d")),
+        "speculative.num_speculative_tokens": Features(speculative=SpeculativeConfig(method="ngram",
+                                                                                     num_speculative_tokens=5)),
+        "speculative.ngram_prompt_lookup_max": Features(speculative=SpeculativeConfig(method="ngram",
+                                                                                      ngram_prompt_lookup_max=6)),
+        "cuda_graphs": Features(cuda_graphs=False), "chunked_prefill": Features(chunked_prefill=False),
+        "max_num_seqs": Features(max_num_seqs=3), "max_num_batched_tokens": Features(max_num_batched_tokens=64),
+        "gpu_memory_utilization": Features(gpu_memory_utilization=0.5), "max_model_len": Features(max_model_len=512),
+        "kv_offload_gib": Features(kv_offload_gib=1, kv_offload_backend="native"),
+        "cpu_offload_gib": Features(cpu_offload_gib=1), "tensor_parallel_size": Features(tensor_parallel_size=2),
+        "pipeline_parallel_size": Features(pipeline_parallel_size=2), "gpu_layers": Features(gpu_layers=10),
+        "flash_attention": Features(flash_attention=True), "extra_args": Features(extra_args=extra_args),
+        "data_parallel_size": Features(data_parallel_size=2),
+        "distributed_executor_backend": Features(distributed_executor_backend="ray"), "nodes": Features(nodes=2),
+        "reasoning_parser": Features(reasoning_parser="qwen3"),
+    }
+    unknown = set(own or {}) - set(table)
+    if unknown:
+        raise KeyError(f"not in the table: {sorted(unknown)}")
+    return {**table, **(own or {})}
