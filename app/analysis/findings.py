@@ -295,6 +295,11 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
+def _percent(fraction: float) -> str:
+    """``50%``; a share under 1% with two decimals (a tiny model on a CPU: 0.19%, not 0%)."""
+    return f"{100 * fraction:.0f}%" if fraction >= 0.01 else f"{100 * fraction:.2f}%"
+
+
 def _merge(levels: Iterable[tuple[Level, list[Evidence]]]) -> list[Evidence]:
     return [e for _lv, evs in levels for e in evs]
 
@@ -370,11 +375,28 @@ def _hit_share(lv: Level) -> tuple[float | None, str]:
     as llama.cpp) the cached prompt tokens over the prompt tokens the client sent."""
     if (rate := lv.figures.get("prefix_cache_hit_rate")) is not None:
         return rate, "prefix-cache hit rate"
-    hits = (lv.summary.get("engine") or {}).get("prefix_cache_hits") if isinstance(lv.summary, Mapping) else None
-    sent = lv.figures.get("input_tokens_total")
-    if isinstance(hits, int | float) and sent:
-        return min(1.0, float(hits) / sent), "prompt tokens served from the prefix cache"
+    hits, sent = _cached_tokens(lv), lv.figures.get("input_tokens_total")
+    if hits is not None and sent:
+        return min(1.0, hits / sent), "prompt tokens served from the prefix cache"
     return None, ""
+
+
+def _cached_tokens(lv: Level) -> float | None:
+    engine = lv.summary.get("engine")
+    hits = engine.get("prefix_cache_hits") if isinstance(engine, Mapping) else None
+    return float(hits) if isinstance(hits, int | float) and math.isfinite(hits) else None
+
+
+def _run_hit_share(ctx: Context) -> float | None:
+    """The run's hit share (:func:`_hit_share` over every level: hits and prompt tokens summed)."""
+    if (rate := ctx.figures.get("prefix_cache_hit_rate")) is not None:
+        return rate
+    hits = [_cached_tokens(lv) for lv in ctx.levels]
+    sent = [lv.figures.get("input_tokens_total") for lv in ctx.levels]
+    if not hits or any(h is None for h in hits) or any(s is None for s in sent):
+        return None
+    total = sum(s for s in sent if s is not None)
+    return min(1.0, sum(h for h in hits if h is not None) / total) if total else None
 
 
 @rule("prefix_cold", "prefix hits near 0 though the workload shares prefixes",
@@ -394,16 +416,18 @@ def prefix_cold(ctx: Context) -> list[Finding]:
     causes: list[str] = []
     change: dict[str, Any] | None = None
     confidence: Confidence = "medium"
+    shared = _feature(ctx, "workload.shared_prefix_tokens")
     if _feature(ctx, "features.prefix_caching") is False:
         causes.append("prefix caching is switched off")
         change, confidence = ctx.suggest({"features.prefix_caching": True}), "high"
-    shared = _feature(ctx, "workload.shared_prefix_tokens")
-    if isinstance(shared, int) and 0 < shared < PREFIX_BLOCK_TOKENS:
+    elif isinstance(shared, int) and 0 < shared < PREFIX_BLOCK_TOKENS:
         causes.append(f"the shared prefix ({shared} tokens) is shorter than one cache block "
                       f"({PREFIX_BLOCK_TOKENS} tokens): only whole blocks are cached")
-    if _feature(ctx, "workload.cache") == "cold":
-        causes.append("each level starts with a salted (cold) cache, so only requests of the same level share")
-        change = change or ctx.suggest({"workload.cache": "warm"})
+    if not causes and _feature(ctx, "workload.cache") == "cold":
+        causes.append("each level starts cold (a fresh cache salt per level, where the engine takes one), so only "
+                      "requests of the same level can share and the first of each pays in full")
+    if change is None and _feature(ctx, "workload.cache") == "cold":
+        change = ctx.suggest({"workload.cache": "warm"})
     if not causes:
         causes.append("the engine evicted the prefix before it was reused (a full KV cache), or does not cache it")
     return [Finding(
@@ -621,7 +645,7 @@ def never_steady(ctx: Context) -> list[Finding]:
 
 
 _EXPLAINS_THE_REST = {
-    "client_limited": "the client: it did not deliver the load, so the engine had less to do",
+    "client_limited": "the client: its own limits, not the engine's, set the figures",
     "kv_bound": "KV memory: the batch could not grow, so each weight read served few sequences",
     "queueing_ttft": "the queue: requests waited for a slot rather than decoding",
     "prefix_cold": "prefill: prompt tokens computed again instead of read from the cache",
@@ -651,13 +675,14 @@ def ceiling_share(ctx: Context) -> list[Finding]:
             rest = "the small batch: per-step overheads weigh more than the bytes moved"
         else:
             rest = "what the bytes model leaves out: attention and sampling compute, scheduling, kernel efficiency"
-        share = "above the ceiling" if lim.fraction is None else f"{100 * min(lim.fraction, 1.0):.0f}%"
+        share = "above the ceiling" if lim.fraction is None else _percent(min(lim.fraction, 1.0))
         out.append(Finding(
             rule="ceiling_share", severity="info", evidence=_limit_evidence(lv, lim) if lim.fraction is not None
             else _ev("output throughput", lim.measured_tok_per_s, "tok/s", lv.window), confidence="medium",
             suggestion=None,
             explanation=f"Measured {lim.measured_tok_per_s:,.0f} tok/s, {share} of the {lim.ceiling_tok_per_s:,.0f} "
-                        f"tok/s decode ceiling at a batch of {lim.batch:,.1f} ({lim.batch_source}). The ceiling is "
+                        f"tok/s decode ceiling at a batch of {lim.batch:,.1f} sequences, from the "
+                        f"{lim.batch_source}. The ceiling is "
                         f"memory bandwidth over the bytes each step reads (weights once, plus each sequence's KV "
                         f"cache). The rest is explained by {rest}."))
     return out
@@ -719,9 +744,8 @@ def _prefill_text(a: float, b: float) -> str:
 
 
 _MECHANISMS: tuple[_Mechanism, ...] = (
-    _Mechanism("changed_prefix_hits", "prefix-cache hit rate", "%", 100.0,
-               lambda c: c.figures.get("prefix_cache_hit_rate"), _prefill_text, rate=True,
-               engine_metrics=(("prefix_cache_queries",), ("prefix_cache_hits",))),
+    _Mechanism("changed_prefix_hits", "prefix-cache hit share", "%", 100.0, _run_hit_share, _prefill_text, rate=True,
+               engine_metrics=(("prefix_cache_hits",),)),
     _Mechanism("changed_acceptance", "draft acceptance rate", "%", 100.0,
                lambda c: c.figures.get("spec_acceptance_rate"),
                lambda a, b: f"draft acceptance {100 * a:.0f}% -> {100 * b:.0f}%: each verification step keeps "

@@ -297,14 +297,19 @@ def test_no_prefix_hits_on_a_shared_prefix_with_the_feature_off(store: RunStore)
 def test_no_prefix_hits_on_llamacpp_reads_its_cached_prompt_tokens(store: RunStore) -> None:
     """llama.cpp counts no prefix-cache queries: the share is its cached prompt tokens over those sent."""
     tiny = SHARED.model_copy(update={"shared_prefix_tokens": 8, "input_len": LengthSpec(mean=4)})
-    rec = Recorded(llama_config(kind="llamacpp", workload=tiny), Engine(kind="llamacpp", hit_ratio=0.0),
-                   input_tokens=12, hardware={})
+    sent_tok_per_s = 40 * 12 / DURATION_S  # the engine saw the prompts the client sent
+    rec = Recorded(llama_config(kind="llamacpp", workload=tiny),
+                   Engine(kind="llamacpp", hit_ratio=0.0, prompt_tok_per_s=sent_tok_per_s), input_tokens=12, hardware={})
     rec.output_tok_per_s = 50.0
     findings = explained(store, rec)
     prefix = one(findings, "prefix_cold")
     assert evidence(prefix, "prompt tokens served from the prefix cache") == 0.0
     assert "shorter than one cache block" in prefix.explanation
     assert prefix.suggestion == {"workload.cache": "warm"}  # the default cold cache: warm it
+    hitting = replace(rec, engine=replace(rec.engine, hit_ratio=0.5), name="hitting")
+    moved = one(explained(store, hitting, rec), "changed_prefix_hits")
+    assert [e.value for e in moved.evidence] == [0.0, pytest.approx(50.0)]
+    assert "prefill did 50% less work" in moved.explanation
 
 def test_low_speculative_acceptance(store: RunStore) -> None:
     config = llama_config(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=4))
