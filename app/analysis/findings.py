@@ -218,14 +218,26 @@ def _levels(run: RunDetail, figures: Mapping[str, float]) -> list[Level]:
     return out
 
 
+def stored_config(run: RunDetail) -> RunConfig | None:
+    """The configuration a stored run was measured with: as stored, or less the top-level
+    sections a later tunebench dropped (a run recorded with ``ladder = None`` in its configuration);
+    None for an import or one that does not validate otherwise."""
+    if run.imported or not run.config:
+        return None
+    try:
+        return RunConfig.model_validate(run.config)
+    except ValidationError:
+        pass
+    try:
+        return RunConfig.model_validate({k: v for k, v in run.config.items() if k in RunConfig.model_fields})
+    except ValidationError:
+        return None
+
+
 def _context(evidence: RunEvidence) -> Context:
     run = evidence.run
-    try:
-        config = RunConfig.model_validate(run.config) if run.config and not run.imported else None
-    except ValidationError:
-        config = None
     figures = run_metrics(run)
-    return Context(evidence, _levels(run, figures), figures, config)
+    return Context(evidence, _levels(run, figures), figures, stored_config(run))
 
 
 # --- the registry -----------------------------------------------------------------------------------
@@ -240,16 +252,18 @@ class Rule:
     reads: str
     engine_metrics: tuple[tuple[str, ...], ...]
     check: Callable[[Context], list[Finding]]
+    against_reference: bool = False
+    """It compares the run with a reference run (and says nothing without one)."""
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(name: str, detects: str, reads: str,
-         engine_metrics: tuple[tuple[str, ...], ...] = ()) -> Callable[[Callable[[Context], list[Finding]]],
-                                                                      Callable[[Context], list[Finding]]]:
+def rule(name: str, detects: str, reads: str, engine_metrics: tuple[tuple[str, ...], ...] = (), *,
+         against_reference: bool = False) -> Callable[[Callable[[Context], list[Finding]]],
+                                                      Callable[[Context], list[Finding]]]:
     def register(check: Callable[[Context], list[Finding]]) -> Callable[[Context], list[Finding]]:
-        RULES[name] = Rule(name, detects, reads, engine_metrics, check)
+        RULES[name] = Rule(name, detects, reads, engine_metrics, check, against_reference)
         return check
     return register
 
@@ -279,8 +293,9 @@ def explain(run: RunEvidence, reference: RunEvidence | None = None) -> list[Find
 
 
 def _healthy(ctx: Context) -> Finding:
+    checked = sum(1 for r in RULES.values() if ctx.reference is not None or not r.against_reference)
     return Finding(rule="no_warning", severity="info", evidence=[], confidence="medium", suggestion=None,
-                   explanation=f"no warning: run {ctx.run.id} is healthy on what it measured ({len(RULES)} rules "
+                   explanation=f"no warning: run {ctx.run.id} is healthy on what it measured ({checked} rules "
                                "checked; a rule without the figures it reads says nothing)")
 
 
@@ -584,8 +599,9 @@ def small_batch_overhead(ctx: Context) -> list[Finding]:
              "batch that overhead, not the bytes moved, sets the pace" if graphs_off else
              "at a small batch each step is short, so per-step overheads (kernel launches, scheduling, sampling, "
              "the HTTP path) weigh more than the bytes moved; or the engine is not the bottleneck at all")
-    return [Finding(
-        rule="small_batch_overhead", severity="warning", evidence=_merge((lv, _limit_evidence(lv, lim))
+    return [Finding(  # a warning only with a change known to help: otherwise what the run is, not a fault
+        rule="small_batch_overhead", severity="warning" if graphs_off else "info",
+        evidence=_merge((lv, _limit_evidence(lv, lim))
                                                                          for lv, lim in hits),
         confidence="high" if graphs_off else "low",
         suggestion=ctx.suggest({"features.cuda_graphs": True}) if graphs_off else None,
@@ -804,7 +820,7 @@ def _against_reference(m: _Mechanism) -> Callable[[Context], list[Finding]]:
 
 for _m in _MECHANISMS:
     rule(_m.rule, f"against a reference run: {_m.figure} moved", f"{_m.figure} of both runs, their configurations",
-         _m.engine_metrics)(_against_reference(_m))
+         _m.engine_metrics, against_reference=True)(_against_reference(_m))
 
 
 def finding_dicts(findings: Sequence[Finding]) -> list[dict[str, Any]]:

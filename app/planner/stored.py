@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from app.config import RunConfig
+from app.analysis.findings import stored_config
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, limit_figures, plan_for_run
 from db.records import RunDetail
@@ -18,9 +18,8 @@ def level_limits(run: RunDetail) -> tuple[dict[int, LimitFigures], str | None]:
     """(level index -> its output rate against the decode ceiling, why there is none)."""
     if run.imported or not run.config:
         return {}, "no ceiling: an imported run has no tunebench configuration to plan"
-    try:
-        config = RunConfig.model_validate(run.config)
-    except ValidationError:
+    config = stored_config(run)
+    if config is None:
         return {}, "no ceiling: the run's configuration is from another tunebench version"
     plan, why = plan_for_run(config, run.hardware)
     if plan is None:

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.analysis.findings import RULES, Finding, RunEvidence, explain, load_run, supported_engines
+from app.analysis.findings import (
+    RULES,
+    Finding,
+    RunEvidence,
+    explain,
+    load_run,
+    stored_config,
+    supported_engines,
+)
 from app.analysis.summary import stored_metrics
 from app.cli import main
 from app.config import RunConfig
@@ -359,6 +367,11 @@ def test_far_below_the_ceiling_at_a_small_batch_without_cuda_graphs(store: RunSt
     assert evidence(small, "share of the ceiling") == pytest.approx(10.0, rel=1e-3)
     assert evidence(small, "batch") == 2.0
     assert small.suggestion == {"features.cuda_graphs": True} and small.confidence == "high"
+    assert small.severity == "warning"
+    # CUDA graphs on: what the run is, worth knowing, no fault to fix.
+    graphs = replace(rec, config=llama_config(load=LoadConfig(concurrency=2)))
+    found = explained(store, graphs)
+    assert one(found, "small_batch_overhead").severity == "info" and warnings(found) == []
 
 def test_near_the_bandwidth_ceiling_only_fewer_bytes_help(store: RunStore) -> None:
     config = llama_config()
@@ -397,6 +410,21 @@ def test_the_store_gives_the_findings_of_the_run_in_memory(store: RunStore) -> N
     from_memory = explain(in_memory(rec, run_id))
     assert {"kv_bound", "prefix_cold", "client_limited", "never_steady"} <= set(warnings(from_store))
     assert [f.model_dump() for f in from_store] == [f.model_dump() for f in from_memory]
+
+def test_every_run_of_an_old_store_is_explained(tmp_path: Path) -> None:
+    """Findings read what the store kept then: runs recorded before campaigns (and before some
+    figures were kept) are explained without error, each finding as valid JSON."""
+    db = tmp_path / "old.db"
+    db.write_bytes((DATA / "store-before-campaigns.db").read_bytes())
+    with RunStore(db) as old:
+        runs = old.list_runs()
+        assert runs
+        for run in runs:
+            assert stored_config(old.get_run(run.id)) is not None  # stored with a section since dropped
+            found = explain(load_run(old, run.id, level_limits), load_run(old, runs[-1].id, level_limits))
+            assert found and all(json.loads(f.model_dump_json())["rule"] == f.rule for f in found)
+            assert sum(f.rule == "no_warning" for f in found) == (not warnings(found))
+
 
 def test_each_rule_names_the_engines_whose_counters_support_it() -> None:
     engines = {kind: m.metric_names for kind, m in METRICS.items()}
