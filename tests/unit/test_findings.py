@@ -187,32 +187,41 @@ class Recorded:
             steady=steady if self.steady else None,
             steady_note=None if self.steady else f"the load held its target for 1.0 s of the level's {d:.1f} s")
 
-    def records(self) -> list[dict[str, Any]]:
-        return [RequestRecord(level=0, index=i, scheduled_s=0.4 * i, start_s=0.4 * i,
-                              start_wall_s=START_WALL + LEVEL_START_S + 0.4 * i, queue_ms=0.2, ttft_ms=self.ttft_ms,
+    def records(self, level: int = 0, start_s: float = LEVEL_START_S) -> list[dict[str, Any]]:
+        return [RequestRecord(level=level, index=i, scheduled_s=0.4 * i, start_s=0.4 * i,
+                              start_wall_s=START_WALL + start_s + 0.4 * i, queue_ms=0.2, ttft_ms=self.ttft_ms,
                               itl_ms=[10.0] * (self.output_tokens - 1), e2e_ms=self.e2e_ms,
                               input_tokens=self.input_tokens, output_tokens=self.output_tokens,
                               ok=True).model_dump() for i in range(self.requests)]
 
-    def pieces(self) -> tuple[LevelSummary, list[SampleIn]]:
+    def pieces(self, start_s: float = LEVEL_START_S) -> tuple[LevelSummary, list[SampleIn]]:
+        """The level's summary and the engine samples the collector took during it."""
         deriver, samples = RateDeriver(), []
         taken = scrapes(self.engine)
         for t, scrape in taken:
-            values, _reset = deriver.update(scrape, T0_MONO + LEVEL_START_S + t)
-            samples.append(SampleIn("engine", T0_MONO + LEVEL_START_S + t, START_WALL + LEVEL_START_S + t, values))
+            values, _reset = deriver.update(scrape, T0_MONO + start_s + t)
+            samples.append(SampleIn("engine", T0_MONO + start_s + t, START_WALL + start_s + t, values))
         return self.summary(engine_deltas(taken[0][1], taken[-1][1])), samples
 
-def store_run(store: RunStore, rec: Recorded) -> int:
-    """The run as ``app.recording.RunRecorder`` writes it: the row, the level, requests and samples, the end."""
-    summary, samples = rec.pieces()
+
+def store_run(store: RunStore, rec: Recorded, *more_levels: Recorded) -> int:
+    """The run as ``app.recording.RunRecorder`` writes it: the row, each level (``rec`` first, then
+    ``more_levels``, a settling pause apart) with its requests and samples, the end."""
     run_id = store.create_run(name=rec.name, config=rec.config.model_dump(mode="json"), engine_kind=rec.engine.kind,
                               engine_version="0.32.0", model=LLAMA_8B, hardware=rec.hardware, started_at=START_WALL,
                               t0_mono=T0_MONO)
-    store.start_level(run_id, 0, "c=8", {"mode": "closed", "concurrency": 8}, START_WALL + LEVEL_START_S)
-    store.write_batch(run_id, requests=rec.records(), samples=samples)
-    store.finish_level(run_id, 0, summary.model_dump(mode="json"), START_WALL + LEVEL_START_S + DURATION_S)
-    store.finish_run(run_id, "completed", None, {}, START_WALL + LEVEL_START_S + DURATION_S + 1.0)
+    start_s = LEVEL_START_S
+    for idx, level in enumerate((rec, *more_levels)):
+        summary, samples = level.pieces(start_s)
+        concurrency = level.config.load.concurrency
+        store.start_level(run_id, idx, f"c={concurrency}", {"mode": "closed", "concurrency": concurrency},
+                          START_WALL + start_s)
+        store.write_batch(run_id, requests=level.records(idx, start_s), samples=samples)
+        store.finish_level(run_id, idx, summary.model_dump(mode="json"), START_WALL + start_s + DURATION_S)
+        start_s += DURATION_S + LEVEL_START_S
+    store.finish_run(run_id, "completed", None, {}, START_WALL + start_s)
     return run_id
+
 
 def in_memory(rec: Recorded, run_id: int = 1) -> RunEvidence:
     """The same run held in memory, as the runner published it (no store in between)."""
@@ -387,6 +396,21 @@ def test_a_level_that_never_held_its_load_asks_for_a_longer_run(store: RunStore)
     assert "held its target for 1.0 s" in never.explanation
     assert evidence(never, "level duration") == DURATION_S
     assert never.suggestion == {"workload.num_requests": 128}
+
+def test_a_sweep_finds_the_level_where_it_shows(store: RunStore) -> None:
+    """Two levels: only the second fills the KV cache; the finding reads that level's samples and
+    names its window, and each level states its share of the ceiling."""
+    light = Recorded(llama_config())
+    heavy = Recorded(llama_config(load=LoadConfig(concurrency=32)),
+                     Engine(kv_full_pct=98.0, waiting=20.0, running=32.0, tokens_per_step=32.0))
+    found = explain(load_run(store, store_run(store, light, heavy), level_limits))
+    kv = one(found, "kv_bound")
+    assert {e.window for e in kv.evidence} == {"level c=32, 24.0-44.0 s into the run"}
+    assert evidence(kv, "requests waiting, peak") == 20.0
+    shares = [f for f in found if f.rule == "ceiling_share"]
+    assert [evidence(f, "batch") for f in shares] == [8.0, 32.0]
+    assert shares[0].evidence[0].window == "level c=8, 2.0-22.0 s into the run"
+
 
 # --- against a reference ---------------------------------------------------------------------------
 
