@@ -1,0 +1,63 @@
+"""``tunebench explain RUN [--against REF] [--json] [--db ...]``: a stored run explained from what
+it measured (``app.analysis.findings``), and ``tunebench explain --rules``: every rule, what it
+reads and which engines' counters support it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.analysis.findings import RULES, Finding, explain, finding_dicts, load_run, supported_engines
+from app.cli.argtypes import db_parent, json_parent
+from app.cli.store_cmds import open_store
+from app.cli.terminal import safe
+from app.errors import UserError
+from app.planner.stored import level_limits
+from engine_adapters.registry import METRICS
+
+
+def finding_text(finding: Finding) -> list[str]:
+    """One block per finding: severity and rule, the explanation, the evidence, the next trial."""
+    lines = [f"[{finding.severity}] {finding.rule} (confidence {finding.confidence})", f"  {finding.explanation}"]
+    lines += [f"  - {e.text()}" for e in finding.evidence]
+    if finding.suggestion:
+        lines.append("  next trial: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in finding.suggestion.items()))
+    return lines
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    if args.rules:
+        engines = {kind: m.metric_names for kind, m in METRICS.items()}
+        for r in RULES.values():
+            print(safe(f"{r.name}: {r.detects}"))
+            print(safe(f"  reads: {r.reads}; engines: {', '.join(supported_engines(r, engines)) or 'none'}"))
+        return 0
+    if args.run is None:
+        raise UserError("explain needs a RUN (id, uid prefix or name), or --rules")
+    with open_store(args) as store:
+        run = load_run(store, args.run, level_limits)
+        reference = load_run(store, args.against, level_limits) if args.against is not None else None
+    findings = explain(run, reference)
+    if args.json:
+        json.dump(finding_dicts(findings), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    against = f" against run {reference.run.id}" if reference is not None else ""
+    print(safe(f"run {run.run.id} ({run.run.name}){against}"))
+    for finding in findings:
+        if finding.rule == "no_warning":
+            print(safe(finding.explanation))
+            continue
+        print()
+        print("\n".join(safe(line) for line in finding_text(finding)))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explain", parents=[db_parent(), json_parent()],
+                       help="a stored run explained from what it measured: findings and the next trial")
+    p.add_argument("run", nargs="?", help="run id, uid (prefix) or name")
+    p.add_argument("--against", metavar="REF", help="a reference run: also say why RUN differs from it")
+    p.add_argument("--rules", action="store_true", help="list the rules, what each reads and the engines it supports")
+    p.set_defaults(handler=cmd_explain)
