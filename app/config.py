@@ -49,6 +49,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _trace_arrivals_need_a_trace(self) -> RunConfig:
-        if self.load.pattern == "trace" and self.workload.kind != "trace":
-            raise ValueError("load pattern 'trace' sends at a trace's arrival times: it needs workload kind 'trace'")
+        if self.load.pattern.replays_trace and self.workload.kind != "trace":
+            raise ValueError(f"load pattern '{self.load.pattern}' sends at a trace's arrival times: it needs workload "
+                             "kind 'trace'")
         return self

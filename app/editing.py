@@ -24,7 +24,7 @@ from app.labels import in_field_words
 from app.ladder.spec import LadderSpec
 from app.listeners import Listeners
 from app.profiles import Campaigns, Profile
-from app.workload import FILE_KINDS
+from app.workload import FILE_KINDS, LoadPattern
 from engine_adapters.base import ValidationIssue
 from engine_adapters.features import FEATURES
 
@@ -50,7 +50,6 @@ ALL_PATHS: tuple[str, ...] = (*ENGINE_FIELDS, *WORKLOAD_FIELDS, *LOAD_FIELDS,
                               "features.speculative.ngram_prompt_lookup_min")
 """Every editable setting: the words a message about one of them is put in."""
 
-OPEN_LOOP = ("constant", "poisson", "gamma", "ramp", "sweep", "trace")
 TRACE = ("trace",)
 SPEC_ON = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 Condition = tuple[str, Callable[[Any], bool]]
@@ -58,6 +57,11 @@ Condition = tuple[str, Callable[[Any], bool]]
 
 def _one_of(*values: Any) -> Callable[[Any], bool]:
     return lambda value: value in values
+
+
+def _pattern_reads(setting: str) -> Condition:
+    """The load setting applies while the pattern reads it (a rate does not in a closed loop)."""
+    return "load.pattern", lambda pattern: setting in LoadPattern(pattern).settings
 
 
 APPLIES_WHEN: dict[str, Condition] = {
@@ -75,20 +79,12 @@ APPLIES_WHEN: dict[str, Condition] = {
     "workload.trace_start_s": ("workload.kind", _one_of(*TRACE)),
     "workload.trace_end_s": ("workload.kind", _one_of(*TRACE)),
     "workload.trace_block_tokens": ("workload.kind", _one_of(*TRACE)),
-    "load.speedup": ("load.pattern", _one_of(*TRACE)),
     "workload.shared_prefix_tokens": ("workload.kind", _one_of("shared_prefix", "multi_turn", "random")),
     "workload.shared_prefix_fraction": ("workload.kind", _one_of("shared_prefix", "multi_turn", "random")),
     "workload.input_len.spread": ("workload.input_len.distribution", _one_of("uniform", "normal")),
     "workload.output_len.spread": ("workload.output_len.distribution", _one_of("uniform", "normal")),
     "workload.turns": ("workload.kind", _one_of("multi_turn")),
-    "load.concurrency": ("load.pattern", _one_of("closed", "sweep")),
-    "load.rate_rps": ("load.pattern", _one_of("constant", "poisson", "gamma", "ramp")),
-    "load.burstiness": ("load.pattern", _one_of("gamma")),
-    "load.ramp_start_rps": ("load.pattern", _one_of("ramp")),
-    "load.sweep_of": ("load.pattern", _one_of("sweep")),
-    "load.levels": ("load.pattern", _one_of("sweep")),
-    "load.max_concurrency": ("load.pattern", _one_of(*OPEN_LOOP)),
-    "load.ramp_up_s": ("load.pattern", _one_of("closed", "sweep")),
+    **{f"load.{setting}": _pattern_reads(setting) for pattern in LoadPattern for setting in pattern.settings},
     # Speculative decoding's own settings only while it is on, and only those its method reads.
     "features.speculative.num_speculative_tokens": ("features.speculative.method", _one_of(*SPEC_ON)),
     "features.speculative.draft_model": ("features.speculative.method", _one_of("eagle", "eagle3", "draft_model")),

@@ -211,9 +211,9 @@ def node_of(tags: Iterable[str]) -> str | None:
 def load_text(config: RunConfig) -> str:
     """The model and the load in one line: the presentation's subtitle."""
     load = config.load
-    if load.pattern == "closed":
+    if load.pattern.closed_loop:
         how = f"{load.concurrency:,} concurrent"
-    elif load.pattern == "sweep":
+    elif load.pattern.takes_levels:
         how = f"sweep of {load.sweep_of} " + ", ".join(f"{v:g}" for v in load.levels)
     else:
         how = f"{load.pattern} at {load.rate_rps:g} req/s" if load.rate_rps else load.pattern

@@ -6,7 +6,10 @@ Generation lives in :mod:`app.load`; this module only describes it (a profile fi
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, Self, cast, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -99,7 +102,88 @@ class WorkloadConfig(StrictModel):
         return self
 
 
-LoadPattern = Literal["closed", "constant", "poisson", "gamma", "ramp", "sweep", "trace"]
+PatternLoop = Literal["closed", "open", "levels"]
+"""closed: a number of requests kept in flight; open: requests sent at arrival times, whatever
+comes back; levels: one level per entry of ``levels``, each closed or open by ``sweep_of``."""
+
+
+@dataclass(frozen=True)
+class _Sends:
+    """How a load pattern sends its requests (see :class:`LoadPattern`)."""
+
+    loop: PatternLoop
+    settings: tuple[str, ...]
+    unsteady: str | None = None
+    replays_trace: bool = False
+
+
+class LoadPattern(StrEnum):
+    """A load pattern, stored (in profiles, runs and campaigns) as its name. Each knows how it
+    sends: its loop, the settings it reads (the :class:`LoadConfig` fields that only some patterns
+    read; the editor hides the others), and whether its arrivals have a steady rate. A new pattern
+    is a member here and a case in :func:`app.load.patterns.plan_levels` (mypy names a missing
+    case); an open-loop one is an :data:`Arrival` too, with its times in ``arrival_offsets_s``."""
+
+    loop: PatternLoop
+    settings: frozenset[str]
+    unsteady: str | None
+    """Why its arrivals have no steady state (None: they have one)."""
+    replays_trace: bool
+    """It sends at a trace's arrival times: the workload must be a trace."""
+
+    CLOSED = "closed", _Sends("closed", ("concurrency", "ramp_up_s"))
+    CONSTANT = "constant", _Sends("open", ("rate_rps", "max_concurrency"))
+    POISSON = "poisson", _Sends("open", ("rate_rps", "max_concurrency"))
+    GAMMA = "gamma", _Sends("open", ("rate_rps", "burstiness", "max_concurrency"))
+    RAMP = "ramp", _Sends("open", ("rate_rps", "ramp_start_rps", "max_concurrency"),
+                          unsteady="a ramp of arrival rates has no steady state")
+    SWEEP = "sweep", _Sends("levels", ("concurrency", "sweep_of", "levels", "max_concurrency", "ramp_up_s"))
+    TRACE = "trace", _Sends("open", ("speedup", "max_concurrency"),
+                            unsteady="a trace's arrivals follow the trace, not a steady rate", replays_trace=True)
+
+    def __new__(cls, name: str, sends: _Sends | None = None) -> LoadPattern:
+        # Makes the members; a lookup by name (LoadPattern("sweep")) is Enum's own and never comes here.
+        if sends is None:
+            raise TypeError(f"load pattern '{name}' needs its _Sends")
+        member = str.__new__(cls, name)
+        member._value_ = name
+        member.loop = sends.loop
+        member.settings = frozenset(sends.settings)
+        member.unsteady = sends.unsteady
+        member.replays_trace = sends.replays_trace
+        return member
+
+    @property
+    def closed_loop(self) -> bool:
+        """One closed-loop level: ``concurrency`` requests always in flight."""
+        return self.loop == "closed"
+
+    @property
+    def takes_rate(self) -> bool:
+        """It sends at ``rate_rps``, which it then needs."""
+        return "rate_rps" in self.settings
+
+    @property
+    def takes_concurrency(self) -> bool:
+        """``concurrency`` applies to it (a sweep's levels may be concurrencies instead)."""
+        return "concurrency" in self.settings
+
+    @property
+    def takes_levels(self) -> bool:
+        """It runs one level per entry of ``levels`` (a sweep), not one level."""
+        return self.loop == "levels"
+
+
+Arrival = Literal[LoadPattern.CONSTANT, LoadPattern.POISSON, LoadPattern.GAMMA, LoadPattern.RAMP, LoadPattern.TRACE]
+"""When an open-loop level's requests are due: the pattern of its arrivals."""
+
+
+def arrival_of(name: str) -> Arrival:
+    """The arrival pattern of this name (ValueError: none is)."""
+    pattern = LoadPattern(name)
+    if pattern not in get_args(Arrival):
+        raise ValueError(f"'{name}' is no pattern of arrivals")
+    return cast(Arrival, pattern)
 
 
 class LoadConfig(StrictModel):
@@ -115,7 +199,7 @@ class LoadConfig(StrictModel):
       times faster, optionally capped at ``max_concurrency``.
     """
 
-    pattern: LoadPattern = "closed"
+    pattern: LoadPattern = Field(LoadPattern.CLOSED, strict=False)  # not strict: a profile gives the name
     concurrency: int = Field(4, ge=1, le=MAX_CONCURRENCY)
     rate_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS)
     burstiness: float = Field(1.0, gt=0, le=1_000)
@@ -147,21 +231,43 @@ class LoadConfig(StrictModel):
             parse_slo(value)
         return value
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's copy, which leaves ``update`` unvalidated: a pattern given by name there
+        becomes its member, so the copy's pattern still knows how it sends."""
+        if update is not None and "pattern" in update:
+            update = {**update, "pattern": LoadPattern(update["pattern"])}
+        return super().model_copy(update=update, deep=deep)
+
+    @property
+    def concurrency_sweep(self) -> bool:
+        """One level per concurrency in ``levels``."""
+        return self.pattern.takes_levels and self.sweep_of == "concurrency"
+
+    @property
+    def closed_loop(self) -> bool:
+        """Each level keeps a number of requests in flight (a closed loop or a concurrency sweep)."""
+        return self.pattern.closed_loop or self.concurrency_sweep
+
+    @property
+    def peak_concurrency(self) -> int:
+        """The most requests it keeps in flight: a concurrency sweep's highest level, else ``concurrency``."""
+        return int(max(self.levels)) if self.concurrency_sweep and self.levels else self.concurrency
+
     @model_validator(mode="after")
     def _pattern_needs(self) -> LoadConfig:
-        if self.pattern in ("constant", "poisson", "gamma", "ramp") and self.rate_rps is None:
-            raise ValueError(f"load pattern '{self.pattern}' needs rate_rps")
-        if self.ramp_up_s and not (self.pattern == "closed" or (self.pattern == "sweep" and self.sweep_of == "concurrency")):
+        pattern = self.pattern
+        if pattern.takes_rate and self.rate_rps is None:
+            raise ValueError(f"load pattern '{pattern}' needs rate_rps")
+        if self.ramp_up_s and not self.closed_loop:
             raise ValueError("ramp_up_s staggers a closed loop's streams; an open loop ramps with pattern 'ramp'")
-        if self.pattern == "sweep" and not self.levels:
-            raise ValueError("load pattern 'sweep' needs levels (concurrencies or rates)")
-        if self.pattern == "sweep" and self.sweep_of == "concurrency" and any(
-                v < 1 or not float(v).is_integer() for v in self.levels):
+        if pattern.takes_levels and not self.levels:
+            raise ValueError(f"load pattern '{pattern}' needs levels (concurrencies or rates)")
+        if self.concurrency_sweep and any(v < 1 or not float(v).is_integer() for v in self.levels):
             raise ValueError("a concurrency sweep needs whole numbers >= 1 in levels")
-        if self.pattern == "sweep" and any(v <= 0 for v in self.levels):
+        if pattern.takes_levels and any(v <= 0 for v in self.levels):
             raise ValueError("sweep levels must be positive")
-        if self.pattern == "sweep" and self.sweep_of == "concurrency" and any(v > MAX_CONCURRENCY for v in self.levels):
+        if self.concurrency_sweep and any(v > MAX_CONCURRENCY for v in self.levels):
             raise ValueError(f"concurrency levels must be at most {MAX_CONCURRENCY:,}")
-        if self.pattern == "sweep" and self.sweep_of == "rate" and any(v > MAX_RATE_RPS for v in self.levels):
+        if pattern.takes_levels and self.sweep_of == "rate" and any(v > MAX_RATE_RPS for v in self.levels):
             raise ValueError(f"rate levels must be at most {MAX_RATE_RPS:,.0f} req/s")
         return self

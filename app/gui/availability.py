@@ -137,10 +137,10 @@ def judge_here(config: RunConfig, hardware: HardwareInfo, issues: list[Validatio
             elif runtime_needs_gpu is not None:
                 out.append(ValidationIssue(info.key, "not testable here: its runtime needs a GPU", "warning"))
     load, workload = config.load, config.workload
-    if load.pattern in ("closed", "sweep"):
-        peak = int(max(load.levels)) if load.pattern == "sweep" and load.levels else load.concurrency
+    if load.pattern.takes_concurrency:
+        peak = int(max(load.levels)) if load.pattern.takes_levels and load.levels else load.concurrency
         per_level = min(workload.num_requests, load.max_requests or workload.num_requests)
-        if load.pattern == "closed" and load.duration_s is None and peak > per_level:
+        if load.pattern.closed_loop and load.duration_s is None and peak > per_level:
             out.append(ValidationIssue("load.concurrency", f"{peak:,} is more than the {per_level:,} requests of the "
                                        f"level: at most {per_level:,} will ever be in flight", "warning"))
         limit = _open_files_limit()

@@ -3,6 +3,7 @@ the panel follows the models instead of restating them. Pure Python (no Qt) so i
 
 from __future__ import annotations
 
+import enum
 import types
 import typing
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ def field_spec(path: str, model: type[BaseModel] = RunConfig) -> FieldSpec:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return FieldSpec(kind="choice", choices=tuple(str(a) for a in typing.get_args(annotation)), **common)
+    if isinstance(annotation, type) and issubclass(annotation, enum.StrEnum):
+        return FieldSpec(kind="choice", choices=tuple(member.value for member in annotation), **common)
     if annotation is bool:
         return FieldSpec(kind="tristate" if optional else "bool", **common)
     if annotation is int:

@@ -39,9 +39,7 @@ def default_planner(config: RunConfig, gpu: str | None) -> Plan:
 def concurrency_of(config: RunConfig) -> int:
     """The load's concurrency (a concurrency sweep: its highest level): the batch to plan for."""
     load = config.load
-    if load.pattern == "sweep" and load.sweep_of == "concurrency" and load.levels:
-        return int(max(load.levels))
-    return max(1, load.concurrency)
+    return max(1, load.peak_concurrency)
 
 
 def short_error(message: str) -> str:

@@ -174,7 +174,7 @@ class RunControl(QObject):
         w.dashboard.tiles.set_header(f"Live \u2014 {name}: the client's figures over the last few seconds")
         self._plan_run(config)
         previous = w.settings.startup_s.get(startup_key(config))
-        w.phase_bar.set_levels(len(config.load.levels) if config.load.pattern == "sweep" else 1)
+        w.phase_bar.set_levels(len(config.load.levels) if config.load.pattern.takes_levels else 1)
         w.phase_bar.engine_starting(previous)
         self.cancel = cancel = threading.Event()
         work = run_work(w.session, config, w.bus, cancel, keep_engine=w.keep_engine.isChecked(),

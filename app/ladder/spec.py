@@ -144,7 +144,7 @@ def ladder_base(config: RunConfig, spec: LadderSpec) -> RunConfig:
     except ValueError as exc:
         raise LadderError(str(exc)) from None
     load = spec.load or config.load
-    if load.pattern == "sweep":
+    if load.pattern.takes_levels:
         raise LadderError("load: a ladder step is one load level; a sweep is not (set [campaigns.ladder.load] to a closed "
                           "or open-loop load)")
     return config.model_copy(update={"workload": workload, "load": load})
@@ -180,7 +180,7 @@ def apply_step(previous: RunConfig, step: LadderStepSpec, *, name: str | None = 
         if config.features.max_num_seqs is not None:
             wanted = min(wanted, config.features.max_num_seqs)
         config = config.model_copy(update={"load": config.load.model_copy(update={"concurrency": wanted})})
-    if config.load.pattern == "sweep":
+    if config.load.pattern.takes_levels:
         raise LadderError(f"step '{step.name}': a ladder step is one load level, not a sweep")
     return config
 

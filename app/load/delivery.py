@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.load.metrics import LoadDelivered, RequestRecord, Stats, SteadyWindow
+from app.workload import Arrival, LoadPattern, arrival_of
 
 SEND_LAG_BOUND_MS = 50.0
 """A level whose client-side send lag p99 (due -> sent, apart from waiting for the in-flight cap)
@@ -42,8 +43,11 @@ class LevelTarget:
     mode: str  # closed | open
     concurrency: int | None = None  # closed: in flight; open: the cap, if any
     rate_rps: float | None = None
-    arrival: str = "poisson"  # open: constant | poisson | gamma | ramp | trace
+    arrival: Arrival = LoadPattern.POISSON  # open loop only
     ramp_up_s: float = 0.0  # closed: the workers start evenly over this long
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arrival", arrival_of(self.arrival))  # its name is taken too
 
 
 class LevelTimes:
@@ -174,10 +178,8 @@ def steady_window(times: LevelTimes, target: LevelTarget, duration_s: float,
     starts, ends = times.column("start_s"), times.column("end_s")
     e2e = times.column("e2e_ms")
     if target.mode == "open":
-        if target.arrival == "ramp":
-            return None, "a ramp of arrival rates has no steady state"
-        if target.arrival == "trace":
-            return None, "a trace's arrivals follow the trace, not a steady rate"
+        if target.arrival.unsteady is not None:
+            return None, target.arrival.unsteady
         settle_s = float(np.nanmedian(e2e)) / 1e3 if np.isfinite(e2e).any() else 0.0
         t0, t1 = float(starts.min()) + settle_s, float(starts.max())
         rule = "from one median E2E after the first send (the first replies back) to the last send"

@@ -8,13 +8,13 @@ with scale 1 / (rate x burstiness) so the mean rate stays the asked one, as in v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, assert_never
 
 import numpy as np
 
 from app.events import LevelStarted
 from app.load.delivery import LevelTarget
-from app.workload import LoadConfig
+from app.workload import Arrival, LoadConfig, LoadPattern, arrival_of
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,14 @@ class LevelPlan:
     mode: Literal["closed", "open"]
     concurrency: int | None = None  # closed: in flight; open: optional cap
     rate_rps: float | None = None
-    arrival: Literal["constant", "poisson", "gamma", "ramp", "trace"] = "poisson"
+    arrival: Arrival = LoadPattern.POISSON
     burstiness: float = 1.0
     ramp_start_rps: float | None = None
     ramp_up_s: float = 0.0  # closed: the workers start evenly over this long
     speedup: float = 1.0  # trace: the trace's arrivals this many times faster
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arrival", arrival_of(self.arrival))  # its name is taken too
 
     @property
     def target(self) -> LevelTarget:
@@ -46,40 +49,49 @@ class LevelPlan:
                             started_wall_s=started_wall_s, num_requests=num_requests)
 
 
+def _sweep_levels(load: LoadConfig) -> list[LevelPlan]:
+    if load.concurrency_sweep:
+        return [LevelPlan(i, f"concurrency {int(value)}", "closed", concurrency=int(value), ramp_up_s=load.ramp_up_s)
+                for i, value in enumerate(load.levels)]
+    arrival: Arrival = LoadPattern.POISSON if load.burstiness == 1.0 else LoadPattern.GAMMA
+    return [LevelPlan(i, f"{value:g} req/s", "open", concurrency=load.max_concurrency, rate_rps=value,
+                      arrival=arrival, burstiness=load.burstiness)
+            for i, value in enumerate(load.levels)]
+
+
 def plan_levels(load: LoadConfig) -> list[LevelPlan]:
-    if load.pattern == "closed":
-        return [LevelPlan(0, f"concurrency {load.concurrency}", "closed", concurrency=load.concurrency,
-                          ramp_up_s=load.ramp_up_s)]
-    if load.pattern == "sweep":
-        plans = []
-        for i, value in enumerate(load.levels):
-            if load.sweep_of == "concurrency":
-                plans.append(LevelPlan(i, f"concurrency {int(value)}", "closed", concurrency=int(value),
-                                       ramp_up_s=load.ramp_up_s))
-            else:
-                arrival: Literal["poisson", "gamma"] = "poisson" if load.burstiness == 1.0 else "gamma"
-                plans.append(LevelPlan(i, f"{value:g} req/s", "open", concurrency=load.max_concurrency,
-                                       rate_rps=value, arrival=arrival, burstiness=load.burstiness))
-        return plans
-    if load.pattern == "trace":
-        return [LevelPlan(0, f"trace x{load.speedup:g}", "open", concurrency=load.max_concurrency, arrival="trace",
-                          speedup=load.speedup)]
-    assert load.rate_rps is not None
-    if load.pattern == "ramp":
-        return [LevelPlan(0, f"ramp {load.ramp_start_rps:g}->{load.rate_rps:g} req/s", "open",
-                          concurrency=load.max_concurrency, rate_rps=load.rate_rps, arrival="ramp",
-                          ramp_start_rps=load.ramp_start_rps)]
-    arrival2: Literal["constant", "poisson", "gamma"] = load.pattern  # type: ignore[assignment]
-    if arrival2 == "poisson" and load.burstiness != 1.0:
-        arrival2 = "gamma"
-    return [LevelPlan(0, f"{load.rate_rps:g} req/s {arrival2}", "open", concurrency=load.max_concurrency,
-                      rate_rps=load.rate_rps, arrival=arrival2, burstiness=load.burstiness)]
+    """The levels ``load`` goes through: each pattern's own (a new pattern needs a case here)."""
+    pattern = load.pattern
+    match pattern:
+        case LoadPattern.CLOSED:
+            return [LevelPlan(0, f"concurrency {load.concurrency}", "closed", concurrency=load.concurrency,
+                              ramp_up_s=load.ramp_up_s)]
+        case LoadPattern.SWEEP:
+            return _sweep_levels(load)
+        case LoadPattern.TRACE:
+            return [LevelPlan(0, f"trace x{load.speedup:g}", "open", concurrency=load.max_concurrency,
+                              arrival=pattern, speedup=load.speedup)]
+        case LoadPattern.RAMP:
+            assert load.rate_rps is not None
+            return [LevelPlan(0, f"ramp {load.ramp_start_rps:g}->{load.rate_rps:g} req/s", "open",
+                              concurrency=load.max_concurrency, rate_rps=load.rate_rps, arrival=pattern,
+                              ramp_start_rps=load.ramp_start_rps)]
+        case LoadPattern.CONSTANT | LoadPattern.POISSON | LoadPattern.GAMMA:
+            assert load.rate_rps is not None
+            arrival: Arrival = pattern
+            if arrival is LoadPattern.POISSON and load.burstiness != 1.0:
+                arrival = LoadPattern.GAMMA
+            return [LevelPlan(0, f"{load.rate_rps:g} req/s {arrival}", "open", concurrency=load.max_concurrency,
+                              rate_rps=load.rate_rps, arrival=arrival, burstiness=load.burstiness)]
+        case _:
+            assert_never(pattern)
 
 
 def arrival_offsets_s(plan: LevelPlan, n: int, seed: int, trace_s: list[float] | None = None) -> np.ndarray:
     """Send times (seconds from the level start) of ``n`` requests; the first is at 0. A trace's
     are its own (``trace_s``, the dataset's arrivals), ``speedup`` times faster: at most its length."""
-    if plan.arrival == "trace":
+    arrival = plan.arrival
+    if arrival is LoadPattern.TRACE:
         if trace_s is None:
             raise ValueError("a trace's arrivals need its dataset's arrival times")
         return np.asarray(trace_s[:max(n, 0)], dtype=np.float64) / plan.speedup
@@ -87,14 +99,17 @@ def arrival_offsets_s(plan: LevelPlan, n: int, seed: int, trace_s: list[float] |
     if n <= 0:
         return np.zeros(0)
     rng = np.random.default_rng([seed, plan.index, 2])
-    if plan.arrival == "constant":
-        gaps = np.full(n, 1.0 / plan.rate_rps)
-    elif plan.arrival == "ramp":
-        start = plan.ramp_start_rps or plan.rate_rps
-        rates = np.linspace(start, plan.rate_rps, n)
-        gaps = rng.exponential(1.0 / rates)
-    else:
-        shape = 1.0 if plan.arrival == "poisson" else plan.burstiness
-        gaps = rng.gamma(shape, 1.0 / (plan.rate_rps * shape), size=n)
+    match arrival:
+        case LoadPattern.CONSTANT:
+            gaps = np.full(n, 1.0 / plan.rate_rps)
+        case LoadPattern.RAMP:
+            start = plan.ramp_start_rps or plan.rate_rps
+            rates = np.linspace(start, plan.rate_rps, n)
+            gaps = rng.exponential(1.0 / rates)
+        case LoadPattern.POISSON | LoadPattern.GAMMA:
+            shape = 1.0 if arrival is LoadPattern.POISSON else plan.burstiness
+            gaps = rng.gamma(shape, 1.0 / (plan.rate_rps * shape), size=n)
+        case _:
+            assert_never(arrival)
     gaps[0] = 0.0
     return np.cumsum(gaps)

@@ -283,9 +283,8 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
     per_seq_bytes = longest * kv_token_device + state_device
     max_seqs = int(pool // per_seq_bytes) * dp if per_seq_bytes else 0  # every replica holds its own
     load = config.load
-    concurrency_sweep = load.pattern == "sweep" and load.sweep_of == "concurrency" and load.levels
-    if fits and (load.pattern == "closed" or concurrency_sweep):
-        wanted = int(max(load.levels)) if concurrency_sweep else load.concurrency
+    if fits and load.closed_loop:
+        wanted = load.peak_concurrency
         if wanted > max_seqs:
             warnings.append(f"concurrency {wanted} cannot be held in KV memory: {max_seqs} sequences of "
                             f"{longest:,} tokens fit in {pool / GIB:.1f} GiB per device"

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app.config import RunConfig
 from app.errors import UserError
+from app.workload import LoadPattern
 from engine_adapters.config import Features
 from engine_adapters.features import feature_info
 from engine_adapters.hardware import HardwareInfo
@@ -178,10 +179,10 @@ def trial_config(base: RunConfig, knobs: dict[str, Any], load_kind: LoadKind, va
     """The run of one trial: the engine knobs applied, one load level, the SLO for goodput."""
     config = apply_knobs(base, knobs)
     if load_kind == "concurrency":
-        load = config.load.model_copy(update={"pattern": "closed", "concurrency": int(value), "levels": [],
+        load = config.load.model_copy(update={"pattern": LoadPattern.CLOSED, "concurrency": int(value), "levels": [],
                                               "slo": slo})
     else:
-        load = config.load.model_copy(update={"pattern": "poisson", "rate_rps": float(value), "levels": [],
+        load = config.load.model_copy(update={"pattern": LoadPattern.POISSON, "rate_rps": float(value), "levels": [],
                                               "slo": slo})
     return config.model_copy(update={"load": load, "name": name, "tags": list(tags if tags is not None
                                                                             else config.tags)})
@@ -293,10 +294,10 @@ def _pow2_upto(top: int) -> list[float]:
 def default_load(config: RunConfig) -> tuple[LoadSpace, str]:
     """The load range around the profile's load, and in words where it came from."""
     load = config.load
-    if load.pattern == "sweep":
+    if load.pattern.takes_levels:
         kind: LoadKind = "concurrency" if load.sweep_of == "concurrency" else "rate"
         return LoadSpace(kind=kind, values=sorted({float(v) for v in load.levels})), "the profile's sweep levels"
-    if load.pattern == "closed":
+    if load.pattern.closed_loop:
         top = max(8, 4 * load.concurrency)
         return (LoadSpace(kind="concurrency", values=_pow2_upto(top)),
                 f"concurrency 1 to {top}, doubling (4x the profile's {load.concurrency})")

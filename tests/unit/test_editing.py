@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.config import RunConfig
-from app.editing import EditedConfig
+from app.editing import LOAD_FIELDS, EditedConfig
 from app.listeners import Listeners
 from engine_adapters.base import ValidationIssue
 
@@ -39,6 +39,20 @@ def test_an_edit_that_breaks_a_rule_between_fields_is_a_draft_until_the_other_fi
     assert edited.config.load.pattern != "trace" and edited.draft_value("load.pattern") == "trace"
     assert edited.applies("load.speedup") and not edited.applies("load.concurrency")
     assert heard == []
+
+
+def test_a_load_setting_shows_only_while_the_pattern_reads_it() -> None:
+    rate, cap = {"load.rate_rps", "load.max_concurrency"}, {"load.max_concurrency"}
+    closed = {"load.concurrency", "load.ramp_up_s"}
+    own = {"closed": closed, "constant": rate, "poisson": rate, "gamma": rate | {"load.burstiness"},
+           "ramp": rate | {"load.ramp_start_rps"}, "trace": cap | {"load.speedup"},
+           "sweep": closed | cap | {"load.sweep_of", "load.levels"}}
+    everywhere = set(LOAD_FIELDS) - set.union(*own.values())
+    assert {"load.pattern", "load.duration_s", "load.slo", "load.workers"} <= everywhere
+    for pattern, settings in own.items():
+        edited = EditedConfig(RunConfig())
+        edited.set("load.pattern", pattern)  # a draft where the pattern needs more (a rate, levels)
+        assert {path for path in LOAD_FIELDS if edited.applies(path)} == settings | everywhere, pattern
 
 
 def test_a_profile_loaded_is_not_dirty_until_edited_and_saving_remembers_the_file(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from app.config import RunConfig
 from app.gui.availability import compute_availability
 from app.gui.fields import field_spec, get_path, humanize, with_value
+from app.workload import LoadPattern
 from engine_adapters.config import Features
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
@@ -64,6 +65,20 @@ def test_field_kinds_follow_the_types() -> None:
     assert field_spec("load.levels").item_type == "float"
     assert field_spec("workload.shared_prefix_fraction").maximum == 1.0
     assert humanize("request_timeout_s") == "Request timeout (s)"
+
+
+def test_the_load_pattern_editor_offers_every_pattern_and_each_can_be_chosen() -> None:
+    spec = field_spec("load.pattern")
+    assert (spec.kind, spec.optional, spec.choices) == _schema_editor("load.pattern")[:3]
+    assert spec.choices == tuple(pattern.value for pattern in LoadPattern)
+    config = RunConfig()
+    assert spec.default == get_path(config, "load.pattern")
+    needs = {LoadPattern.TRACE: {"workload": {"kind": "trace", "dataset_path": "trace.jsonl"}}}
+    for choice in spec.choices:
+        pattern = LoadPattern(choice)
+        data = {"load": {"pattern": choice, **({"rate_rps": 2.0} if pattern.takes_rate else {}),
+                         **({"levels": [1.0]} if pattern.takes_levels else {})}, **needs.get(pattern, {})}
+        assert get_path(RunConfig.model_validate(data), "load.pattern") is pattern
 
 
 def test_with_value_validates_and_never_mutates() -> None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import tomllib
 from collections.abc import Iterator
+from typing import Any, get_args
 
 import numpy as np
 import pytest
+import tomli_w
+from pydantic import ValidationError
 
 from app.bus import Bus, Event, Sample
 from app.events import Progress
@@ -15,7 +20,7 @@ from app.load.client import ClientOptions
 from app.load.datasets import Conversation, Dataset, Turn
 from app.load.executor import LiveStats, StopRule, run_level
 from app.load.patterns import LevelPlan, arrival_offsets_s, plan_levels
-from app.workload import LoadConfig
+from app.workload import Arrival, LoadConfig, LoadPattern, arrival_of
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 
@@ -44,6 +49,59 @@ def test_plans() -> None:
     assert (p.mode, p.arrival, p.concurrency) == ("open", "poisson", 3)
     (r,) = plan_levels(LoadConfig(pattern="ramp", rate_rps=10, ramp_start_rps=1))
     assert r.arrival == "ramp" and r.ramp_start_rps == 1
+
+
+def _valid(pattern: LoadPattern) -> dict[str, Any]:
+    """A load of ``pattern`` with what it needs, as a profile file holds it."""
+    return {"pattern": pattern.value, **({"rate_rps": 2.0} if pattern.takes_rate else {}),
+            **({"levels": [1.0, 2.0]} if pattern.takes_levels else {})}
+
+
+def test_a_pattern_is_stored_as_its_name_and_read_back_as_itself() -> None:
+    for pattern in LoadPattern:
+        load = LoadConfig.model_validate(_valid(pattern))
+        assert load.pattern is pattern
+        dumped = load.model_dump(mode="json", exclude_none=True)  # as a profile file holds it
+        assert type(dumped["pattern"]) is str and dumped["pattern"] == pattern.value
+        assert LoadConfig.model_validate(tomllib.loads(tomli_w.dumps(dumped))).pattern is pattern
+        assert LoadConfig.model_validate_json(json.dumps(dumped)).pattern is pattern
+    copied = LoadConfig().model_copy(update={"pattern": "sweep", "levels": [1.0]})  # pydantic validates no update
+    assert copied.pattern is LoadPattern.SWEEP and copied.pattern.takes_levels
+    with pytest.raises(ValidationError, match="Input should be 'closed'"):
+        LoadConfig.model_validate({"pattern": "Closed"})
+    with pytest.raises(ValidationError):
+        LoadConfig.model_validate({"pattern": 1})
+
+
+def test_the_settings_a_pattern_reads_are_load_settings_and_only_some_patterns_read_each() -> None:
+    every = set.union(*(set(p.settings) for p in LoadPattern))
+    assert every <= set(LoadConfig.model_fields)
+    assert all(any(setting not in p.settings for p in LoadPattern) for setting in every)
+    assert {p for p in LoadPattern if p.takes_rate} == {p for p in LoadPattern
+                                                         if "needs rate_rps" in _refusal({"pattern": p.value})}
+
+
+def _refusal(data: dict[str, Any]) -> str:
+    try:
+        LoadConfig.model_validate(data)
+    except ValidationError as exc:
+        return str(exc)
+    return ""
+
+
+def test_the_arrival_patterns_are_the_open_loop_ones_and_each_plans_its_own_level() -> None:
+    open_loop = {p for p in LoadPattern if p.loop == "open"}
+    assert set(get_args(Arrival)) == open_loop
+    for pattern in LoadPattern:
+        if pattern in open_loop:
+            assert arrival_of(pattern.value) is pattern
+        else:
+            with pytest.raises(ValueError, match="no pattern of arrivals"):
+                arrival_of(pattern.value)
+    for pattern in open_loop - {LoadPattern.TRACE}:  # a trace's arrivals need a trace workload's times
+        (level,) = plan_levels(LoadConfig.model_validate({**_valid(pattern), "burstiness": 1.0}))
+        assert (level.mode, level.arrival) == ("open", pattern)
+        assert len(arrival_offsets_s(level, 5, seed=0)) == 5
 
 
 def test_arrivals_are_seeded_and_have_the_asked_rate_and_burstiness() -> None:
