@@ -524,9 +524,9 @@ def queueing_ttft(ctx: Context) -> list[Finding]:
     change: dict[str, Any] | None = None
     if ctx.config is not None:
         load = ctx.config.load
-        if load.pattern == "closed" and load.concurrency > 1:
+        if load.pattern.closed_loop and load.concurrency > 1:
             change = ctx.suggest({"load.concurrency": load.concurrency // 2})
-        elif load.pattern in ("constant", "poisson", "gamma") and load.rate_rps:
+        elif load.pattern.takes_rate and not load.pattern.unsteady and load.rate_rps:  # a steady open loop
             change = ctx.suggest({"load.rate_rps": round(0.7 * load.rate_rps, 3)})
     return [Finding(
         rule="queueing_ttft", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
@@ -635,7 +635,7 @@ def near_ceiling(ctx: Context) -> list[Finding]:
 @rule("never_steady", "never steady: the figures come from the ramp-up and drain, so run longer",
       "each level's steady window (or why it has none) and the load pattern")
 def never_steady(ctx: Context) -> list[Finding]:
-    if ctx.config is not None and ctx.config.load.pattern in ("ramp", "trace"):
+    if ctx.config is not None and ctx.config.load.pattern.unsteady:
         return []  # no steady state by design: a ramp or a trace's own arrivals
     hits: list[tuple[Level, list[Evidence]]] = []
     notes: list[str] = []

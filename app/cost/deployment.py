@@ -198,7 +198,7 @@ def run_levels(run: RunDetail) -> list[LevelPoint]:
     load = run_config(run).load
     run_slo = load.slo
     if not run.levels:
-        params: dict[str, Any] = {"mode": "closed", "concurrency": load.concurrency} if load.pattern == "closed" else {}
+        params: dict[str, Any] = {"mode": "closed", "concurrency": load.concurrency} if load.pattern.closed_loop else {}
         figures = _level_figures(run, None, 0, several=False)
         conc, how = _concurrency(params, figures)
         return [LevelPoint(0, f"concurrency {load.concurrency}" if params else "level 0", conc, how, figures,
