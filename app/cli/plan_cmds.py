@@ -33,12 +33,14 @@ def format_plan(plan: Plan) -> str:
         f"KV cache   {plan.kv_dtype}: {m.kv_bytes_per_token:,.0f} bytes per token; pool "
         f"{m.kv_pool_bytes_per_device / GIB:.2f} GiB per device = {m.kv_tokens:,} tokens",
         f"sequences  {m.max_concurrent_seqs:,} of {m.context_tokens:,} tokens fit at once",
+        *_moe_summary(plan),
         "",
         f"{'batch':>6}  {'decode ceiling (output tok/s)':>30}  {'per device':>11}  {'FLOP/byte':>9}",
     ]
     for row in plan.ceilings:
         lines.append(f"{row.batch:>6}  {row.decode_output_tok_per_s:>30,.0f}  "
                      f"{row.decode_output_tok_per_s_per_device:>11,.0f}  {row.arithmetic_intensity_flop_per_byte:>9.1f}")
+    lines.extend(_moe_steps(plan))
     if plan.prefill_tok_per_s:
         lines.append(f"prefill ceiling: {plan.prefill_tok_per_s:,.0f} tok/s")
     lines.append("")
@@ -50,12 +52,38 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def _moe_summary(plan: Plan) -> list[str]:
+    moe = plan.moe
+    if moe is None:
+        return []
+    shared = f" + {moe.shared_experts} shared" if moe.shared_experts else ""
+    placed = (f"; expert parallel over {moe.expert_parallel} devices, {moe.experts / moe.expert_parallel:g} experts "
+              "each" if moe.expert_parallel > 1 else "")
+    return [f"MoE        {moe.experts} routed experts, top-{moe.experts_per_token}{shared}, in {moe.moe_layers} "
+            f"layers: {_count(moe.params_active)} active of {_count(moe.params_total)} parameters per token{placed}",
+            f"routing    assumed {moe.routing}"]
+
+
+def _moe_steps(plan: Plan) -> list[str]:
+    """Per ceiling row: the experts a replica's batch touches and the bytes its decode step moves."""
+    moe = plan.moe
+    if moe is None:
+        return []
+    lines = ["", f"{'batch':>6}  {'experts touched/layer':>21}  {'weights read/step':>17}  "
+                 f"{'routed per device':>17}  {'all-to-all/step':>15}"]
+    for row, step in zip(plan.ceilings, moe.steps, strict=True):
+        lines.append(f"{row.batch:>6}  {step.experts_touched_per_layer:>21.1f}  {_bytes(step.weight_bytes):>17}  "
+                     f"{_bytes(step.routed_bytes_per_device):>17}  {_bytes(step.all_to_all_bytes):>15}")
+    return lines
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         config = load_profile(resolve_profile(args.profile))
     except ProfileError as exc:
         raise UserError(str(exc)) from None
-    plan = make_plan(config, gpu=args.gpu, gpus=args.gpus, acceptance_rate=args.acceptance)
+    plan = make_plan(config, gpu=args.gpu, gpus=args.gpus, acceptance_rate=args.acceptance,
+                     expert_parallel=args.expert_parallel)
     if args.json:
         json.dump(plan.model_dump(mode="json"), sys.stdout, indent=2)
         print()
@@ -70,5 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", help="plan for this GPU from the spec table (e.g. H100, H800, H200, A100 80GB SXM)")
     p.add_argument("--gpus", type=bounded_int(1, 4096), help="number of GPUs (default: TP x PP of the profile)")
     p.add_argument("--acceptance", type=bounded_float(0.0, 1.0), help="speculative decoding acceptance rate (default 0.7)")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="MoE: spread the routed experts whole over the replica's devices (adds an all-to-all)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(handler=cmd_plan)

@@ -39,8 +39,11 @@ class ModelArch(BaseModel):
     intermediate_size: int
     vocab_size: int
     tie_embeddings: bool = False
-    num_experts: int = 0
-    num_experts_per_token: int = 0
+    num_experts: int = Field(0, description="MoE: routed experts per MoE layer (0 for a dense model)")
+    num_experts_per_token: int = Field(0, description="MoE: routed experts each token goes to (top-k)")
+    num_shared_experts: int = Field(0, description="MoE: experts every token goes through, per MoE layer")
+    moe_layers: int = Field(0, description="MoE: layers whose FFN is routed (the rest are dense)")
+    params_per_expert: int = Field(0, description="MoE: parameters of one routed expert's FFN in one layer")
     moe_intermediate_size: int | None = None
     sliding_window: int | None = None
     kv_lora_rank: int | None = Field(None, description="MLA: compressed KV width (DeepSeek-style)")
@@ -57,6 +60,16 @@ class ModelArch(BaseModel):
     checkpoint_bytes: int | None = Field(None, description="Bytes of the tensors on disk, from the headers")
     source: str = ""
     notes: list[str] = Field(default_factory=list)
+
+    @property
+    def params_routed(self) -> int:
+        """All routed experts of all MoE layers: the parameters a token may or may not touch."""
+        return self.moe_layers * self.num_experts * self.params_per_expert
+
+    @property
+    def params_routed_active(self) -> int:
+        """The routed experts one token goes through (top-k in every MoE layer)."""
+        return self.moe_layers * self.num_experts_per_token * self.params_per_expert
 
     @property
     def kv_layers(self) -> int:
@@ -87,25 +100,76 @@ def _int(config: dict[str, Any], *keys: str, default: int | None = None) -> int:
     return default
 
 
+class _Counts(BaseModel):
+    total: int
+    embedding: int
+    head: int
+    active: int
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_layers: int = 0
+    shared_experts: int = 0
+    params_per_expert: int = 0
+
+
+def _attention_params(c: dict[str, Any], hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """One layer's attention projections: grouped-query, or DeepSeek's multi-head latent attention
+    (queries and keys/values through low-rank projections, with their RMSNorms)."""
+    kv_rank = _int(c, "kv_lora_rank", default=0)
+    if not kv_rank:
+        return hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    rope = _int(c, "qk_rope_head_dim", default=0)
+    nope = _int(c, "qk_nope_head_dim", default=head_dim)
+    v_dim = _int(c, "v_head_dim", default=nope)
+    q_rank = _int(c, "q_lora_rank", default=0)
+    q_head = nope + rope
+    query = hidden * q_rank + q_rank + q_rank * heads * q_head if q_rank else hidden * heads * q_head
+    key_value = hidden * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim)
+    return query + key_value + heads * v_dim * hidden
+
+
+def moe_layer_count(c: dict[str, Any], layers: int) -> int:
+    """Layers whose FFN is routed: DeepSeek keeps its first ``first_k_dense_replace`` layers dense
+    (and routes every ``moe_layer_freq``-th after them); Qwen-MoE routes every
+    ``decoder_sparse_step``-th layer except ``mlp_only_layers``; Mixtral routes every layer."""
+    first_dense = _int(c, "first_k_dense_replace", default=0)
+    every = max(1, _int(c, "moe_layer_freq", "decoder_sparse_step", default=1))
+    dense_only = c.get("mlp_only_layers")
+    skipped = {i for i in dense_only if isinstance(i, int)} if isinstance(dense_only, list) else set()
+    if "decoder_sparse_step" in c:  # Qwen-MoE counts from layer 1
+        return sum(1 for i in range(layers) if i not in skipped and (i + 1) % every == 0)
+    return sum(1 for i in range(first_dense, layers) if i not in skipped and i % every == 0)
+
+
 def _params_from_config(c: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                        inter: int, vocab: int, tied: bool) -> tuple[int, int, int, int]:
-    """(total, embedding, lm_head, active) by the standard decoder formula (gated MLP, RMSNorm)."""
-    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+                        inter: int, vocab: int, tied: bool) -> _Counts:
+    """Total, embedding, lm_head and active parameters by the standard decoder formula (gated MLP,
+    RMSNorm). A MoE layer holds its routed experts, its shared experts and a router; a token goes
+    through the shared experts and top-k routed ones."""
+    attn = _attention_params(c, hidden, heads, kv_heads, head_dim)
+    dense_mlp = 3 * hidden * inter
     experts = _int(c, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    moe_layers = moe_layer_count(c, layers) if experts else 0
     per_token = _int(c, "num_experts_per_tok", "num_experts_per_token", default=0)
     moe_inter = _int(c, "moe_intermediate_size", default=inter)
-    if experts:
-        shared = _int(c, "n_shared_experts", default=0)
-        mlp_total = 3 * hidden * moe_inter * (experts + shared) + hidden * experts  # experts + router
-        mlp_active = 3 * hidden * moe_inter * (per_token + shared) + hidden * experts
-    else:
-        mlp_total = mlp_active = 3 * hidden * inter
+    per_expert = 3 * hidden * moe_inter
+    shared = _int(c, "n_shared_experts", default=0)
+    shared_inter = _int(c, "shared_expert_intermediate_size", default=0)
+    shared_params = 3 * hidden * shared_inter + hidden if shared_inter else shared * per_expert  # + its gate
+    router = hidden * experts
     norms = 2 * hidden
     embedding = vocab * hidden
     head = 0 if tied else vocab * hidden
-    total = embedding + head + hidden + layers * (attn + mlp_total + norms)
-    active = embedding + head + hidden + layers * (attn + mlp_active + norms)
-    return total, embedding, head, active
+    dense_layers = layers - moe_layers
+    body_total = dense_layers * (attn + dense_mlp + norms) + moe_layers * (
+        attn + experts * per_expert + shared_params + router + norms)
+    body_active = dense_layers * (attn + dense_mlp + norms) + moe_layers * (
+        attn + per_token * per_expert + shared_params + router + norms)
+    return _Counts(total=embedding + head + hidden + body_total, embedding=embedding, head=head,
+                   active=embedding + head + hidden + body_active, experts=experts,
+                   experts_per_token=per_token if experts else 0, moe_layers=moe_layers,
+                   shared_experts=shared or (1 if shared_inter else 0),
+                   params_per_expert=per_expert if experts else 0)
 
 
 def arch_from_config(config: dict[str, Any], model_id: str, source: str) -> ModelArch:
@@ -114,12 +178,13 @@ def arch_from_config(config: dict[str, Any], model_id: str, source: str) -> Mode
     layers = _int(c, "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(c, "num_attention_heads", "n_head")
     kv_heads = _int(c, "num_key_value_heads", "num_kv_heads", default=heads)
-    head_dim = _int(c, "head_dim", default=hidden // heads)
+    mla_head_dim = _int(c, "qk_nope_head_dim", default=0) + _int(c, "qk_rope_head_dim", default=0)
+    head_dim = _int(c, "head_dim", default=mla_head_dim if c.get("kv_lora_rank") else hidden // heads)
     inter = _int(c, "intermediate_size", "ffn_dim", default=4 * hidden)
     vocab = _int(c, "vocab_size")
     tied = bool(c.get("tie_word_embeddings", False))
-    total, embedding, head, active = _params_from_config(c, layers, hidden, heads, kv_heads, head_dim, inter, vocab,
-                                                         tied)
+    counts = _params_from_config(c, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tied)
+    total, embedding, head, active = counts.total, counts.embedding, counts.head, counts.active
     layer_types = c.get("layer_types")
     full_layers = None
     state_bytes = 0
@@ -134,7 +199,9 @@ def arch_from_config(config: dict[str, Any], model_id: str, source: str) -> Mode
         state_bytes = linear_layers * v_heads * k_dim * v_dim * state_dtype_bytes
         notes.append(f"hybrid attention: {full_layers} of {len(layer_types)} layers keep a KV cache; the other "
                      f"{linear_layers} keep a fixed {state_bytes / 2**20:.0f} MiB state per sequence")
-    experts = _int(c, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    mtp_layers = _int(c, "num_nextn_predict_layers", default=0)
+    if mtp_layers:
+        notes.append(f"the {mtp_layers} multi-token-prediction layer(s) are not counted (a drafter, not the model)")
     nominal = c.get("tunebench_nominal_params")
     if isinstance(nominal, int) and nominal > 0:  # curated entries whose layers the formula does not model
         active += nominal - total
@@ -142,8 +209,10 @@ def arch_from_config(config: dict[str, Any], model_id: str, source: str) -> Mode
         notes.append(f"parameter count {nominal / 1e9:.1f} B is the model's nominal size, not counted")
     return ModelArch(
         model_id=model_id, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, tie_embeddings=tied, num_experts=experts,
-        num_experts_per_token=_int(c, "num_experts_per_tok", default=0) if experts else 0,
+        head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, tie_embeddings=tied, num_experts=counts.experts,
+        num_experts_per_token=counts.experts_per_token,
+        num_shared_experts=counts.shared_experts, moe_layers=counts.moe_layers,
+        params_per_expert=counts.params_per_expert,
         moe_intermediate_size=_int(c, "moe_intermediate_size", default=0) or None,
         sliding_window=c.get("sliding_window") if c.get("use_sliding_window", True) else None,
         kv_lora_rank=c.get("kv_lora_rank"), qk_rope_head_dim=c.get("qk_rope_head_dim"),

@@ -4,7 +4,10 @@ once for the whole batch, plus each sequence's KV cache, so
 
     decode output tok/s <= B x BW / (weight bytes read per step + B x KV bytes per sequence)
 
-summed over the devices. Every assumption the figures rest on is listed in ``Plan.assumptions``.
+summed over the devices. A mixture-of-experts model reads its attention, dense layers and shared
+experts once per step, but only the routed experts its batch touches (``moe_step``): one token's
+top-k at batch 1, tending to all of them as the batch grows. Every assumption the figures rest on
+is listed in ``Plan.assumptions``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,34 @@ class CeilingRow(BaseModel):
     arithmetic_intensity_flop_per_byte: float
 
 
+class MoeStep(BaseModel):
+    """What one decode step of a MoE reads and sends at ``batch`` tokens, under uniform independent
+    routing (``ROUTING_ASSUMPTION``)."""
+
+    batch: float
+    experts_touched_per_layer: float = Field(description="Expected distinct routed experts a MoE layer runs")
+    shared_bytes: float = Field(description="Attention, dense layers, shared experts, routers, head: read once")
+    routed_bytes: float = Field(description="The routed experts the batch touches, over all devices")
+    routed_bytes_per_device: float = Field(description="Expert parallelism over N devices: routed / N (N = 1: sliced by TP)")
+    all_to_all_bytes: float = Field(description="Dispatch + combine activations over all MoE layers (0 without EP)")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.shared_bytes + self.routed_bytes
+
+
+class MoePlan(BaseModel):
+    experts: int
+    experts_per_token: int
+    shared_experts: int
+    moe_layers: int
+    params_total: int
+    params_active: int
+    expert_parallel: int = Field(1, description="Devices the routed experts are spread over (1: sliced by TP)")
+    routing: str = Field(description="How tokens are assumed to pick their experts")
+    steps: list[MoeStep] = Field(default_factory=list, description="One per ceiling row, at a replica's batch")
+
+
 class Plan(BaseModel):
     model: str
     arch: ModelArch
@@ -80,6 +111,7 @@ class Plan(BaseModel):
     """Data-parallel replicas: each holds the whole model on ``hardware.count / replicas`` devices
     and decodes its share of the batch, reading the weights once per step for that share."""
     prefill_tok_per_s: float | None = None
+    moe: MoePlan | None = None
     assumptions: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
 
@@ -174,11 +206,51 @@ def weight_bytes(arch: ModelArch, bytes_per_param: float) -> tuple[float, float]
     return held, read
 
 
-def _step_weight_bytes(arch: ModelArch, read_b1: float, held: float, batch: float) -> float:
-    """MoE: a batch touches more experts than one token; bounded by all of them."""
+ROUTING_RULE = ("uniform and independent: each token picks its top-k of a layer's E routed experts at random, so a "
+                "batch of B tokens touches E x (1 - (1 - k/E)^B) experts per layer in expectation (k at B = 1, all E as "
+                "B grows)")
+ROUTING_ASSUMPTION = (
+    f"MoE routing assumed {ROUTING_RULE}; attention, dense layers, shared experts and the head are read once per "
+    "step. Uniform routing touches the most distinct experts (skewed or correlated routing touches fewer), so the "
+    "weight bytes are an upper estimate; with expert parallelism an uneven load makes the busiest device the limit")
+ACTIVATION_BYTES = 2.0
+"""Bytes of one hidden-state element sent between devices by expert parallelism (BF16)."""
+
+
+def expected_experts_touched(experts: int, top_k: int, batch: float) -> float:
+    """Distinct experts of one layer that ``batch`` tokens route to, in expectation, when each
+    token picks ``top_k`` of ``experts`` uniformly and independently: each expert is missed by
+    one token with probability 1 - k/E, so by all B of them with probability (1 - k/E)^B."""
+    if not experts or not top_k:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** max(1.0, batch))
+
+
+def moe_step(arch: ModelArch, bytes_per_param: float, batch: float, expert_parallel: int = 1) -> MoeStep:
+    """The bytes one decode step of ``batch`` tokens reads, split into what every step reads once
+    (all but the routed experts) and the routed experts the batch touches; with expert parallelism
+    over N devices each holds E/N experts of a layer and reads its share (routed / N), and every MoE
+    layer sends each token's hidden state to its k experts and back: 2 x B x k x hidden x
+    ``ACTIVATION_BYTES`` (counting every token-expert pair as crossing devices: an upper estimate,
+    1/N of them stay local)."""
+    _, read_b1 = weight_bytes(arch, bytes_per_param)
+    routed_b1 = arch.params_routed_active * bytes_per_param
+    touched = expected_experts_touched(arch.num_experts, arch.num_experts_per_token, batch)
+    routed = arch.moe_layers * touched * arch.params_per_expert * bytes_per_param
+    tokens = max(1.0, batch)
+    all_to_all = (2.0 * tokens * arch.num_experts_per_token * arch.hidden_size * ACTIVATION_BYTES * arch.moe_layers
+                  if expert_parallel > 1 else 0.0)
+    return MoeStep(batch=batch, experts_touched_per_layer=touched, shared_bytes=read_b1 - routed_b1,
+                   routed_bytes=routed, routed_bytes_per_device=routed / expert_parallel,
+                   all_to_all_bytes=all_to_all)
+
+
+def _step_weight_bytes(arch: ModelArch, read_b1: float, bytes_per_param: float, batch: float) -> float:
+    """Weights one decode step reads: a dense model's once for the whole batch; a MoE's shared part
+    once and the routed experts its batch touches (``moe_step``)."""
     if not arch.num_experts:
         return read_b1
-    return min(held - arch.params_embedding * 2.0, read_b1 * max(1.0, batch))
+    return moe_step(arch, bytes_per_param, batch).weight_bytes
 
 
 def context_tokens(config: RunConfig) -> tuple[int, float]:
@@ -225,18 +297,23 @@ def decode_ceiling(plan: Plan, batch: float) -> float:
 
 def step_bytes(plan: Plan, batch: float) -> float:
     """Bytes one decode step moves: the weights it reads, plus each sequence's KV (and fixed state)."""
-    held, read_b1 = weight_bytes(plan.arch, plan.weight_bytes_per_param)
+    _, read_b1 = weight_bytes(plan.arch, plan.weight_bytes_per_param)
     m = plan.memory
     per_seq = m.kv_bytes_per_token * m.mean_decode_context_tokens + 2 * m.state_bytes_per_seq
-    return _step_weight_bytes(plan.arch, read_b1, held, batch) + batch * per_seq
+    return _step_weight_bytes(plan.arch, read_b1, plan.weight_bytes_per_param, batch) + batch * per_seq
 
 
 def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = None,
               batches: list[int] | None = None, acceptance_rate: float | None = None,
-              hardware: Hardware | None = None) -> Plan:
+              hardware: Hardware | None = None, expert_parallel: bool = False) -> Plan:
+    """``expert_parallel``: a MoE's routed experts are spread whole over a replica's TP x PP devices
+    (E/N experts each) instead of sliced by tensor parallelism; memory and the bytes read over all
+    devices stay the same, each device reads its share and the MoE layers add an all-to-all."""
     arch = load_arch(config.engine.model)
     hw = hardware or resolve_hardware(config, gpu, gpus)
     f = config.features
+    if expert_parallel and not arch.num_experts:
+        raise PlannerError(f"expert parallelism needs a mixture-of-experts model; {config.engine.model} is dense")
     wdtype, bpp = weight_precision(config)
     kvdtype, kvb = kv_precision(config)
     assumptions: list[str] = [
@@ -256,6 +333,8 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
     tp, pp, dp = f.tensor_parallel_size, f.pipeline_parallel_size, f.data_parallel_size
     kv_token = arch.kv_bytes_per_token(kvb)
     kv_head_share = max(arch.num_kv_heads / tp, 1) / arch.num_kv_heads if arch.num_kv_heads else 1 / tp
+    if arch.kv_lora_rank:  # MLA: the one compressed latent per token is not split by heads, every TP rank keeps it
+        kv_head_share = 1.0
     kv_token_device = kv_token * kv_head_share / pp
     state_device = arch.linear_state_bytes_per_seq / (tp * pp)
     longest, mean_ctx = context_tokens(config)
@@ -311,6 +390,19 @@ def make_plan(config: RunConfig, *, gpu: str | None = None, gpus: int | None = N
     batch_list = batches or sorted({1, 8, 32, 64, config.load.concurrency, *[int(v) for v in config.load.levels
                                                                              if config.load.sweep_of == "concurrency"]})
     flops_per_token = decode_flop_per_token(arch)
+    if arch.num_experts:
+        ep = tp * pp if expert_parallel else 1
+        plan.moe = MoePlan(experts=arch.num_experts, experts_per_token=arch.num_experts_per_token,
+                           shared_experts=arch.num_shared_experts, moe_layers=arch.moe_layers,
+                           params_total=arch.params_total, params_active=arch.params_active, expert_parallel=ep,
+                           routing=ROUTING_RULE,
+                           steps=[moe_step(arch, bpp, b / dp, ep) for b in batch_list])
+        plan.assumptions.append(ROUTING_ASSUMPTION)
+        if ep > 1:
+            plan.assumptions.append(
+                f"expert parallelism over {ep} devices: each holds {arch.num_experts / ep:g} routed experts per MoE "
+                f"layer and reads its share; each MoE layer sends about 2 x B x k x hidden x {ACTIVATION_BYTES:g} "
+                "bytes per step (dispatch + combine), not counted in the ceiling")
     for b in batch_list:
         step = step_bytes(plan, b / dp)  # one replica's step, at its share of the batch
         total = decode_ceiling(plan, b)
