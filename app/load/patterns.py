@@ -79,7 +79,7 @@ def plan_levels(load: LoadConfig) -> list[LevelPlan]:
         case LoadPattern.CONSTANT | LoadPattern.POISSON | LoadPattern.GAMMA:
             assert load.rate_rps is not None
             arrival: Arrival = pattern
-            if arrival is LoadPattern.POISSON and load.burstiness != 1.0:
+            if arrival == LoadPattern.POISSON and load.burstiness != 1.0:
                 arrival = LoadPattern.GAMMA
             return [LevelPlan(0, f"{load.rate_rps:g} req/s {arrival}", "open", concurrency=load.max_concurrency,
                               rate_rps=load.rate_rps, arrival=arrival, burstiness=load.burstiness)]
@@ -91,7 +91,7 @@ def arrival_offsets_s(plan: LevelPlan, n: int, seed: int, trace_s: list[float] |
     """Send times (seconds from the level start) of ``n`` requests; the first is at 0. A trace's
     are its own (``trace_s``, the dataset's arrivals), ``speedup`` times faster: at most its length."""
     arrival = plan.arrival
-    if arrival is LoadPattern.TRACE:
+    if arrival == LoadPattern.TRACE:
         if trace_s is None:
             raise ValueError("a trace's arrivals need its dataset's arrival times")
         return np.asarray(trace_s[:max(n, 0)], dtype=np.float64) / plan.speedup
@@ -107,7 +107,7 @@ def arrival_offsets_s(plan: LevelPlan, n: int, seed: int, trace_s: list[float] |
             rates = np.linspace(start, plan.rate_rps, n)
             gaps = rng.exponential(1.0 / rates)
         case LoadPattern.POISSON | LoadPattern.GAMMA:
-            shape = 1.0 if arrival is LoadPattern.POISSON else plan.burstiness
+            shape = 1.0 if arrival == LoadPattern.POISSON else plan.burstiness
             gaps = rng.gamma(shape, 1.0 / (plan.rate_rps * shape), size=n)
         case _:
             assert_never(arrival)

@@ -236,6 +236,15 @@ def split_plan(plan: LevelPlan, dataset: Dataset, rule: StopRule, workers: int,
     return sub, share, StopRule(max_req, rule.duration_s, rule.max_error_fraction)
 
 
+def crash_line(formatted: str) -> str:
+    """A worker's traceback in one line: the error, and where it was raised (a bare
+    ``AssertionError`` alone says nothing of which check failed)."""
+    lines = formatted.strip().splitlines()
+    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+    where = f" ({frames[-1]})" if frames else ""
+    return f"{lines[-1]}{where}" if lines else "no traceback"
+
+
 class ClientPool:
     """``workers`` client processes for one run (a context manager; :meth:`close` ends them)."""
 
@@ -394,7 +403,7 @@ class ClientPool:
                 started_wall_s[k] = float(payload)
             elif kind == "crashed":
                 self._cancel.set()  # the other workers stop too
-                raise ClientProcessError(f"the load client failed: {str(payload).strip().splitlines()[-1]}")
+                raise ClientProcessError(f"the load client failed: {crash_line(str(payload))}")
             if time.perf_counter() >= next_tick:
                 live.publish()
                 next_tick = time.perf_counter() + TICK_S

@@ -367,3 +367,14 @@ def test_each_request_carries_an_id_of_its_own_that_its_record_keeps(tmp_path: P
     assert as_json["extra"]["request_id"] == wanted and as_json["ttft_ms"] == ttft
     unknown = cli("runs", "show", run_uid, "--db", db, "--request", "tb-nope").check()
     assert unknown.code == 2 and f"has no request 'tb-nope': its 8 ids run from tb-{run_uid[:12]}-L0-0" in unknown.err
+
+
+def test_a_crashed_client_says_what_failed_and_where() -> None:
+    """A bare assertion in a worker is one line naming the check's place, not just its type."""
+    from app.load.procs import crash_line
+
+    formatted = ('Traceback (most recent call last):\n  File "/x/app/load/executor.py", line 40, in run\n    go()\n'
+                 '  File "/x/app/load/patterns.py", line 98, in arrival_offsets_s\n'
+                 '    assert plan.rate_rps is not None\nAssertionError\n')
+    assert crash_line(formatted) == 'AssertionError (File "/x/app/load/patterns.py", line 98, in arrival_offsets_s)'
+    assert crash_line("") == "no traceback"
