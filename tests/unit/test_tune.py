@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +441,68 @@ def test_cli_resume_and_user_errors(tmp_path: Path, fake_cli: FakeEngines, capsy
     assert "no unfinished tune of profile 'cpu-demo'" in capsys.readouterr().err
     assert main(["tune", "cpu-demo", "--slo", SLO, "--dry-run"]) == 0
     assert "ready" in capsys.readouterr().out
+
+
+class _FakeCluster:
+    """``open_fleet`` of the tune command without a cluster: it notes the cluster options each
+    command came with and says it connected to ``--cluster`` (with Ray's default port; the trials
+    then run here, on the fakes); with ``refuse`` set it stops the command there."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str | None, int | None, bool, list[str]]] = []
+        self.refuse = False
+
+    def __call__(self, args: Any, config: RunConfig) -> Any:
+        from app.fleet.choice import FleetChoice
+
+        self.asked.append((args.cluster, args.parallel, args.skip_bad_nodes, list(args.trial_resource)))
+        if self.refuse:
+            raise UserError("no cluster in this test")
+        if args.cluster is None:
+            return FleetChoice()
+        return FleetChoice(address=args.cluster if ":" in args.cluster else f"{args.cluster}:6379")  # as connected
+
+
+def test_resume_goes_on_with_the_cluster_options_the_tune_ran_with(tmp_path: Path, fake_cli: FakeEngines,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = _FakeCluster()
+    monkeypatch.setattr("app.cli.tune_cmds.open_fleet", cluster)
+    db, space = str(tmp_path / "runs.db"), tmp_path / "space.toml"
+    space.write_text("[knobs]\nmax_num_seqs = [2, 8]\n[load]\nconcurrency = [1, 2, 4]\n")
+
+    def crash(config: RunConfig) -> str | None:
+        if config.features.max_num_seqs == 8 and config.load.concurrency == 2:
+            raise RuntimeError("the tuner's process died here")
+        return None
+
+    FakeTuneRunner.hook = staticmethod(crash)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        main(["tune", "cpu-demo", "--slo", SLO, "--space", str(space), "--db", db, "--cluster", "head",
+              "--parallel", "2", "--skip-bad-nodes", "--trial-resource", "pool=1"])
+    FakeTuneRunner.hook = None
+    with RunStore(db) as store:
+        (crashed,) = tune_store.list_tunes(store)
+        ran_on = state_of(crashed).cluster
+        assert crashed.status == "failed" and ran_on is not None
+        assert ran_on.model_dump() == {"address": "head:6379", "parallel": 2, "skip_bad_nodes": True,
+                                       "trial_resources": ["pool=1"]}
+        old = state_of(replace(crashed, state={k: v for k, v in crashed.state.items() if k != "cluster"}))
+        assert old.cluster is None  # a tune stored before tunes kept their cluster still opens
+    capsys.readouterr()
+
+    cluster.refuse = True
+    assert main(["resume", crashed.id, "--db", db, "--cluster", "other", "--parallel", "3"]) == 2
+    assert main(["resume", crashed.id, "--db", db, "--no-cluster"]) == 2  # this machine: open_fleet sees no cluster
+    assert cluster.asked[-2:] == [("other", 3, True, ["pool=1"]), (None, None, False, [])]
+    assert main(["resume", crashed.id, "--db", db, "--no-cluster", "--cluster", "x"]) == 2
+    assert "cannot go with --cluster" in capsys.readouterr().err
+    cluster.refuse = False
+    assert main(["resume", crashed.id, "--db", db]) == 0, capsys.readouterr()
+    assert cluster.asked[-1] == ("head:6379", 2, True, ["pool=1"])  # the tune's own cluster and options
+    with RunStore(db) as store:
+        resumed = load_tune(store, crashed.id)
+    assert resumed.status == "completed" and resumed.cluster == ran_on
 
 
 def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store: RunStore) -> None:
