@@ -525,29 +525,41 @@ def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store:
 
 # --- searches side by side (a cluster's slots; here stand-in engines on this machine) ----------------
 
-class _Overlap:
-    """Counts the runs under way at once (each run sleeps a little so that they can overlap)."""
+class _Together:
+    """Searches at once, proved by a barrier: the first run of each of the first ``n`` engine
+    configurations starts only when all ``n`` are under way, so the tune gets past them only if
+    ``n`` searches truly run at once (else the barrier breaks after its generous timeout, and the
+    tune raises). ``most`` counts the runs under way at once: a cap of ``n`` keeps it at ``n``."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int, timeout_s: float = 60.0) -> None:
+        self.barrier = threading.Barrier(n, timeout=timeout_s)
         self.lock = threading.Lock()
+        self.joined: set[str] = set()
         self.now = 0
         self.most = 0
 
     def __call__(self, config: RunConfig) -> str | None:
+        key = repr(sorted(config.features.model_dump().items()))
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
-        time.sleep(0.05)
-        with self.lock:
-            self.now -= 1
+            join = key not in self.joined and len(self.joined) < self.barrier.parties
+            if join:
+                self.joined.add(key)
+        try:
+            if join:
+                self.barrier.wait()
+        finally:
+            with self.lock:
+                self.now -= 1
         return None
 
 
 def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: RunStore) -> None:
     serial, _, _ = tune(None)
     FakeTuneRunner.reset()
-    overlap = _Overlap()
-    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    together = _Together(3)
+    FakeTuneRunner.hook = together  # type: ignore[assignment]
     followed: list[Bus] = []
     launched: list[FakeEngines] = []
 
@@ -556,7 +568,7 @@ def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: R
         return launched[-1]
 
     state, _, _ = tune(store, max_parallel=3, new_engines=own_engines, on_slot_bus=followed.append)
-    assert overlap.most == 3  # three configurations were searched at once
+    assert together.most == 3  # three configurations were searched at once (the barrier), never more
     assert len(followed) == len(launched) == len(state.candidates)  # each search: its own bus and engines
     assert state.engine_launches == sum(e.launches for e in launched) == len(state.candidates)
 
@@ -576,11 +588,11 @@ def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: R
 
 
 def test_bayes_two_at_a_time_never_searches_a_configuration_twice(store: RunStore) -> None:
-    overlap = _Overlap()
-    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    together = _Together(2)
+    FakeTuneRunner.hook = together  # type: ignore[assignment]
     state, _, _ = tune(store, strategy="bayes", max_candidates=4, seed=3, max_parallel=2, new_engines=FakeEngines)
     searched = [c for c in state.candidates if c.status in ("done", "infeasible")]
-    assert len(searched) == 4 and overlap.most == 2
+    assert len(searched) == 4 and together.most == 2  # two at once (the barrier), never more
     assert len({repr(sorted(c.knobs.items())) for c in searched}) == 4
     assert state.status == "completed" and state.pick is not None
 
