@@ -58,7 +58,7 @@ from app.load.metrics import (
 from app.load.patterns import LevelPlan, plan_levels
 from app.load.procs import ClientPool, ClientProcessError
 from app.load.tokens import TokenCounter, choose_token_counter
-from app.load.traces import Trace
+from app.load.traces import Trace, check_replay
 from app.planner.plan import kv_plan_check
 from app.verification import RunEffects
 from app.workload import WorkloadConfig
@@ -228,6 +228,8 @@ class Runner:
                 self._named_counter, self._trace = read_inputs(self.config.workload, cancel_check(cancel.is_set))
             except BuildCancelled:
                 raise _Stop("cancelled", "cancelled while the trace was read") from None
+            if self._trace is not None:
+                check_replay(self._trace, self.config.load)
             self._pool.start()  # spawning the client overlaps the engine's start
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)

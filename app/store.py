@@ -21,6 +21,7 @@ from db.store import (
     SeriesBlock,
     StoreError,
     StoreLocation,
+    StoreMissing,
     StoreUnreachable,
     alembic_config,
     create_at_revision,
@@ -32,7 +33,7 @@ from db.store import (
 
 __all__ = [
     "BUSY_TIMEOUT_S", "DB_ENV", "FINAL_STATUSES", "ImportedRun", "LevelInfo", "RunDetail", "RunInfo", "RunStore",
-    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "StoreUnreachable", "alembic_config",
+    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "StoreMissing", "StoreUnreachable", "alembic_config",
     "create_at_revision", "default_db_path", "location_text", "store_location", "writer_alive",
 ]
 

@@ -30,6 +30,10 @@ class StoreError(TunebenchError):
     """A store problem with a one-line, user-facing message."""
 
 
+class StoreMissing(StoreError):
+    """A command that only reads named a store that does not exist (it is not created)."""
+
+
 class StoreUnreachable(StoreError):
     """The store's server cannot be reached, or the connection to it was lost: worth retrying
     (a recording holds its records and tries again; see ``app.recording``)."""

@@ -18,7 +18,7 @@ from typing import Self
 
 from sqlalchemy import URL
 
-from db.errors import StoreError, StoreUnreachable, damaged, quick_check, translate
+from db.errors import StoreError, StoreMissing, StoreUnreachable, damaged, quick_check, translate
 from db.records import ImportedRun, LevelInfo, RunDetail, RunInfo, SampleIn, SeriesBlock
 from db.schema import (
     BUSY_TIMEOUT_S,
@@ -42,24 +42,47 @@ QUICK_CHECK_MAX_BYTES = 512 << 20
 
 __all__ = [
     "BUSY_TIMEOUT_S", "DB_ENV", "FINAL_STATUSES", "ImportedRun", "LevelInfo", "RunDetail", "RunInfo", "RunStore",
-    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "StoreUnreachable", "alembic_config", "create_at_revision", "default_db_path",
+    "SampleIn", "SeriesBlock", "StoreError", "StoreLocation", "StoreMissing", "StoreUnreachable", "alembic_config",
+    "create_at_revision", "default_db_path",
     "location_text", "store_location",
     "writer_alive",
 ]
+
+
+def _absent(path: Path) -> bool:
+    """Nothing at ``path`` (another problem, such as no right to look, is for opening to name)."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def missing_store(where: str) -> StoreMissing:
+    return StoreMissing(f"there is no run database at {where} (nothing was created there): check the path, "
+                        f"--db or TUNEBENCH_DB; a run or tunebench import creates one")
 
 
 class RunStore(RunWrites):
     """The run database (an SQLite file, or PostgreSQL). Safe to share between threads; several
     processes may open the same store. Opening refuses a file that is not a tunebench database, migrates to the
     newest schema and marks orphaned runs interrupted (after checking the file, since their
-    writer stopped uncleanly). Every failure is a one-line :class:`StoreError`."""
+    writer stopped uncleanly). Every failure is a one-line :class:`StoreError`.
+
+    ``create=False`` is for what only reads (or changes stored runs): an SQLite file that is not
+    there is refused (:class:`StoreMissing`) and nothing is made, neither the file nor its folder.
+    A file or a PostgreSQL database that exists, empty, is opened as an empty store."""
 
     def __init__(self, location: str | Path | URL | None = None, *, mark_interrupted: bool = True,
-                 busy_timeout_s: float | None = None, author: str | None = None) -> None:
+                 busy_timeout_s: float | None = None, author: str | None = None, create: bool = True) -> None:
         self.location: StoreLocation = store_location(location) if location is not None else default_db_path()
         self.path: Path | None = self.location if isinstance(self.location, Path) else None
         self.where = location_text(self.location)
         self.busy_timeout_s = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+        if self.path is not None and not create and _absent(self.path):
+            raise missing_store(self.where)
         if self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

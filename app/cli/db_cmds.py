@@ -14,6 +14,7 @@ from sqlalchemy import URL
 
 from app.cli.argtypes import db_parent, json_parent
 from app.cli.terminal import safe
+from app.errors import UserError
 from app.recording import unspill
 from app.store import RunStore
 from db.errors import StoreError, translate
@@ -89,19 +90,38 @@ def copy_summary(report: CopyReport, src: RunStore, dst: RunStore) -> str:
     return line
 
 
+def missing_destination_folder(dst: StoreLocation, make_parents: bool) -> Path | None:
+    """The destination file's folder when it is not there: made only when asked (``--parents``),
+    else refused, so a mistyped folder is not made without a word."""
+    if not isinstance(dst, Path):
+        return None
+    folder = dst.absolute().parent
+    if folder.is_dir():
+        return None
+    if not make_parents:
+        raise UserError(f"the destination's folder {folder} does not exist: create it, or pass --parents to have "
+                        f"db copy create it")
+    return folder
+
+
 def cmd_copy(args: argparse.Namespace) -> int:
-    with RunStore(args.src) as src, RunStore(args.dst) as dst:
-        if _same_store(src, dst):
-            raise StoreError(f"{src.where} is both the source and the destination: name two stores")
-        progress = Progress(sys.stderr)
-        try:
-            report = copy_runs(src, dst, on_progress=progress)
-        finally:
-            progress.finish()
-        if args.json:
-            _print_json({"source": src.where, "destination": dst.where, **vars(report)})
-        else:
-            print(safe(copy_summary(report, src, dst)))
+    with RunStore(args.src, create=False) as src:
+        dst_location = store_location(args.dst)
+        made = missing_destination_folder(dst_location, args.parents)
+        with RunStore(dst_location) as dst:
+            if made is not None:
+                print(safe(f"tunebench: created the folder {made} (--parents)"), file=sys.stderr)
+            if _same_store(src, dst):
+                raise StoreError(f"{src.where} is both the source and the destination: name two stores")
+            progress = Progress(sys.stderr)
+            try:
+                report = copy_runs(src, dst, on_progress=progress)
+            finally:
+                progress.finish()
+            if args.json:
+                _print_json({"source": src.where, "destination": dst.where, **vars(report)})
+            else:
+                print(safe(copy_summary(report, src, dst)))
     return 0
 
 
@@ -163,7 +183,7 @@ def check_lines(check: StoreCheck) -> list[str]:
 def cmd_check(args: argparse.Namespace) -> int:
     # Runs left running stay as they are: a check changes nothing it looks at (opening a store
     # of an older schema does migrate it).
-    with RunStore(args.db, mark_interrupted=False) as store:
+    with RunStore(args.db, mark_interrupted=False, create=False) as store:
         check = check_store(store)
     if args.json:
         _print_json({"store": check.where, "revision": check.revision, "head": check.head,
@@ -200,6 +220,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     copy.add_argument("src", metavar="SRC", help="the store to copy from: a file or a postgresql:// URL")
     copy.add_argument("dst", metavar="DST", help="the store to copy to (made if missing): a file or a "
                                                  "postgresql:// URL")
+    copy.add_argument("--parents", action="store_true",
+                      help="create DST's folder if it is missing (else a missing folder is an error)")
     copy.set_defaults(handler=cmd_copy)
 
     upgrade = dsub.add_parser("upgrade", parents=[db], help="bring the store's schema to this tunebench's newest")

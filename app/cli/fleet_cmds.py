@@ -8,6 +8,7 @@ import json
 import sys
 
 from app.bus import Bus
+from app.campaign_state import ClusterOptions
 from app.cli.argtypes import bounded_int
 from app.cli.terminal import safe
 from app.config import RunConfig
@@ -30,6 +31,31 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trial-resource", action="append", default=[], metavar="NAME[=AMOUNT]",
                        help="a custom Ray resource every trial also asks for, to keep trials on the nodes that "
                             "have it (repeatable)")
+
+
+def cluster_options(args: argparse.Namespace, where: FleetChoice) -> ClusterOptions | None:
+    """What a campaign keeps of its cluster options (None: it runs on this machine)."""
+    address = where.address or getattr(args, "cluster", None)
+    if address is None:
+        return None
+    return ClusterOptions(address=address, parallel=getattr(args, "parallel", None),
+                          skip_bad_nodes=bool(getattr(args, "skip_bad_nodes", False)),
+                          trial_resources=list(getattr(args, "trial_resource", None) or []))
+
+
+def cluster_argv(stored: ClusterOptions | None, args: argparse.Namespace) -> list[str]:
+    """The cluster options of a resumed campaign, as :func:`add_cluster_options` reads them: the
+    stored ones, each replaced by one given now (``--cluster`` its address, ...)."""
+    address = getattr(args, "cluster", None) or (stored.address if stored is not None else None)
+    if address is None:
+        return []
+    parallel = args.parallel if args.parallel is not None else (stored.parallel if stored is not None else None)
+    argv = ["--cluster", address] + (["--parallel", str(parallel)] if parallel is not None else [])
+    if args.skip_bad_nodes or (stored is not None and stored.skip_bad_nodes):
+        argv.append("--skip-bad-nodes")
+    for entry in args.trial_resource or (stored.trial_resources if stored is not None else []):
+        argv += ["--trial-resource", entry]
+    return argv
 
 
 def _resources(entries: list[str]) -> dict[str, float]:

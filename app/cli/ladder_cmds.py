@@ -21,7 +21,7 @@ from app.cli.argtypes import (
     db_parent,
     json_parent,
 )
-from app.cli.fleet_cmds import add_cluster_options, open_fleet
+from app.cli.fleet_cmds import add_cluster_options, cluster_options, open_fleet
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.cost import (
@@ -270,14 +270,16 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         on_cluster: dict[str, Any] = {"fleet": where.fleet, "max_parallel": where.parallel, "on_slot_bus": follow} \
             if where.fleet is not None else {}
         if args.resume is None:
-            return Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry,
-                          **on_cluster)
-        from app.ladder.stored import resumable_ladder
+            ladder = Ladder(config, bus, spec=spec, profile=stem, recorder=recorder, telemetry=not args.no_telemetry,
+                            **on_cluster)
+        else:
+            from app.ladder.stored import resumable_ladder
 
-        stored = resumable_ladder(recorder.store, args.resume or None, stem)
-        ladder = Ladder.resume(stored, bus, recorder=recorder, telemetry=not args.no_telemetry, **on_cluster)
-        kept = sum(1 for r in stored.rows if r.status == "completed")
-        print(safe(f"resuming ladder {stored.ladder_id} ({stored.status}): {kept} completed step(s) kept"))
+            stored = resumable_ladder(recorder.store, args.resume or None, stem)
+            ladder = Ladder.resume(stored, bus, recorder=recorder, telemetry=not args.no_telemetry, **on_cluster)
+            kept = sum(1 for r in stored.rows if r.status == "completed")
+            print(safe(f"resuming ladder {stored.ladder_id} ({stored.status}): {kept} completed step(s) kept"))
+        ladder.cluster = cluster_options(args, where)  # where it runs now: what `tunebench resume` reuses
         return ladder
 
     console = _LadderConsole(sys.stdout, args.verbose)

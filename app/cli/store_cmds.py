@@ -46,7 +46,7 @@ from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, imp
 from app.export.files import check_target
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
-from app.store import RunInfo, RunStore, StoreError
+from app.store import RunInfo, RunStore, StoreError, StoreMissing
 from db.models import RUN_STATUSES
 from engine_adapters.registry import engine_terms_for
 
@@ -54,11 +54,20 @@ _AGO_RE = re.compile(r"^(\d{1,12}(?:\.\d{1,12})?)\s*([smhdw])$")
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+class NoStore(UserError):
+    """The store a command would read is not there: a command that can do without it (export of a
+    shipped profile) tells this apart from the store's other errors."""
+
+
 @contextmanager
-def open_store(args: argparse.Namespace) -> Iterator[RunStore]:
-    """The store named by --db, TUNEBENCH_DB or the default; store errors become one line."""
+def open_store(args: argparse.Namespace, *, create: bool = False) -> Iterator[RunStore]:
+    """The store named by --db, TUNEBENCH_DB or the default; store errors become one line. Only
+    a command that stores new runs passes ``create``: one that reads (or changes stored runs)
+    refuses a store that is not there, and makes nothing (``RunStore(create=False)``)."""
     try:
-        store = RunStore(args.db)
+        store = RunStore(args.db, create=create)
+    except StoreMissing as exc:
+        raise NoStore(str(exc)) from None
     except StoreError as exc:
         raise UserError(str(exc)) from None
     try:
@@ -490,8 +499,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         if profile is not None:
             text = export(Target(profile=profile), fmt, output, sizing=sizing)
         else:
-            with open_store(args) as store:
-                text = export(_script_target(args, store), fmt, output, store=store, sizing=sizing)
+            try:
+                with open_store(args) as store:
+                    text = export(_script_target(args, store), fmt, output, store=store, sizing=sizing)
+            except NoStore:  # no store to hold a run of that name: a shipped profile's, or the error
+                if not _is_shipped_profile(targets[0]):
+                    raise
+                text = export(Target(profile=resolve_profile(targets[0])), fmt, output, sizing=sizing)
     else:
         with open_store(args) as store:
             for target in targets:
@@ -512,7 +526,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, create=True) as store:
         runs: list[RunInfo] = [store.get_run(i) for i in import_results(store, args.file, args.name)]
     if args.json:
         _print_json([r.model_dump(mode="json") for r in runs])

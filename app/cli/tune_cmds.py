@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from app.bus import Bus, Event
 from app.cli import campaign_cmds as shared
 from app.cli.argtypes import add_price_argument, add_run_options, bounded_int, db_parent
-from app.cli.fleet_cmds import add_cluster_options, open_fleet
+from app.cli.fleet_cmds import add_cluster_options, cluster_options, open_fleet
 from app.cli.run_cmds import _Console
 from app.cli.terminal import safe
 from app.errors import UserError
@@ -156,14 +156,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                  telemetry=not args.no_telemetry, **on_cluster)
             done = sum(1 for t in stored.trials if t.get("status") in ("passed", "failed", "infeasible", "error"))
             print(safe(f"resuming tune {stored.id} ({stored.status}): {done} completed trial(s) kept"))
-            return tuner
-        space_raw = read_space_file(args.space) if args.space else None
-        space = build_space(config, _hardware(), space_raw, source=args.space or "search space")
-        if args.percentile:
-            space.percentile = args.percentile
-        return Tuner(config, bus, slo=_slo(args, space_raw, config), space=space, strategy=args.strategy or "grid",
-                     max_candidates=args.trials, budget_s=budget_s, repeats=args.repeats, profile=stem,
-                     recorder=recorder, telemetry=not args.no_telemetry, seed=args.seed, **on_cluster)
+        else:
+            space_raw = read_space_file(args.space) if args.space else None
+            space = build_space(config, _hardware(), space_raw, source=args.space or "search space")
+            if args.percentile:
+                space.percentile = args.percentile
+            tuner = Tuner(config, bus, slo=_slo(args, space_raw, config), space=space,
+                          strategy=args.strategy or "grid", max_candidates=args.trials, budget_s=budget_s,
+                          repeats=args.repeats, profile=stem, recorder=recorder, telemetry=not args.no_telemetry,
+                          seed=args.seed, **on_cluster)
+        tuner.state.cluster = cluster_options(args, where)  # where it runs now: what `tunebench resume` reuses
+        return tuner
 
     console = _TuneConsole(sys.stdout, args.verbose)
     state: TuneState

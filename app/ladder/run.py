@@ -19,6 +19,7 @@ from app.analysis import metric_catalog as catalog
 from app.analysis.compare import unfair_hardware
 from app.bus import Bus
 from app.campaign import Campaign, Fleet, MachineFacts, Step, StepResult, engine_key
+from app.campaign_state import ClusterOptions
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
@@ -135,6 +136,8 @@ class Ladder:
         self.campaign: Campaign | None = None
         self.campaign_result: Any = None
         self._resumed: LadderState | None = None
+        self.cluster: ClusterOptions | None = None
+        """The cluster options it runs with, kept in its state (``tunebench resume`` reuses them)."""
         self.state = self._new_state()
 
     # -- names ------------------------------------------------------------------------------------
@@ -151,7 +154,8 @@ class Ladder:
         return LadderState(ladder_id=self.ladder_id, name=self.name, profile=self.profile, started_wall_s=time.time(),
                            workload=workload_text(self.base), model=self.base.engine.model, rows=rows,
                            spec=self.spec.model_dump(mode="json", exclude_none=True),
-                           base_config=mask_obj(self.base.model_dump(mode="json", exclude_none=True)))
+                           base_config=mask_obj(self.base.model_dump(mode="json", exclude_none=True)),
+                           cluster=self.cluster)
 
     @classmethod
     def resume(cls, stored: LadderState, bus: Bus, **options: Any) -> Ladder:

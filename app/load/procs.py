@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -53,6 +54,8 @@ READY_TIMEOUT_S = 120.0
 """Spawning imports numpy, aiohttp and pydantic: seconds on a loaded 2-core machine."""
 CLIENT_NICE = -10
 """Priority asked for the client (needs the right to raise it; silently kept otherwise)."""
+ORPHAN_POLL_S = 0.2
+"""How often a client process checks that the process that started it still lives."""
 
 
 class ClientProcessError(Exception):
@@ -78,8 +81,8 @@ def own_scheduling_group(nice: int | None) -> None:
     is shared between sessions first and a nice value only counts inside its session, so a client
     in the session of a busy GUI, test run or shell is starved however nice it is. Alone in its
     group it gets a group's share, raised by ``nice`` where allowed. The parent turns Ctrl-C into
-    a cancel and a dead parent is noticed (``_ChildCancel``), so leaving the terminal's process
-    group loses nothing."""
+    a cancel and a dead parent is noticed (:func:`exit_when_orphaned`), so leaving the terminal's
+    process group loses nothing."""
     if not hasattr(os, "setsid"):
         return
     try:
@@ -129,16 +132,23 @@ class Job:
     nice: int | None
 
 
-class _ChildCancel:
-    """Cancelled by the parent, or orphaned (the parent died: stop sending load)."""
+def exit_when_orphaned(parent_pid: int, poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
+    """End this process within ``poll_s`` of its parent's death, however the parent died (SIGKILL
+    too). Nobody reads its results any more, it would keep sending load, and it holds the parent's
+    stdout and stderr: a reader of those (a pipe, ``tee``, a script) would wait on it. It cannot
+    wind down in order either: its results queue flushes at exit into a pipe that nobody empties,
+    which blocks for ever once that pipe is full. So it exits at once (the kernel closes its
+    connections). A thread that polls, not ``PR_SET_PDEATHSIG``: that signal follows the parent's
+    *thread* that started the process, and a GUI's run thread may end while its pool lives on."""
 
-    def __init__(self, event: Any, parent_pid: int) -> None:
-        self.event, self.parent_pid, self.orphaned = event, parent_pid, False
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
 
-    def is_set(self) -> bool:
-        if not self.orphaned and os.getppid() != self.parent_pid:
-            self.orphaned = True
-        return self.orphaned or bool(self.event.is_set())
+    watcher = threading.Thread(target=watch, name="tunebench-orphan-watch", daemon=True)
+    watcher.start()
+    return watcher
 
 
 async def _run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelOutcome:
@@ -185,12 +195,12 @@ def run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelOutcome:
     return asyncio.run(_run_job(k, job, results, cancel))
 
 
-def _worker_main(k: int, jobs: Connection, results: Any, cancel_event: Any, parent_pid: int) -> None:
+def _worker_main(k: int, jobs: Connection, results: Any, cancel: Any, parent_pid: int) -> None:
     """A client process: runs the levels it is sent until it gets None (or its parent is gone).
     Ctrl-C reaches the whole foreground group; the parent turns it into a cancel, so ignore it."""
+    exit_when_orphaned(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     own_scheduling_group(CLIENT_NICE)
-    cancel = _ChildCancel(cancel_event, parent_pid)
     bound: tuple[Any, ...] | None = None
     results.put(("ready", k, os.getpid()))
     while True:

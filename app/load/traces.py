@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.errors import UserError, read_user_text
+from app.workload import MAX_DURATION_S, LoadConfig
 
 TraceFormat = Literal["auto", "mooncake", "azure", "tunebench"]
 TRACE_FORMATS: tuple[str, ...] = ("mooncake", "azure", "tunebench")
@@ -336,6 +337,35 @@ def read_trace(path: Path, fmt: str = "auto", *, block_tokens: int = 512, start_
     base = chosen[0].at_s
     return Trace(path, kind, block_tokens,
                  [TraceRequest(r.line, r.at_s - base, r.input_tokens, r.output_tokens, r.blocks) for r in chosen], span)
+
+
+def span_text(seconds: float) -> str:
+    """A span in the unit a reader grasps (seconds to years), with its seconds."""
+    for unit_s, unit in ((365.25 * 86_400, "years"), (86_400.0, "days"), (3_600.0, "hours")):
+        if seconds >= 2 * unit_s:
+            return f"{seconds / unit_s:,.1f} {unit} ({seconds:,.0f} s)"
+    return f"{seconds:,.1f} s"
+
+
+def check_replay(trace: Trace, load: LoadConfig) -> None:
+    """Refuse, before anything is sent, a replay that would last longer than any run may
+    (``MAX_DURATION_S``, the config's bound on every duration): a stray timestamp (a trace's
+    milliseconds read as seconds, a line from another epoch) makes the run wait for it for ever.
+    Only the ``trace`` pattern waits for the trace's times; ``speedup``, ``duration_s`` and
+    ``max_requests`` shorten the wait, and the message names each way out."""
+    if load.pattern != "trace" or not trace.requests:
+        return
+    last = trace.requests[min(len(trace.requests), load.max_requests or len(trace.requests)) - 1]
+    replay_s = last.at_s / load.speedup
+    if load.duration_s is not None:
+        replay_s = min(replay_s, load.duration_s)
+    if replay_s <= MAX_DURATION_S:
+        return
+    faster = f" at speedup {load.speedup:g}" if load.speedup != 1 else ""
+    raise TraceError(f"{trace.path}: line {last.line}: arrives {span_text(last.at_s)} after the first request, so "
+                     f"replaying the trace{faster} would take {span_text(replay_s)}, longer than any run may last "
+                     f"({span_text(MAX_DURATION_S)}); replay a window of it (workload.trace_end_s, seconds from its "
+                     f"first request), faster (load.speedup) or for at most load.duration_s, or fix its times")
 
 
 def block_token_ids(encode: Callable[[str], list[int]], words: Callable[[int], str], n_tokens: int,

@@ -5,16 +5,25 @@ of exactly the lengths it asks for."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from app.load.datasets import trace_dataset
+from app.config import RunConfig
+from app.load.datasets import trace_dataset, workload_trace
 from app.load.tokens import ApproxTokenizer
-from app.load.traces import TraceError, read_trace
+from app.load.traces import TraceError, check_replay, read_trace
+from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[2]
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
@@ -84,3 +93,58 @@ def test_any_trace_reads_or_is_refused_in_one_line(tmp_path: Path, text: str, su
         counter = ApproxTokenizer()
         dataset = trace_dataset(replace(trace, requests=small), counter, np.random.default_rng(0))
         assert [c.turns[0].input_tokens for c in dataset.conversations] == [r.input_tokens for r in small]
+
+
+CENTURIES_PROFILE = """name = "centuries"
+[workload]
+kind = "trace"
+dataset_path = "{trace}"
+{workload}
+[load]
+pattern = "trace"
+{load}"""
+
+
+def _centuries_trace(tmp_path: Path) -> Path:
+    """Two Mooncake lines 1e15 ms (about 31,700 years) apart."""
+    path = tmp_path / "centuries.jsonl"
+    path.write_text("\n".join(json.dumps({"timestamp": t, "input_length": 16, "output_length": 2, "hash_ids": []})
+                              for t in (0, 10**15)), encoding="utf-8")
+    return path
+
+
+def test_a_trace_that_spans_centuries_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    trace = _centuries_trace(tmp_path)
+    profile = tmp_path / "p.toml"
+    profile.write_text(CENTURIES_PROFILE.format(trace=trace, workload="", load=""))
+    with FakeOpenAIServer(FakeBehaviour()) as server:
+        try:  # before the refusal the run waited for the second line: fail, not hang
+            done = subprocess.run([sys.executable, "-m", "app.cli", "run", str(profile), "--endpoint", server.base_url,
+                                   "--db", str(tmp_path / "runs.db"), "--no-telemetry"], cwd=REPO, timeout=120,
+                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run was still waiting for the trace's last line after 120 s ({server.requests} sent)")
+        sent = server.requests
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output, output
+    assert sent == 0, output
+    refusal = [line for line in output.splitlines() if "longer than any run may last" in line]
+    assert len(refusal) == 1, output
+    assert refusal[0].startswith(f"run failed: {trace}: line 2: arrives "), refusal
+    assert " years (1,000,000,000,000 s) after the first request" in refusal[0], refusal
+    assert all(way in refusal[0] for way in ("workload.trace_end_s", "load.speedup", "load.duration_s")), refusal
+
+
+@pytest.mark.parametrize(("workload", "load"), [
+    ("trace_end_s = 60", ""), ("", "speedup = 1000000"), ("", "duration_s = 60"), ("", "max_requests = 1")])
+def test_each_way_out_the_refusal_names_replays_it(workload: str, load: str, tmp_path: Path) -> None:
+    path = _centuries_trace(tmp_path)
+
+    def check(workload: str, load: str) -> None:
+        config = RunConfig.model_validate(tomllib.loads(CENTURIES_PROFILE.format(trace=path, workload=workload,
+                                                                                  load=load)))
+        check_replay(workload_trace(config.workload), config.load)
+
+    with pytest.raises(TraceError, match="longer than any run may last"):
+        check("", "")
+    check(workload, load)

@@ -106,9 +106,13 @@ def test_read_only_directory_is_one_line(db: Path, capsys: pytest.CaptureFixture
             code, _, err = _cli(capsys, *argv, "--db", str(db))
             assert code == 2
             _one_line_error(err, str(db), "writable")
-        code, _, err = _cli(capsys, "runs", "list", "--db", str(db.parent / "new.db"))
+        new = db.parent / "new.db"
+        code, _, err = _cli(capsys, "runs", "list", "--db", str(new))  # a reader makes no store: it says there is none
         assert code == 2
-        _one_line_error(err, "new.db", "writable")
+        _one_line_error(err, "new.db", "there is no run database")
+        with pytest.raises(StoreError, match="writable") as making:  # what would make one says why it cannot
+            RunStore(new)
+        _one_line_error(f"tunebench: error: {making.value}", "new.db", "writable")
     assert _runs(db) == before
 
 

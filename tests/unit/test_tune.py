@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +443,68 @@ def test_cli_resume_and_user_errors(tmp_path: Path, fake_cli: FakeEngines, capsy
     assert "ready" in capsys.readouterr().out
 
 
+class _FakeCluster:
+    """``open_fleet`` of the tune command without a cluster: it notes the cluster options each
+    command came with and says it connected to ``--cluster`` (with Ray's default port; the trials
+    then run here, on the fakes); with ``refuse`` set it stops the command there."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str | None, int | None, bool, list[str]]] = []
+        self.refuse = False
+
+    def __call__(self, args: Any, config: RunConfig) -> Any:
+        from app.fleet.choice import FleetChoice
+
+        self.asked.append((args.cluster, args.parallel, args.skip_bad_nodes, list(args.trial_resource)))
+        if self.refuse:
+            raise UserError("no cluster in this test")
+        if args.cluster is None:
+            return FleetChoice()
+        return FleetChoice(address=args.cluster if ":" in args.cluster else f"{args.cluster}:6379")  # as connected
+
+
+def test_resume_goes_on_with_the_cluster_options_the_tune_ran_with(tmp_path: Path, fake_cli: FakeEngines,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = _FakeCluster()
+    monkeypatch.setattr("app.cli.tune_cmds.open_fleet", cluster)
+    db, space = str(tmp_path / "runs.db"), tmp_path / "space.toml"
+    space.write_text("[knobs]\nmax_num_seqs = [2, 8]\n[load]\nconcurrency = [1, 2, 4]\n")
+
+    def crash(config: RunConfig) -> str | None:
+        if config.features.max_num_seqs == 8 and config.load.concurrency == 2:
+            raise RuntimeError("the tuner's process died here")
+        return None
+
+    FakeTuneRunner.hook = staticmethod(crash)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        main(["tune", "cpu-demo", "--slo", SLO, "--space", str(space), "--db", db, "--cluster", "head",
+              "--parallel", "2", "--skip-bad-nodes", "--trial-resource", "pool=1"])
+    FakeTuneRunner.hook = None
+    with RunStore(db) as store:
+        (crashed,) = tune_store.list_tunes(store)
+        ran_on = state_of(crashed).cluster
+        assert crashed.status == "failed" and ran_on is not None
+        assert ran_on.model_dump() == {"address": "head:6379", "parallel": 2, "skip_bad_nodes": True,
+                                       "trial_resources": ["pool=1"]}
+        old = state_of(replace(crashed, state={k: v for k, v in crashed.state.items() if k != "cluster"}))
+        assert old.cluster is None  # a tune stored before tunes kept their cluster still opens
+    capsys.readouterr()
+
+    cluster.refuse = True
+    assert main(["resume", crashed.id, "--db", db, "--cluster", "other", "--parallel", "3"]) == 2
+    assert main(["resume", crashed.id, "--db", db, "--no-cluster"]) == 2  # this machine: open_fleet sees no cluster
+    assert cluster.asked[-2:] == [("other", 3, True, ["pool=1"]), (None, None, False, [])]
+    assert main(["resume", crashed.id, "--db", db, "--no-cluster", "--cluster", "x"]) == 2
+    assert "cannot go with --cluster" in capsys.readouterr().err
+    cluster.refuse = False
+    assert main(["resume", crashed.id, "--db", db]) == 0, capsys.readouterr()
+    assert cluster.asked[-1] == ("head:6379", 2, True, ["pool=1"])  # the tune's own cluster and options
+    with RunStore(db) as store:
+        resumed = load_tune(store, crashed.id)
+    assert resumed.status == "completed" and resumed.cluster == ran_on
+
+
 def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store: RunStore) -> None:
     """One event for every campaign: each change of the tune is a ``CampaignUpdated`` carrying a
     copy of its whole state, in order; the recorder stores the runs, not the campaign's updates."""
@@ -462,29 +525,41 @@ def test_the_tune_publishes_its_state_as_it_moves_and_runs_do_not_keep_it(store:
 
 # --- searches side by side (a cluster's slots; here stand-in engines on this machine) ----------------
 
-class _Overlap:
-    """Counts the runs under way at once (each run sleeps a little so that they can overlap)."""
+class _Together:
+    """Searches at once, proved by a barrier: the first run of each of the first ``n`` engine
+    configurations starts only when all ``n`` are under way, so the tune gets past them only if
+    ``n`` searches truly run at once (else the barrier breaks after its generous timeout, and the
+    tune raises). ``most`` counts the runs under way at once: a cap of ``n`` keeps it at ``n``."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int, timeout_s: float = 60.0) -> None:
+        self.barrier = threading.Barrier(n, timeout=timeout_s)
         self.lock = threading.Lock()
+        self.joined: set[str] = set()
         self.now = 0
         self.most = 0
 
     def __call__(self, config: RunConfig) -> str | None:
+        key = repr(sorted(config.features.model_dump().items()))
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
-        time.sleep(0.05)
-        with self.lock:
-            self.now -= 1
+            join = key not in self.joined and len(self.joined) < self.barrier.parties
+            if join:
+                self.joined.add(key)
+        try:
+            if join:
+                self.barrier.wait()
+        finally:
+            with self.lock:
+                self.now -= 1
         return None
 
 
 def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: RunStore) -> None:
     serial, _, _ = tune(None)
     FakeTuneRunner.reset()
-    overlap = _Overlap()
-    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    together = _Together(3)
+    FakeTuneRunner.hook = together  # type: ignore[assignment]
     followed: list[Bus] = []
     launched: list[FakeEngines] = []
 
@@ -493,7 +568,7 @@ def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: R
         return launched[-1]
 
     state, _, _ = tune(store, max_parallel=3, new_engines=own_engines, on_slot_bus=followed.append)
-    assert overlap.most == 3  # three configurations were searched at once
+    assert together.most == 3  # three configurations were searched at once (the barrier), never more
     assert len(followed) == len(launched) == len(state.candidates)  # each search: its own bus and engines
     assert state.engine_launches == sum(e.launches for e in launched) == len(state.candidates)
 
@@ -513,11 +588,11 @@ def test_a_grid_searched_three_at_a_time_finds_what_one_at_a_time_finds(store: R
 
 
 def test_bayes_two_at_a_time_never_searches_a_configuration_twice(store: RunStore) -> None:
-    overlap = _Overlap()
-    FakeTuneRunner.hook = overlap  # type: ignore[assignment]
+    together = _Together(2)
+    FakeTuneRunner.hook = together  # type: ignore[assignment]
     state, _, _ = tune(store, strategy="bayes", max_candidates=4, seed=3, max_parallel=2, new_engines=FakeEngines)
     searched = [c for c in state.candidates if c.status in ("done", "infeasible")]
-    assert len(searched) == 4 and overlap.most == 2
+    assert len(searched) == 4 and together.most == 2  # two at once (the barrier), never more
     assert len({repr(sorted(c.knobs.items())) for c in searched}) == 4
     assert state.status == "completed" and state.pick is not None
 
