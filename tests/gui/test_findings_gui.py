@@ -1,10 +1,13 @@
 """The findings' faces in the workbench: a stored run's findings in the Live tab after it ends and
 for a run picked in History, Try it setting the next trial in the configuration, Compare's "why
 B differs from A" under the headline, and the presentation's one sentence. The runs are those of
-tests/unit/test_findings.py: recorded engine /metrics pages, stored as the recorder stores them."""
+tests/unit/test_findings.py: recorded engine /metrics pages, stored as the recorder stores them.
+
+``TUNEBENCH_SHOTS_DIR=docs`` writes the panel's picture for docs/findings.md (docs/findings-panel.png)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +24,6 @@ from tests.gui.text_fit import cut_labels
 from tests.unit.test_findings import SHARED, START_WALL, Engine, Recorded, llama_config, store_run
 
 pytestmark = pytest.mark.gui
-REPO = Path(__file__).parents[2]
 
 KV_FULL = Recorded(llama_config(), Engine(kv_full_pct=97.0, waiting=12.0, preempt_per_s=0.5), name="kv full")
 PREFIX_OFF = Recorded(llama_config(prefix_caching=False, workload=SHARED), Engine(hit_ratio=0.0), name="prefix off")
@@ -63,7 +65,8 @@ def test_a_kv_bound_run_shows_its_finding_after_the_run_and_try_it_sets_the_next
     # The presentation's live page reads out the first warning.
     assert window.presentation.finding.text() == panel.findings[0].explanation
     qtbot.waitUntil(lambda: all(r.height() >= r.heightForWidth(r.width()) for r in panel.rows))  # wrapped whole
-    window.grab().save(str(REPO / "docs" / "findings-panel.png"))
+    shots = Path(os.environ.get("TUNEBENCH_SHOTS_DIR") or tmp_path)
+    assert window.grab().save(str(shots / "findings-panel.png"))
     assert row.try_button is not None
     qtbot.mouseClick(row.try_button, Qt.MouseButton.LeftButton)
     assert window.state.config.features.kv_cache_dtype == "fp8"  # in the configuration a Start runs
