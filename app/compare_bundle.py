@@ -9,11 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.analysis.compare import Comparison, compare_runs
+from app.analysis.findings import Finding
 from app.cost.prices import PriceTable, price_table
 from app.cost.runs import RunCost
 from app.cost.totals import priced_at_goodput
 from app.distributions import RunDistributions, Sweep, load_start_offsets, run_distributions, sweeps
 from app.headline import Headline, headlines, money_lines
+from app.run_findings import compared_findings
 from app.store import RunStore
 from engine_adapters.registry import engine_terms_for
 
@@ -34,20 +36,27 @@ class CompareExtras:
     """Per headline, the before/after in money (``app.headline.money_line``)."""
     good_slo_text: str = ""
     """Whose SLO the good-output costs were counted under, or why there are none."""
+    findings: list[list[Finding]] = field(default_factory=list)
+    """Per run, its own findings (``app.run_findings``; read from the store, so empty without one)."""
+    why: list[list[Finding]] = field(default_factory=list)
+    """Per headline, why its run differs from the baseline: the ``changed_*`` findings against it."""
 
 
 def compare_extras(comparison: Comparison, store: RunStore | None = None,
                    prices: PriceTable | None = None) -> CompareExtras:
     """Everything ``comparison`` is shown with, its costs at ``prices`` (default: the shipped
     list); with ``store`` (read it in a worker), also the cost at goodput and the distributions,
-    which are counted from the stored requests."""
+    which are counted from the stored requests, and each run's findings, read from its telemetry."""
     costs, lines = money_lines(comparison, prices if prices is not None else price_table())
     good_slo_text = ""
+    findings: list[list[Finding]] = []
+    why: list[list[Finding]] = []
     if store is not None:
         costs, good_slo_text = priced_at_goodput(store, comparison, costs)
+        findings, why = compared_findings(store, comparison)
     distributions = run_distributions(store, comparison) if store is not None else []
     return CompareExtras(headlines(comparison), distributions, sweeps(comparison), load_start_offsets(comparison),
-                         costs, lines, good_slo_text)
+                         costs, lines, good_slo_text, findings, why)
 
 
 def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None,

@@ -14,6 +14,7 @@ from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
 from app.planner.stored import level_limits
+from app.run_findings import suggestion_text
 from engine_adapters.registry import METRICS
 
 
@@ -22,7 +23,7 @@ def finding_text(finding: Finding) -> list[str]:
     lines = [f"[{finding.severity}] {finding.rule} (confidence {finding.confidence})", f"  {finding.explanation}"]
     lines += [f"  - {e.text()}" for e in finding.evidence]
     if finding.suggestion:
-        lines.append("  next trial: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in finding.suggestion.items()))
+        lines.append("  next trial: " + suggestion_text(finding.suggestion))
     return lines
 
 

@@ -25,6 +25,7 @@ from app.export.quoting import templates
 from app.headline import Headline
 from app.load.metrics import LevelSummary
 from app.planner.live import LimitFigures, Roofline, limit_figures, plan_for_run, roofline
+from app.run_findings import suggestion_text
 from app.store import RunStore
 from engine_adapters.registry import engine_terms_for
 
@@ -251,6 +252,22 @@ def _headline_items(items: Sequence[Headline]) -> list[dict[str, object]]:
                          for f in h.figures]} for h in items]
 
 
+def _findings_section(comparison: Comparison, extras: CompareExtras) -> list[dict[str, object]]:
+    """Each run's findings (``app.run_findings``): why it differs from the baseline, then what it
+    measured, warnings first, each with its evidence and the next trial; none without a store."""
+    labels = comparison.labels()
+    others = [i for i in range(len(comparison.runs)) if i != comparison.baseline]
+    why = dict(zip(others, extras.why, strict=False))
+    out: list[dict[str, object]] = []
+    for i, found in enumerate(extras.findings):
+        out.append({"label": labels[i], "why": [f.explanation for f in why.get(i, [])],
+                    "findings": [{"rule": f.rule, "severity": f.severity, "confidence": f.confidence,
+                                  "explanation": f.explanation, "evidence": [e.text() for e in f.evidence],
+                                  "suggestion": suggestion_text(f.suggestion) if f.suggestion else ""}
+                                 for f in found]})
+    return out
+
+
 def _cost_section(comparison: Comparison,
                   extras: CompareExtras) -> tuple[str | None, list[str], list[list[str]], list[str]]:
     """The before/after in money (a baseline and one other run: ``app.headline.money_line``), then
@@ -300,7 +317,8 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
                   store: RunStore | None = None, prices: PriceTable | None = None) -> str:
     """A self-contained HTML page: the A/B headline (and, for two runs, its cost at ``prices``,
     default: the shipped list), runs, configuration differences, metric deltas, each run's cost,
-    charts; with ``store``, also the cost at goodput and the TTFT/ITL distributions."""
+    charts; with ``store``, also the cost at goodput, the TTFT/ITL distributions and each run's
+    findings."""
     runs = comparison.runs
     labels = comparison.labels()
     extras = compare_extras(comparison, store, prices)
@@ -336,7 +354,7 @@ def render_report(comparison: Comparison, title: str | None = None, max_series: 
         metrics=metrics, bars=bars, lines=lines, baseline_label=labels[comparison.baseline],
         headlines=_headline_items(extras.headlines), cost_line=cost_line, cost_columns=cost_columns,
         cost_rows=cost_table, cost_notes=cost_notes, distributions=dist_charts, distribution_notes=dist_notes,
-        rooflines=roofline_charts, roofline_notes=roofline_notes)
+        rooflines=roofline_charts, roofline_notes=roofline_notes, findings=_findings_section(comparison, extras))
 
 
 def report_comparison(store: RunStore, refs: Sequence[int | str], baseline: int | str | None = None) -> Comparison:

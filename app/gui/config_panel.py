@@ -212,6 +212,27 @@ class ConfigPanel(QWidget):
         self._apply_visibility()
         self._update_tab_marks()
 
+    def apply_changes(self, changes: Mapping[str, Any]) -> str | None:
+        """Set ``changes`` (profile keys -> values, e.g. a finding's next trial) as the user's own
+        edits would: each field shows its new value and the configuration takes it; the first
+        field is brought into view. A one-line message when one is refused (the rest are left)."""
+        for path, value in changes.items():
+            editor = self.editors.get(path)
+            if editor is None:  # a setting without a field here: the configuration takes it all the same
+                error = self.state.set(path, value)
+            else:
+                editor.set_value(value)
+                self._on_edit(path, value)
+                error = editor._edit_error
+            if error is not None and error != self.state.pending:  # refused (a draft may resolve with the next)
+                return f"{label_for(path)}: {error}"
+        if self.state.pending is not None:
+            return self.state.pending
+        first = next(iter(changes), None)
+        if first is not None and first in self.editors:
+            self.show_field(first)
+        return None
+
     def _on_unreadable(self, _path: str) -> None:
         self._update_tab_marks()
 

@@ -45,11 +45,13 @@ from PySide6.QtWidgets import (
 
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import Comparison
+from app.analysis.findings import Finding
 from app.compare_bundle import CompareExtras
 from app.compare_bundle import compare_with_extras as compare_with_extras
 from app.cost.text import COST_COLUMNS, cost_rows, sources_text
 from app.distributions import aligned, load_start_offsets
 from app.gui.capacity_box import CapacityBox
+from app.gui.findings_panel import FindingsPanel
 from app.gui.series import series_label
 from app.gui.theme import LIGHT
 from app.headline import Headline
@@ -135,7 +137,8 @@ def headline_cell(metrics: dict[str, Any], key: str) -> tuple[str, Any, str | No
 
 
 class HistoryView(QWidget):
-    """The runs table. Actions call back into the window, which runs store calls in workers."""
+    """The runs table and, below it, the picked run's findings. Actions call back into the window,
+    which runs store calls in workers."""
 
     compare_requested = Signal(list)
     export_requested = Signal(list)
@@ -188,7 +191,14 @@ class HistoryView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         self.table.horizontalHeader().setStretchLastSection(True)
-        layout.addWidget(self.table, 1)
+        self.findings = FindingsPanel()  # the picked run's findings (the window gives it the store)
+        self._picked: int | None = None
+        table_split = QSplitter(Qt.Orientation.Vertical)
+        table_split.addWidget(self.table)
+        table_split.addWidget(self.findings)
+        table_split.setStretchFactor(0, 3)
+        table_split.setStretchFactor(1, 2)
+        layout.addWidget(table_split, 1)
         actions = QHBoxLayout()
         self.rename_button = QPushButton("Rename…")
         self.tag_button = QPushButton("Tag…")
@@ -323,6 +333,20 @@ class HistoryView(QWidget):
         self.delete_button.setEnabled(n >= 1)
         self.compare_button.setEnabled(n >= 2)
         self.export_button.setEnabled(n >= 1)
+        self._show_picked()
+
+    def _show_picked(self) -> None:
+        """One run picked: its findings below the table (read again only when another is picked)."""
+        ids = self.selected_ids()
+        picked = ids[0] if len(ids) == 1 else None
+        if picked == self._picked:
+            return
+        self._picked = picked
+        run = self._run(picked) if picked is not None else None
+        if run is None:
+            self.findings.clear()
+            return
+        self.findings.show_run(run.id, f"#{run.id} {run.name}")
 
     def _run(self, run_id: int) -> RunInfo | None:
         return next((r for r in self.runs if r.id == run_id), None)
@@ -402,7 +426,10 @@ class HeadlineCard(QFrame):
         self.layout_.setSpacing(2)
         self.lines: list[QLabel] = []
 
-    def show_headlines(self, items: Sequence[Headline], money: Sequence[str] = ()) -> None:
+    def show_headlines(self, items: Sequence[Headline], money: Sequence[str] = (),
+                       why: Sequence[Sequence[Finding]] = ()) -> None:
+        """``why``: per headline, why its run differs from the baseline (``app.run_findings``),
+        one line each under it."""
         for label in self.lines:
             label.deleteLater()
         self.lines = []
@@ -429,6 +456,13 @@ class HeadlineCard(QFrame):
                 cost.setWordWrap(True)
                 cost.setStyleSheet(f"color: {LIGHT.accent}; font-weight: 600;")
                 labels.append(cost)
+            for finding in why[i] if i < len(why) else ():
+                line = QLabel("\u2192 " + html.escape(finding.explanation))
+                line.setObjectName("headlineWhy")
+                line.setWordWrap(True)
+                line.setToolTip("\n".join(e.text() for e in finding.evidence))
+                line.setStyleSheet(f"color: {LIGHT.foreground};")
+                labels.append(line)
             for label in labels:
                 self.layout_.addWidget(label)
                 self.lines.append(label)
@@ -605,7 +639,7 @@ class CompareView(QWidget):
             self.baseline.addItem(f"#{run.id} {run.name}", run.id)
         self.baseline.setCurrentIndex(comparison.baseline)
         self.baseline.blockSignals(False)
-        self.card.show_headlines(self.extras.headlines, self.extras.money_lines)
+        self.card.show_headlines(self.extras.headlines, self.extras.money_lines, self.extras.why)
         self._fill_costs()
         headers = [label.replace(" ", "\n", 1) for label in labels]  # "#12" over the name: narrow columns
 

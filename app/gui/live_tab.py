@@ -1,5 +1,6 @@
-"""The Live tab: run progress, the feature checks, the dashboard and the engine log, drawn from
-the window's :class:`app.live_run.LiveRun` (and the presentation's live page with them).
+"""The Live tab: run progress, the feature checks, the dashboard, the ended run's findings and the
+engine log, drawn from the window's :class:`app.live_run.LiveRun` (and the presentation's live
+page with them).
 
 Each handler here subscribes to one kind of event the live run folded and only draws; what the
 run is, and what it has said so far, is the live run's. The window drains the bus into it and
@@ -12,8 +13,9 @@ import html
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
+from app.analysis.findings import Finding
 from app.bus import Sample
 from app.cost import PriceTable, RunCost, live_cost_basis, usd_text
 from app.events import (
@@ -29,18 +31,23 @@ from app.events import (
     TelemetrySupport,
 )
 from app.gui.dashboard import Dashboard, TileRow
+from app.gui.findings_panel import FindingsPanel
 from app.gui.live import LogView, PhaseBar
 from app.gui.presentation import PresentationView
 from app.gui.series import SeriesStore
 from app.live_run import LiveRun
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures
+from app.run_findings import headline_finding
 from app.runner import RunResult
 from engine_adapters.base import FeatureCheck, feature_check_line, feature_status_text
 from engine_adapters.features import FEATURES
 
 CHECK_COLOURS = {"verified": "#188038", "accepted": "#b06000", "not active": "#d93025", "unknown": "#5f6368"}
 """Feature-check colours: green only for an effect measured, amber for an echo alone."""
+DASHBOARD_KEEPS_PX = 560
+"""The dashboard's height the findings never take (its tiles and two rows of plots, legible); a
+taller window gives the rest to the findings when they arrive."""
 StatusLine = Callable[[str, int], None]
 """Shows a message in the window's status bar for so many milliseconds (0: until replaced)."""
 
@@ -67,12 +74,21 @@ class LiveTab(QWidget):
         self.checks_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.checks_label.setVisible(False)
         layout.addWidget(self.checks_label)
+        # The ended run's findings, beside the engine log (the window gives the panel the store):
+        # the plots keep their room; a taller window gives the findings more.
+        self.findings = FindingsPanel(hide_when_empty=False)
+        self.findings.shown.connect(self._findings_shown)
+        self.bottom = QTabWidget()
+        self.bottom.setDocumentMode(True)
+        self.bottom.addTab(self.log_view, "Engine log")
+        self.bottom.addTab(self.findings, "Findings")
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.dashboard)
-        split.addWidget(self.log_view)
+        split.addWidget(self.bottom)
         split.setSizes([560, 150])
         split.setStretchFactor(0, 4)
         split.setStretchFactor(1, 1)
+        self.split = split
         layout.addWidget(split, 1)
         live.started.connect(self._run_started)
         live.phase_changed.connect(self._phase_changed)
@@ -194,6 +210,10 @@ class LiveTab(QWidget):
         self.dashboard.tiles.set_header("")
         self.presentation.tiles.set_header("")
         self.show_feature_checks([])
+        self.findings.clear()
+        self.bottom.setTabText(1, "Findings")
+        self.bottom.setCurrentWidget(self.log_view)
+        self.presentation.set_finding("")
         self.dashboard.show_idle(idle_text)
 
     def show_summary(self, result: RunResult) -> bool:
@@ -213,7 +233,24 @@ class LiveTab(QWidget):
         limit = limit_figures(plan, level.summary) if plan is not None else None
         self.dashboard.show_limit(limit)
         self.presentation.tiles.show_limit(limit)
+        if result.run_id:  # what the stored run says about itself, in the Findings tab beside the log
+            self.findings.show_run(result.run_id, f"run {result.name}")
         return True
+
+    def _findings_shown(self, findings: list[Finding]) -> None:
+        """The presentation's live page reads out the first warning (nothing when there is none)."""
+        lead = headline_finding(findings)
+        self.presentation.set_finding(lead.explanation if lead is not None else "")
+        warnings = sum(f.severity == "warning" for f in findings)
+        self.bottom.setTabText(1, f"Findings ({warnings} warning{'s' if warnings != 1 else ''})" if findings
+                               else "Findings")
+        if not findings:
+            return
+        self.bottom.setCurrentWidget(self.findings)
+        sizes = self.split.sizes()
+        room = sum(sizes) - DASHBOARD_KEEPS_PX  # what the dashboard can give without squeezing its plots
+        if room > sizes[1]:
+            self.split.setSizes([sum(sizes) - room, room])
 
     def show_cost(self, cost: RunCost) -> None:
         for row in self.tile_rows:

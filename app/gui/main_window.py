@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.analysis.findings import Finding
 from app.bus import Bus
 from app.config import RunConfig
 from app.cost import PriceTable, price_table
@@ -70,6 +71,7 @@ from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
 from app.profiles import Profile, shipped_profiles
+from app.run_findings import stored_findings, top_change
 from app.runner import RunResult
 from app.store import RunStore
 from engine_adapters.base import FlagSet
@@ -154,6 +156,8 @@ class MainWindow(QMainWindow):
         self.checks_label = self.live_tab.checks_label
         self.history = HistoryView()
         self.compare = CompareView(with_store=self.with_store)
+        for panel in (self.live_tab.findings, self.history.findings):  # read from the store; Try it edits the config
+            panel.set_sources(self.read_findings, self.config_panel.apply_changes)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.live_tab, "Live")
         self.tabs.addTab(self.history, "History")
@@ -419,8 +423,10 @@ class MainWindow(QMainWindow):
         if not headlines:
             self.show_error("Compare two runs first: the before/after view shows their headline.")
             return
-        money = self.compare.extras.money_lines
-        self.presentation.show_before_after(headlines[0], money[0] if money else "")
+        money, why = self.compare.extras.money_lines, self.compare.extras.why
+        top = top_change(why[0]) if why else None
+        self.presentation.show_before_after(headlines[0], money[0] if money else "",
+                                            top.explanation if top is not None else "")
         if not self.presenting:
             self.toggle_presentation()
 
@@ -429,6 +435,10 @@ class MainWindow(QMainWindow):
     def with_store(self, fn: Callable[[RunStore], T]) -> T:
         """``fn(store)`` on the window's run database (from a worker)."""
         return self.store_link.with_store(fn)
+
+    def read_findings(self, ref: int | str) -> list[Finding]:
+        """The stored run ``ref``'s findings (from a worker)."""
+        return self.with_store(lambda store: stored_findings(store, ref))
 
     def refresh_history(self) -> None:
         self.store_link.refresh_history()

@@ -1,7 +1,8 @@
 """Presentation mode: dark, full screen, big numbers and large plots, readable from the back of a
 room, fitting a 1024x768 or 1280x720 projector. Two pages: the live run (the same ring buffers as
 the desk dashboard), and a before/after view of two runs with the A/B headline
-(:mod:`app.headline`)."""
+(:mod:`app.headline`). Each page may read out one finding (:mod:`app.run_findings`): the ended
+run's first warning, or why the after run differs from the before."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from app.gui.theme import DARK, MIN_THEME_PT, Theme, scaled, stylesheet
 from app.headline import Headline
 
 PRESENTATION_PLOTS = ("tokens", "latency", "itl")
+FINDING_COLOUR = "#fbbc04"
+"""A warning read out on the dark page: amber, as the workbench's warnings."""
 VERDICT_COLOURS = {"better": DARK.good, "worse": DARK.bad, "same": DARK.muted, "unreliable": DARK.muted, "": DARK.muted}
 DESIGN_SIZE = (1024, 716)
 """The room the presentation page is laid out for at its theme's sizes (a 1024x768 window less
@@ -78,6 +81,10 @@ class BeforeAfterView(QWidget):
         layout.setSpacing(14)
         self.sentence = _label("", 24, DARK.foreground, bold=True)
         layout.addWidget(self.sentence)
+        self.why = _label("", 15, DARK.accent)
+        self.why.setObjectName("beforeAfterWhy")
+        self.why.setVisible(False)
+        layout.addWidget(self.why)
         self.grid = QGridLayout()
         self.grid.setHorizontalSpacing(24)
         self.grid.setVerticalSpacing(10)
@@ -96,12 +103,15 @@ class BeforeAfterView(QWidget):
         for label in self.findChildren(_Text):
             label.set_scale(factor)
 
-    def show_headline(self, headline: Headline, money: str = "") -> None:
+    def show_headline(self, headline: Headline, money: str = "", why: str = "") -> None:
         """``money``: the same change in money (``app.headline.money_line``), the line a customer
-        remembers; hidden when there is none."""
+        remembers; ``why``: the top reason the after run differs (``app.run_findings.top_change``);
+        each hidden when there is none."""
         self.headline = headline
         self.money.setText(money)
         self.money.setVisible(bool(money))
+        self.why.setText(why)
+        self.why.setVisible(bool(why))
         lead = headline.lead
         self.sentence.setText(lead.text() if lead is not None else "No clear difference in the headline figures")
         while self.grid.count():
@@ -141,6 +151,9 @@ class PresentationView(QWidget):
         self.title = _label("tunebench", 26, DARK.foreground, bold=True)
         self.subtitle = _label("", 15, DARK.muted)
         self.features = _label("", 15, DARK.accent)
+        self.finding = _label("", 14, FINDING_COLOUR, bold=True)  # the ended run's first warning
+        self.finding.setObjectName("presentationFinding")
+        self.finding.setVisible(False)
         self.hint = _label("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after", 11, DARK.muted)
         self.hint.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.tiles = TileRow()
@@ -148,6 +161,7 @@ class PresentationView(QWidget):
         live = QWidget()
         live_layout = QVBoxLayout(live)
         live_layout.setContentsMargins(0, 0, 0, 0)
+        live_layout.addWidget(self.finding)
         live_layout.addWidget(self.tiles)
         live_layout.addWidget(self.plots, 1)
         self._live_layout = live_layout
@@ -209,9 +223,9 @@ class PresentationView(QWidget):
         self.pages.setCurrentIndex(0)
         self._apply_heading(*self._live_heading)
 
-    def show_before_after(self, headline: Headline | None = None, money: str = "") -> None:
+    def show_before_after(self, headline: Headline | None = None, money: str = "", why: str = "") -> None:
         if headline is not None:
-            self.before_after.show_headline(headline, money)
+            self.before_after.show_headline(headline, money, why)
         current = self.before_after.headline
         if current is None:
             self.pages.setCurrentIndex(2)
@@ -221,6 +235,11 @@ class PresentationView(QWidget):
         change = current.change or "Before and after"
         self._apply_heading(change[:1].upper() + change[1:],
                             f"Before: {current.before_label}  \u2192  After: {current.after_label}", "")
+
+    def set_finding(self, text: str) -> None:
+        """The live page's one finding (the ended run's first warning); "" hides it."""
+        self.finding.setText(text)
+        self.finding.setVisible(bool(text))
 
     def add_above_plots(self, widget: QWidget, stretch: int) -> None:
         """A campaign's own chart on the live page, between the tiles and the plots."""
