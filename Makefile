@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-under-load deps engine pg-server lint bench screenshots clean
+.PHONY: run test test-quick test-under-load deps engine pg-server lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -47,6 +47,15 @@ test: engine pg-server
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+# `make test-quick`: the checks and every test not marked slow (those that start real engines, Ray
+# clusters or the hosts of tests/netns_hosts.py, and the GUI end to end: tests/conftest.py marks
+# them), for an answer in minutes while developing. `make test` runs everything.
+test-quick: engine pg-server
+	$(BIN)/ruff check app engine_adapters db tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow"
 
 # `make test` on RUNS fresh clones of this commit in a row, each while BURNERS busy loops take a
 # core apiece: the proof that the suite's timing assertions hold on a shared machine.

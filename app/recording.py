@@ -140,7 +140,11 @@ class RunRecorder:
         if not self._thread.is_alive():
             return
         self._stop.set()
-        self._thread.join(timeout_s if timeout_s is not None else 2 * self.outage_limit_s + 30.0)
+        waited_s = timeout_s if timeout_s is not None else 2 * self.outage_limit_s + 30.0
+        self._thread.join(waited_s)
+        if self._thread.is_alive() and self._open:  # a call to the store still hangs: not known to be stored
+            self.unstored.setdefault(self._uid, f"the run database did not answer within {waited_s:g} s: the "
+                                                "run's last records and its end may not be stored")
         self.bus.unsubscribe(self._sub)
         if self.owns_store:
             self.store.close()

@@ -143,11 +143,17 @@ def open_engine(location: StoreLocation, busy_timeout_s: float) -> Engine:
     """An engine on the store. A file (``URL.create``: nothing in the path is parsed as a URL)
     gets connections set up for sharing it (:func:`_setup`); a PostgreSQL database, connections
     that are checked before use (a server restarted mid-run is reconnected to) and that give up
-    on an unreachable host after ``busy_timeout_s``."""
+    on an unreachable host after ``busy_timeout_s``. An established connection whose host stops
+    answering (a partition drops packets; nothing refuses) fails as well, after ``busy_timeout_s``
+    of unacknowledged data or silent keepalives, rather than blocking for TCP's quarter of an hour:
+    the recorder's outage limit and spill then apply (tests/hosts)."""
     if isinstance(location, URL):
+        silent_s = max(1, int(busy_timeout_s))
         try:
             engine = create_engine(location, connect_args={
-                "connect_timeout": max(1, int(busy_timeout_s)), "application_name": "tunebench"})
+                "connect_timeout": silent_s, "application_name": "tunebench",
+                "tcp_user_timeout": silent_s * 1000, "keepalives": 1, "keepalives_idle": silent_s,
+                "keepalives_interval": max(1, silent_s // 3), "keepalives_count": 3})
         except (ArgumentError, ValueError, TypeError) as exc:  # a query option SQLAlchemy cannot take
             raise StoreError(f"the run database URL {location_text(location)} has an option that does not "
                              f"parse ({str(exc).splitlines()[0]})") from None

@@ -208,11 +208,14 @@ class PgServer:
     data_dir: Path
 
     def __init__(self, *, bin_dir: Path, data_dir: Path, port: int, log_file: Path,
-                 home: Path | None = None, durability: tuple[str, ...] = TEST_DURABILITY) -> None:
-        self.host = HOST
+                 home: Path | None = None, durability: tuple[str, ...] = TEST_DURABILITY, host: str = HOST,
+                 netns: str | None = None) -> None:
+        self.host = host
         self.durability = durability
         """The settings that decide what survives a crash (:data:`TEST_DURABILITY` or
         :data:`CRASH_SAFE_DURABILITY`)."""
+        self.netns = netns
+        """The network namespace it runs and listens in (tests/netns_hosts.py); None: this one."""
         self.port = port
         self.user = USER
         self.data_dir = data_dir
@@ -335,19 +338,29 @@ class PgServer:
                 self._process.kill()
 
     def _connect(self, database: str) -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(
-            host=self.host, port=self.port, user=self.user, dbname=database, autocommit=True,
-            connect_timeout=10, sslmode="disable", gssencmode="disable",
-        )
+        def connect() -> psycopg.Connection[tuple[object, ...]]:
+            return psycopg.connect(
+                host=self.host, port=self.port, user=self.user, dbname=database, autocommit=True,
+                connect_timeout=10, sslmode="disable", gssencmode="disable",
+            )
+
+        if self.netns is None:
+            return connect()
+        from tests.netns_hosts import in_netns  # its socket is made in the server's namespace
+
+        return in_netns(self.netns, connect)
 
     def _spawn(self) -> None:
         """Run the postmaster in the foreground as our child and wait until it takes connections."""
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port)]
         for setting in (*_SERVER_SETTINGS, *self.durability):
             argv += ["-c", setting]
+        argv += ["-c", f"listen_addresses={self.host}"]  # the last one given wins
         command = _as_server_user(argv, parent_death_signal=True)
         # setpriv (or nothing) execs postgres: our child is the postmaster; runuser forks it.
         postmaster_pid_known = Path(command[0]).name != "runuser"
+        if self.netns is not None:  # `ip netns exec` execs its command too
+            command = ["ip", "netns", "exec", self.netns, *command]
         with open(self.log_file, "ab") as log:
             log_start = log.tell()
             process = subprocess.Popen(
@@ -448,12 +461,14 @@ def _remove_orphaned_homes() -> None:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def start_pg_server(base_dir: Path, *, crash_safe: bool = False) -> PgServer:
+def start_pg_server(base_dir: Path, *, crash_safe: bool = False, host: str = HOST,
+                    netns: str | None = None) -> PgServer:
     """initdb into ``base_dir/pgdata`` (which must not exist yet; as root, a link to the server's
     own directory) and start a server on a free 127.0.0.1 port (a new port on a clash).
     ``base_dir/postgres.log`` is the server's log. A test's server runs with
     :data:`TEST_DURABILITY`; ``crash_safe`` (a benchmark's) syncs its new cluster and runs with
-    :data:`CRASH_SAFE_DURABILITY`.
+    :data:`CRASH_SAFE_DURABILITY`. With ``netns`` it runs in that network namespace and listens on
+    ``host`` there (a host of tests/netns_hosts.py).
     Raises ``PgServerMissing`` when the binaries are not installed."""
     bin_dir = find_pg_bin_dir()
     base_dir = base_dir.resolve()
@@ -480,8 +495,11 @@ def start_pg_server(base_dir: Path, *, crash_safe: bool = False) -> PgServer:
             break
         if _NO_ACCESS not in output or attempt == _ACCESS_ATTEMPTS - 1:
             raise RuntimeError(f"initdb failed ({result.returncode}):\n{output}")
+    if host != HOST:  # initdb trusts the loopback only: trust the hosts of the server's own subnet
+        with open(data_dir / "pg_hba.conf", "a", encoding="utf-8") as hba:
+            hba.write("host all all samenet trust\n")
     server = PgServer(bin_dir=bin_dir, data_dir=data_dir, port=_free_port(), log_file=log_file, home=home,
-                      durability=CRASH_SAFE_DURABILITY if crash_safe else TEST_DURABILITY)
+                      durability=CRASH_SAFE_DURABILITY if crash_safe else TEST_DURABILITY, host=host, netns=netns)
     if home is not None:
         server.links = [base_dir / "pgdata", base_dir / "postgres.log"]
     for attempt in range(_PORT_ATTEMPTS):

@@ -164,7 +164,8 @@ def test_repeats_spread_over_both_nodes_each_stored_with_its_node(ray_cluster: L
 
 
 def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_cluster: LocalRayCluster, gguf: Path,
-                                                                        tmp_path: Path) -> None:
+                                                                        tmp_path: Path,
+                                                                        engines_before: set[tuple[int, float]]) -> None:
     trial = trial_in_background(tmp_path, "lost node")
     deadline = time.monotonic() + 120
     first = None
@@ -175,6 +176,8 @@ def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_clust
     assert first is not None, "the trial never started"
     lost = next(name for name in ray_cluster.workers if ray_cluster.node_id_of(name).startswith(first.split("/")[1]))
     time.sleep(2.0)  # mid-trial: its requests are under way
+    on_lost_node = [r for r in engines_since(engines_before) if r.pid and group_members(r.pid)]
+    assert len(on_lost_node) == 1, on_lost_node  # the one trial's engine, on the node about to be lost
     ray_cluster.remove_worker(lost)
     try:
         result = trial.result()
@@ -187,6 +190,12 @@ def test_a_node_lost_mid_trial_is_interrupted_and_runs_again_elsewhere(ray_clust
         stored = [trial.store.get_run(i) for i in step.stored_ids]
         assert [r.status for r in stored] == ["interrupted", "completed"]
         assert stored[0].reason == f"node {first} lost"
+        left = still_running(on_lost_node)
+        assert not left, f"the lost node's engine still runs: {[r.pid for r in left]}"
+        for level in step.runs[1].levels:  # the rerun's tokens are the engine's own count
+            assert level.summary.errors == 0
+            assert level.summary.tokens_match_engine is True
+        assert not [r for r in engines_since(engines_before) if group_members(r.pid)]
     finally:
         ray_cluster.add_worker(lost)  # the session's cluster has both workers again
 
@@ -215,7 +224,10 @@ def test_sigkill_of_the_driver_leaves_no_engine_on_any_node(ray_cluster: LocalRa
 
 
 def test_a_ladder_on_the_cluster_runs_the_steps_it_plans_locally(ray_cluster: LocalRayCluster, gguf: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path,
+                                                                  engines_before: set[tuple[int, float]]) -> None:
+    from app.analysis.summary import numbers
+
     profile = Path(__file__).with_name("ladder.toml")
     planned_at = tmp_path / "plan.json"
     assert tunebench(["ladder", str(profile), "--dry-run", "--json", str(planned_at)], ray_cluster,
@@ -233,9 +245,14 @@ def test_a_ladder_on_the_cluster_runs_the_steps_it_plans_locally(ray_cluster: Lo
     assert [r["config"]["features"] for r in rows] == [r["config"]["features"] for r in planned]
     assert [r["config"]["load"] for r in rows] == [r["config"]["load"] for r in planned]
     store = RunStore(tmp_path / "runs.db")
-    nodes = {node_of(store.get_run(i).tags) for r in rows for i in r["run_ids"]}
+    runs = [store.get_run(i) for r in rows for i in r["run_ids"]]
+    nodes = {node_of(run.tags) for run in runs}
     assert len(nodes) == 2 and None not in nodes  # its steps ran side by side on both nodes
     assert rows[1]["factor_previous"] is not None
+    for run in runs:  # each step's client tokens equal its engine's counter
+        assert run.status == "completed"
+        assert numbers(run.metrics)["tokens_match_engine"] == 1.0, numbers(run.metrics)
+    assert not engines_since(engines_before)  # every step's engine was stopped with its placement
 
 
 def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path) -> None:
