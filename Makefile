@@ -54,7 +54,7 @@ test: engine pg-server
 test-quick: engine pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow"
 
 # `make test` on RUNS fresh clones of this commit in a row, each while BURNERS busy loops take a

@@ -6,6 +6,7 @@ to show first, made once here so every face makes them the same way."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,12 @@ def own(findings: Sequence[Finding]) -> list[Finding]:
 def headline_finding(findings: Sequence[Finding]) -> Finding | None:
     """The one finding a presenter reads out: the first warning (None when the run raised none)."""
     return next((f for f in findings if f.severity == "warning"), None)
+
+
+def first_sentence(text: str) -> str:
+    """What a presenter reads out of an explanation: its first sentence (the reason; the rest is
+    the detail a customer asks for afterwards)."""
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip(), maxsplit=1)[0]
 
 
 def top_change(findings: Sequence[Finding]) -> Finding | None:

@@ -38,7 +38,7 @@ from app.gui.series import SeriesStore
 from app.live_run import LiveRun
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures
-from app.run_findings import headline_finding
+from app.run_findings import first_sentence, headline_finding
 from app.runner import RunResult
 from engine_adapters.base import FeatureCheck, feature_check_line, feature_status_text
 from engine_adapters.features import FEATURES
@@ -240,7 +240,7 @@ class LiveTab(QWidget):
     def _findings_shown(self, findings: list[Finding]) -> None:
         """The presentation's live page reads out the first warning (nothing when there is none)."""
         lead = headline_finding(findings)
-        self.presentation.set_finding(lead.explanation if lead is not None else "")
+        self.presentation.set_finding(first_sentence(lead.explanation) if lead is not None else "")
         warnings = sum(f.severity == "warning" for f in findings)
         self.bottom.setTabText(1, f"Findings ({warnings} warning{'s' if warnings != 1 else ''})" if findings
                                else "Findings")

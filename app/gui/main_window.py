@@ -71,7 +71,7 @@ from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
 from app.profiles import Profile, shipped_profiles
-from app.run_findings import stored_findings, top_change
+from app.run_findings import first_sentence, stored_findings, top_change
 from app.runner import RunResult
 from app.store import RunStore
 from engine_adapters.base import FlagSet
@@ -426,7 +426,7 @@ class MainWindow(QMainWindow):
         money, why = self.compare.extras.money_lines, self.compare.extras.why
         top = top_change(why[0]) if why else None
         self.presentation.show_before_after(headlines[0], money[0] if money else "",
-                                            top.explanation if top is not None else "")
+                                            first_sentence(top.explanation) if top is not None else "")
         if not self.presenting:
             self.toggle_presentation()
 

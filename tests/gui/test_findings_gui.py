@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 
 from app.gui.main_window import MainWindow
 from app.load.metrics import LevelSummary
-from app.run_findings import headline_finding, stored_findings, top_change
+from app.run_findings import first_sentence, headline_finding, stored_findings, top_change
 from app.runner import LevelResult, RunResult
 from app.store import RunStore
 from tests.gui.test_text_fits import _fits_at_every_size, _longest_figures
@@ -63,7 +63,7 @@ def test_a_kv_bound_run_shows_its_finding_after_the_run_and_try_it_sets_the_next
     assert "KV" in row.explanation.text()
     assert panel.findings[0].rule == "kv_bound"  # warnings first
     # The presentation's live page reads out the first warning.
-    assert window.presentation.finding.text() == panel.findings[0].explanation
+    assert window.presentation.finding.text() == first_sentence(panel.findings[0].explanation)  # read out: one sentence
     qtbot.waitUntil(lambda: all(r.height() >= r.heightForWidth(r.width()) for r in panel.rows))  # wrapped whole
     shots = Path(os.environ.get("TUNEBENCH_SHOTS_DIR") or tmp_path)
     assert window.grab().save(str(shots / "findings-panel.png"))
@@ -136,5 +136,5 @@ def test_the_presentations_finding_sentence_fits_at_every_projector_size(
     window.compare_runs([off, on])
     qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=30_000)
     window.present_before_after()
-    assert presentation.before_after.why.text() == why.explanation
+    assert presentation.before_after.why.text() == first_sentence(why.explanation)
     _fits_at_every_size(qtbot, window, lambda: cut_labels(presentation), tmp_path, "why")
