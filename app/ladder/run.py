@@ -18,11 +18,12 @@ from pydantic import ValidationError
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import unfair_hardware
 from app.bus import Bus
-from app.campaign import Campaign, Fleet, MachineFacts, Step, StepResult, engine_key
+from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
 from app.events import CampaignUpdated, LogLine
+from app.executor import Fleet
 from app.ladder.spec import (
     LadderError,
     LadderSpec,
@@ -50,7 +51,7 @@ from engine_adapters.hardware import GpuInfo, HardwareInfo, probe_hardware
 from engine_adapters.secrets import mask_obj
 
 if TYPE_CHECKING:
-    from app.campaign import EngineSource, Recorder, RunnerLike
+    from app.executor import EngineSource, Recorder, RunnerLike
 
 BATCH_VERIFIED_RATIO = 1.5
 """A load step that raises the concurrency is verified when the engine's tokens per step grew at
