@@ -314,16 +314,15 @@ class Campaign:
             slot.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
                                        f"'{step.name}': run {i + 1} of {step.repeats}"))
             try:
-                attempts, reused = slot.run(self._config(step, out.repeat_tag, i), cancel)
+                ran = slot.run(self._config(step, out.repeat_tag, i), cancel)
             except (EngineFailed, UserError) as exc:
                 out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
                 break
             if i == 0:
-                out.engine_reused = reused
-            for run, stored_ids in attempts:
-                out.runs.append(run)
-                out.stored_ids.extend(stored_ids)
-            run = attempts[-1][0]
+                out.engine_reused = ran.engine_reused
+            out.runs.extend(ran.runs)
+            out.stored_ids.extend(ran.stored_ids)
+            run = ran.runs[-1]
             if run.status != "completed":
                 out.status, out.reason = ("cancelled" if run.status == "cancelled" else "failed"), run.reason
                 break

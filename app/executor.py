@@ -121,6 +121,17 @@ class Places:
 
 
 @dataclass
+class Ran:
+    """One run as a slot ran it: each attempt (a run whose node was lost runs once more,
+    elsewhere), the ids they were stored under, and whether the run got the engine the slot's
+    previous run used (None: no engine of ours)."""
+
+    runs: list[RunResult] = field(default_factory=list)
+    stored_ids: list[int] = field(default_factory=list)
+    engine_reused: bool | None = None
+
+
+@dataclass
 class Slot:
     """Where one trial at a time runs: its bus, engines (or a placement on a cluster) and recorder."""
 
@@ -133,14 +144,11 @@ class Slot:
     """Its bus, engines and recorder are its own (closed with it), not the owner's."""
     last_engine: EngineProcess | None = None
 
-    def run(self, config: RunConfig, cancel: threading.Event) -> tuple[list[tuple[RunResult, list[int]]], bool | None]:
-        """One run of ``config`` here, recorded: each attempt with the ids it was stored under (a
-        run whose node was lost runs once more, elsewhere), and whether it got the engine the
-        slot's previous run used (None: no engine of ours). An engine that cannot start raises
+    def run(self, config: RunConfig, cancel: threading.Event) -> Ran:
+        """One run of ``config`` here, recorded. An engine that cannot start raises
         ``EngineFailed`` or ``UserError``."""
-        places, attempts = self.places, []
+        places, ran = self.places, Ran()
         while True:
-            reused: bool | None = None
             if self.remote is not None:
                 runner = self.remote.runner(config, self.bus, telemetry=places.telemetry)
             else:
@@ -151,31 +159,30 @@ class Slot:
                     except BaseException:
                         self.last_engine = None
                         raise
-                    reused, self.last_engine = engine is self.last_engine, engine
+                    ran.engine_reused, self.last_engine = engine is self.last_engine, engine
                 assert places.runner_factory is not None
                 runner = places.runner_factory(config, self.bus, endpoint=places.endpoint, api_key=places.api_key,
                                                engine=engine, telemetry=places.telemetry)
-            run, stored_ids = self._recorded(runner, cancel)
-            attempts.append((run, stored_ids))
+            run = self._recorded(runner, cancel, ran)
             if not (self.remote is not None and run.status == "interrupted" and not cancel.is_set()
-                    and len(attempts) == 1 and self.remote.requeue(run)):
-                return attempts, reused
+                    and len(ran.runs) == 1 and self.remote.requeue(run)):
+                return ran
             self.bus.emit(LogLine.note(f"{run.reason}: '{config.name}' runs again elsewhere"))
 
-    def _recorded(self, runner: RunnerLike, cancel: threading.Event) -> tuple[RunResult, list[int]]:
-        """One run and the ids it was stored under; a run whose data could not all be stored is
-        not "completed"."""
+    def _recorded(self, runner: RunnerLike, cancel: threading.Event, ran: Ran) -> RunResult:
+        """One run, with the ids it was stored under, into ``ran``; a run whose data could not all
+        be stored is not "completed"."""
         recorder = self.recorder
         known = len(recorder.recorded) if recorder is not None else 0
         run = runner.run(cancel)
-        if recorder is None:
-            return run, []
-        recorder.flush()
-        stored_ids = list(recorder.recorded[known:])
-        check = getattr(recorder, "check_stored", None)
-        if check is not None:
-            check(run)
-        return run, stored_ids
+        ran.runs.append(run)
+        if recorder is not None:
+            recorder.flush()
+            ran.stored_ids.extend(recorder.recorded[known:])
+            check = getattr(recorder, "check_stored", None)
+            if check is not None:
+                check(run)
+        return run
 
     def close(self) -> None:
         """Its placement released; a slot of its own also closes its engines and recorder (whose

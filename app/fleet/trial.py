@@ -10,7 +10,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,7 +213,7 @@ class Waiter:
         self._watches: dict[Any, _Watch] = {}
         self._thread: threading.Thread | None = None
 
-    def follow(self, waitable: Any, cancel: threading.Event, on_cancel: Callable[[], bool]) -> Iterator[Any]:
+    def follow(self, waitable: Any, cancel: threading.Event, on_cancel: Callable[[], bool]) -> Generator[Any, None, None]:
         """What ``waitable`` brings as it arrives: an ``ObjectRef``'s value (once), or each item of a
         streaming generator; an error Ray raises for one is raised here. It ends with the stream, or
         when ``on_cancel`` (called once ``cancel`` is set) says to stop."""
@@ -233,6 +233,14 @@ class Waiter:
         finally:
             with self._lock:
                 self._watches.pop(waitable, None)
+
+    def ready(self, ref: Any, cancel: threading.Event) -> bool:
+        """Whether ``ref`` (a placement group's ``ready()``) became ready before ``cancel`` was set."""
+        followed = self.follow(ref, cancel, lambda: True)
+        try:
+            return next(followed, _END) is not _END
+        finally:
+            followed.close()
 
     def _wait(self) -> None:
         import ray
@@ -372,7 +380,7 @@ class RaySlot:
         group = placement_group([wanted], strategy="STRICT_PACK", bundle_label_selector=[
             {NODE_ID_LABEL: f"in({','.join(only)})"}] if only else None)
         self._group = group
-        if next(self.fleet.waiter.follow(group.ready(), cancel, lambda: True), _END) is _END:  # cancelled first
+        if not self.fleet.waiter.ready(group.ready(), cancel):
             self.close()
             raise UserError("cancelled")
         gpus = wanted.get("GPU", 0.0)
