@@ -2,8 +2,9 @@
 configuration repeated N times) for repeats, the ladder and the tuner alike, with engine reuse
 (relaunched only when engine flags change), cold caches, recording, each step's mean and 95% CI,
 a ``prepare`` hook that builds or skips each step just before it runs, a resume point and steps
-side by side in slots of their own. The campaign model is described in docs/architecture.md
-("Campaigns"); docs/campaigns-plan.md says what is left.
+side by side. It only proposes runs and takes in their outcomes: where and how they run (slots,
+threads, cancel, a cluster's placements) is :mod:`app.executor`'s. The campaign model is
+described in docs/architecture.md ("Campaigns"); docs/campaigns-plan.md says what is left.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from app.analysis.compare import CAMPAIGN_TAG, REPEAT_TAG
 from app.analysis.stats import Aggregate, aggregate
@@ -24,6 +25,8 @@ from app.config import RunConfig
 from app.engines import launch_engine
 from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
+from app.executor import EngineSource, Executor, Fleet, Places, Recorder, RunnerLike, Slot
+from app.executor import RemoteSlot as RemoteSlot  # (kept importable from here)
 from app.load.datasets import read_inputs
 from app.runner import Runner, RunResult
 from engine_adapters.base import FlagSet, Phase
@@ -37,12 +40,6 @@ StepStatus = Literal["completed", "failed", "cancelled", "skipped"]
 def engine_key(config: RunConfig) -> str:
     """Two configurations can share a running engine when engine and features are equal."""
     return config.engine.model_dump_json() + config.features.model_dump_json()
-
-
-class EngineSource(Protocol):
-    """Hands out a ready engine for a configuration (reusing one when engine flags are equal)."""
-
-    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess: ...
 
 
 class EngineKeeper:
@@ -175,52 +172,6 @@ class CampaignResult:
                            "runs": [r.model_dump(mode="json") for r in s.runs]} for s in self.steps]}
 
 
-class RunnerLike(Protocol):
-    """What the campaign needs of ``app.runner.Runner`` (tests pass a stand-in)."""
-
-    def run(self, cancel: threading.Event | None = None) -> RunResult: ...
-
-
-class RemoteSlot(Protocol):
-    """A place on a cluster where one step at a time runs (``app.fleet``): its runs run there, and
-    their events come back to the slot's bus."""
-
-    def runner(self, config: RunConfig, bus: Bus, *, telemetry: bool) -> RunnerLike: ...
-
-    def requeue(self, run: RunResult) -> bool:
-        """Whether an interrupted run runs again (its node was lost: once, elsewhere)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class Fleet(Protocol):
-    """Hands out slots on a cluster; a campaign given one launches nothing on this machine."""
-
-    def new_slot(self) -> RemoteSlot: ...
-
-
-class Recorder(Protocol):
-    """What the campaign needs of ``app.recording.RunRecorder``."""
-
-    recorded: list[int]
-    store: Any
-
-    def flush(self, timeout_s: float = 10.0) -> None: ...
-
-
-@dataclass
-class _Slot:
-    """Where one step at a time runs: its bus, engines and recorder (the campaign's own when steps
-    run one after another; a slot's own when they run side by side)."""
-
-    bus: Bus
-    engines: EngineSource | None
-    recorder: Recorder | None
-    last_engine: EngineProcess | None = None
-    remote: RemoteSlot | None = None
-
-
 def result_figures(result: RunResult) -> dict[str, float]:
     """A run's figures from the runner's own result (used when nothing is stored): a one-level
     run's figures, or ``L<idx>.``-prefixed figures of each level."""
@@ -241,7 +192,8 @@ def aggregate_figures(per_run: Sequence[dict[str, float]]) -> dict[str, Aggregat
 
 
 class Campaign:
-    """Runs steps in order (see the module docstring); ``run(cancel)`` blocks."""
+    """Runs steps in order (see the module docstring); ``run(cancel)`` blocks. It only proposes
+    runs and takes in their outcomes: :class:`app.executor.Executor` runs them."""
 
     def __init__(self, steps: Sequence[Step], bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engines: EngineSource | None = None, recorder: Recorder | None = None, telemetry: bool = True,
@@ -259,40 +211,41 @@ class Campaign:
         self.steps = list(steps)
         self.bus = bus
         self.endpoint = endpoint
-        self.api_key = api_key
         self.fleet = fleet
         """Where steps run when not on this machine: each slot is a placement on a cluster."""
-        self.on_slot_bus = on_slot_bus
-        """Called with each side-by-side slot's bus as it opens, so a face can follow it."""
         self._own_keeper = engines is None and endpoint is None and fleet is None
         self.engines: EngineSource | None = EngineKeeper() if self._own_keeper else engines
         self.recorder = recorder
-        self.telemetry = telemetry
         self.stop_on_failure = stop_on_failure
         self.campaign_id = campaign_id or uuid.uuid4().hex[:12]
-        self.runner_factory = runner_factory
         self.prepare = prepare
         self.on_step_start = on_step_start
         self.on_step_done = on_step_done
         self.extra_tags = list(extra_tags)
-        self.new_engines = new_engines or EngineKeeper
-        """Each slot's own engine source when steps run side by side."""
-        self._hooks = threading.Lock()  # the owner's hooks run one at a time, whatever the slots
+        self.places = Places(bus, recorder=recorder, engines=self.engines, new_engines=new_engines or EngineKeeper,
+                             endpoint=endpoint, api_key=api_key, fleet=fleet, telemetry=telemetry,
+                             runner_factory=runner_factory, on_slot_bus=on_slot_bus)
+        """Where its runs run: the owner's engines one at a time; side by side, slots of their own."""
 
-    def run(self, cancel: threading.Event | None = None, *, start_at: int = 0,
-            max_parallel: int = 1) -> CampaignResult:
+    def run(self, cancel: threading.Event | None = None, *, start_at: int = 0, max_parallel: int = 1,
+            slot: Slot | None = None) -> CampaignResult:
         """``start_at``: the first step to run (a resumed campaign keeps the steps before it).
-        ``max_parallel``: how many steps may run at once, each in a slot of its own (its own
-        engines, bus and recorder); every step is then prepared before the first one starts."""
+        ``max_parallel``: how many runs may run at once, each in a slot of its own (its own
+        engines, bus and recorder); every step is then prepared before the first one starts.
+        ``slot``: one at a time, in this slot (a tune's configuration: the executor's)."""
         if max_parallel < 1:
             raise UserError(f"steps at once must be at least 1 (got {max_parallel})")
         cancel = cancel or threading.Event()
         result = CampaignResult(self.campaign_id)
         try:
             if max_parallel == 1:
-                self._run_in_order(cancel, start_at, result)
+                in_order = _InOrder(self, start_at, cancel, result)
+                Executor(self.places, slot=slot).run(in_order, in_order.work, cancel)
+                in_order.finish()
             else:
-                self._run_side_by_side(cancel, start_at, max_parallel, result)
+                side = _SideBySide(self, start_at, cancel, result)
+                Executor(self.places, max_parallel=max_parallel).run(side, side.work, cancel)
+                side.finish()
         finally:
             if self._own_keeper and isinstance(self.engines, EngineKeeper):
                 self.engines.close()
@@ -311,98 +264,12 @@ class Campaign:
 
     def _started(self, index: int, step: Step) -> None:
         if self.on_step_start is not None:
-            with self._hooks:
-                self.on_step_start(index, step)
+            self.on_step_start(index, step)
 
     def _done(self, index: int, outcome: StepResult, result: CampaignResult) -> None:
-        with self._hooks:
-            result.steps.append(outcome)
-            if self.on_step_done is not None:
-                self.on_step_done(index, outcome)
-
-    def _run_in_order(self, cancel: threading.Event, start_at: int, result: CampaignResult) -> None:
-        slot = _Slot(self.bus, self.engines, self.recorder,
-                     remote=self.fleet.new_slot() if self.fleet is not None and self.endpoint is None else None)
-        try:
-            self._run_steps_in_order(cancel, start_at, result, slot)
-        finally:
-            if slot.remote is not None:
-                slot.remote.close()
-
-    def _run_steps_in_order(self, cancel: threading.Event, start_at: int, result: CampaignResult,
-                            slot: _Slot) -> None:
-        for index, step in enumerate(self.steps):
-            if index < start_at:
-                continue
-            if cancel.is_set():
-                result.status, result.reason = "cancelled", "cancelled"
-                break
-            prepared = self._prepared(index, step, result)
-            if prepared is None:
-                continue
-            self._started(index, prepared)
-            outcome = self._run_step(index, prepared, cancel, slot)
-            self._done(index, outcome, result)
-            if outcome.status in ("failed", "cancelled"):  # (a step is skipped before it runs)
-                result.status, result.reason = ("cancelled" if outcome.status == "cancelled" else "failed"), \
-                    outcome.reason
-                if outcome.status == "cancelled" or self.stop_on_failure:
-                    break
-
-    def _run_side_by_side(self, cancel: threading.Event, start_at: int, max_parallel: int,
-                          result: CampaignResult) -> None:
-        """Every step prepared first, in order; then up to ``max_parallel`` slots take the next
-        ready run (a step's repeats spread over the slots too) until none is left. A step is done
-        when its last run is; the outcomes come back in step order."""
-        prepared = [(index, ready_step) for index, step in enumerate(self.steps) if index >= start_at
-                    and (ready_step := self._prepared(index, step, result)) is not None]
-        ready = deque((index, step, i) for index, step in prepared for i in range(step.repeats))
-        parts: dict[int, list[tuple[int, StepResult]]] = {index: [] for index, _ in prepared}
-        started: set[int] = set()
-        taking = threading.Lock()
-        stop = threading.Event()
-
-        def slot_loop(number: int) -> None:
-            slot = self._new_slot()
-            try:
-                while not (cancel.is_set() or stop.is_set()):
-                    with taking:
-                        if not ready:
-                            return
-                        index, step, repeat = ready.popleft()
-                        first = index not in started
-                        started.add(index)
-                    self.bus.emit(LogLine.note(f"campaign {self.campaign_id}: step {index + 1}/{len(self.steps)} "
-                                               f"'{step.name}'" + (f" run {repeat + 1}" if step.repeats > 1 else "")
-                                               + f" runs in slot {number + 1}"))
-                    if first:
-                        self._started(index, step)
-                    part = self._run_step(index, step, cancel, slot, only_repeat=repeat)
-                    with taking:
-                        parts[index].append((repeat, part))
-                        last = len(parts[index]) == step.repeats
-                    if last:
-                        self._done(index, self._merged(index, step, parts[index], cancel), result)
-                    if part.status == "failed" and self.stop_on_failure:
-                        stop.set()
-            finally:
-                self._close_slot(slot)
-
-        slots = [threading.Thread(target=slot_loop, args=(n,), name=f"campaign-slot-{n + 1}", daemon=True)
-                 for n in range(min(max_parallel, len(ready)))]
-        for thread in slots:
-            thread.start()
-        for thread in slots:
-            thread.join()
-        for index, step in prepared:  # steps that began but could not finish every run
-            if parts[index] and len(parts[index]) < step.repeats:
-                self._done(index, self._merged(index, step, parts[index], cancel), result)
-        result.steps.sort(key=lambda s: s.index)
-        failed = next((s for s in result.steps if s.status == "failed"), None)
-        if cancel.is_set():
-            result.status, result.reason = "cancelled", "cancelled"
-        elif failed is not None:
-            result.status, result.reason = "failed", failed.reason
+        result.steps.append(outcome)
+        if self.on_step_done is not None:
+            self.on_step_done(index, outcome)
 
     def _merged(self, index: int, step: Step, numbered: list[tuple[int, StepResult]],
                 cancel: threading.Event) -> StepResult:
@@ -421,32 +288,6 @@ class Campaign:
         self._aggregate(out)
         return out
 
-    def _new_slot(self) -> _Slot:
-        """A slot of its own: a bus, engines from ``new_engines`` (or a placement of the fleet),
-        and a recorder into the same store."""
-        bus = Bus()
-        if self.on_slot_bus is not None:
-            self.on_slot_bus(bus)
-        recorder: Recorder | None = None
-        if self.recorder is not None:
-            from app.recording import RunRecorder
-
-            recorder = RunRecorder(bus, self.recorder.store)
-        if self.endpoint is not None:
-            return _Slot(bus, None, recorder)
-        if self.fleet is not None:
-            return _Slot(bus, None, recorder, remote=self.fleet.new_slot())
-        return _Slot(bus, self.new_engines(), recorder)
-
-    def _close_slot(self, slot: _Slot) -> None:
-        for part in (slot.remote, slot.engines, slot.recorder):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
-        errors = getattr(self.recorder, "errors", None)
-        if isinstance(errors, list) and slot.recorder is not None:
-            errors.extend(getattr(slot.recorder, "errors", []))
-
     def _repeat_tag(self, index: int) -> str:
         return f"{REPEAT_TAG}{self.campaign_id}-{index}"
 
@@ -456,7 +297,7 @@ class Campaign:
         tags += [CAMPAIGN_TAG + self.campaign_id, repeat_tag, *(t for t in self.extra_tags if t not in tags)]
         return step.config.model_copy(update={"name": name, "tags": tags})
 
-    def _run_step(self, index: int, step: Step, cancel: threading.Event, slot: _Slot,
+    def _run_step(self, index: int, step: Step, cancel: threading.Event, slot: Slot,
                   only_repeat: int | None = None) -> StepResult:
         """The step's runs in this slot: every repeat, or ``only_repeat`` (then the caller merges
         the step's parts and aggregates them)."""
@@ -466,61 +307,28 @@ class Campaign:
         except UserError as exc:
             out.status, out.reason = "failed", str(exc)
             return out
-        i, end = (0, step.repeats) if only_repeat is None else (only_repeat, only_repeat + 1)
-        while i < end:
+        for i in range(step.repeats) if only_repeat is None else (only_repeat,):
             if cancel.is_set():
                 out.status, out.reason = "cancelled", "cancelled"
                 break
-            config = self._config(step, out.repeat_tag, i)
             slot.bus.emit(LogLine.note(f"campaign {self.campaign_id}, step {index + 1}/{len(self.steps)} "
                                        f"'{step.name}': run {i + 1} of {step.repeats}"))
-            if slot.remote is not None:
-                try:
-                    run = self._run_once(slot.remote.runner(config, slot.bus, telemetry=self.telemetry), cancel, slot,
-                                         out)
-                except (EngineFailed, UserError) as exc:
-                    out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
-                    break
-                if run.status == "interrupted" and not cancel.is_set() and slot.remote.requeue(run):
-                    slot.bus.emit(LogLine.note(f"{run.reason}: run {i + 1} of '{step.name}' runs again elsewhere"))
-                    continue
-            else:
-                engine = None
-                if self.endpoint is None and slot.engines is not None:
-                    try:
-                        engine = slot.engines.engine_for(config, slot.bus, cancel)
-                    except (EngineFailed, UserError) as exc:
-                        out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
-                        slot.last_engine = None
-                        break
-                    if i == 0:
-                        out.engine_reused = engine is slot.last_engine
-                    slot.last_engine = engine
-                run = self._run_once(self.runner_factory(config, slot.bus, endpoint=self.endpoint, api_key=self.api_key,
-                                                         engine=engine, telemetry=self.telemetry), cancel, slot, out)
-            i += 1
+            try:
+                ran = slot.run(self._config(step, out.repeat_tag, i), cancel)
+            except (EngineFailed, UserError) as exc:
+                out.status, out.reason = ("cancelled", "cancelled") if cancel.is_set() else ("failed", str(exc))
+                break
+            if i == 0:
+                out.engine_reused = ran.engine_reused
+            out.runs.extend(ran.runs)
+            out.stored_ids.extend(ran.stored_ids)
+            run = ran.runs[-1]
             if run.status != "completed":
                 out.status, out.reason = ("cancelled" if run.status == "cancelled" else "failed"), run.reason
                 break
         if only_repeat is None:
             self._aggregate(out)
         return out
-
-    @staticmethod
-    def _run_once(runner: RunnerLike, cancel: threading.Event, slot: _Slot, out: StepResult) -> RunResult:
-        """One run, recorded: its stored id joins the step's, and a run whose data could not all be
-        stored is not "completed"."""
-        recorder = slot.recorder
-        known = len(recorder.recorded) if recorder is not None else 0
-        run = runner.run(cancel)
-        out.runs.append(run)
-        if recorder is not None:
-            recorder.flush()
-            out.stored_ids.extend(recorder.recorded[known:])
-            check = getattr(recorder, "check_stored", None)
-            if check is not None:
-                check(run)
-        return run
 
     def _aggregate(self, out: StepResult) -> None:
         """Mean and CI per figure over the step's completed runs; stored into each run's summary."""
@@ -537,6 +345,96 @@ class Campaign:
                               "figures": {k: a.to_dict() for k, a in out.aggregate.items()}}}
         for run_id in out.stored_ids:
             store.update_run(run_id, summary=summary)
+
+
+class _InOrder:
+    """One step after another, each prepared just before it runs (so it can build on the one
+    that ran before it) and run whole (every repeat, the engine kept between them)."""
+
+    def __init__(self, campaign: Campaign, start_at: int, cancel: threading.Event, result: CampaignResult) -> None:
+        self.campaign, self.cancel, self.result = campaign, cancel, result
+        self.next = start_at
+        self.over = False
+
+    def ask(self) -> tuple[int, Step] | None:
+        campaign, result = self.campaign, self.result
+        while not self.over and self.next < len(campaign.steps):
+            index, self.next = self.next, self.next + 1
+            if self.cancel.is_set():
+                result.status, result.reason = "cancelled", "cancelled"
+                return None
+            prepared = campaign._prepared(index, campaign.steps[index], result)
+            if prepared is not None:
+                campaign._started(index, prepared)
+                return index, prepared
+        return None
+
+    def work(self, trial: tuple[int, Step], slot: Slot, cancel: threading.Event) -> StepResult:
+        return self.campaign._run_step(*trial, cancel, slot)
+
+    def tell(self, trial: tuple[int, Step], outcome: StepResult) -> None:
+        self.campaign._done(trial[0], outcome, self.result)
+        if outcome.status in ("failed", "cancelled"):  # (a step is skipped before it runs)
+            self.result.status = "cancelled" if outcome.status == "cancelled" else "failed"
+            self.result.reason = outcome.reason
+            self.over = outcome.status == "cancelled" or self.campaign.stop_on_failure
+
+    def finish(self) -> None:
+        """Cancelled with steps left to run: the campaign was cancelled, whatever the last step did."""
+        if self.cancel.is_set() and not self.over and self.next < len(self.campaign.steps):
+            self.result.status, self.result.reason = "cancelled", "cancelled"
+
+
+class _SideBySide:
+    """Every step prepared first, in order; then each ready run (a step's repeats spread over the
+    slots too) goes to the next free slot. A step is done when its last run is; the outcomes come
+    back in step order."""
+
+    def __init__(self, campaign: Campaign, start_at: int, cancel: threading.Event, result: CampaignResult) -> None:
+        self.campaign, self.cancel, self.result = campaign, cancel, result
+        self.prepared = [(index, ready_step) for index, step in enumerate(campaign.steps) if index >= start_at
+                         and (ready_step := campaign._prepared(index, step, result)) is not None]
+        self.ready = deque((index, step, i) for index, step in self.prepared for i in range(step.repeats))
+        self.parts: dict[int, list[tuple[int, StepResult]]] = {index: [] for index, _ in self.prepared}
+        self.stop = False
+
+    def ask(self) -> tuple[int, Step, int] | None:
+        if self.stop or not self.ready:
+            return None
+        index, step, repeat = trial = self.ready.popleft()
+        campaign = self.campaign
+        campaign.bus.emit(LogLine.note(f"campaign {campaign.campaign_id}: step {index + 1}/{len(campaign.steps)} "
+                                       f"'{step.name}'" + (f" run {repeat + 1}" if step.repeats > 1 else "")
+                                       + " starts in a slot"))
+        if repeat == 0:
+            campaign._started(index, step)
+        return trial
+
+    def work(self, trial: tuple[int, Step, int], slot: Slot, cancel: threading.Event) -> StepResult:
+        index, step, repeat = trial
+        return self.campaign._run_step(index, step, cancel, slot, only_repeat=repeat)
+
+    def tell(self, trial: tuple[int, Step, int], outcome: StepResult) -> None:
+        index, step, repeat = trial
+        self.parts[index].append((repeat, outcome))
+        if len(self.parts[index]) == step.repeats:
+            self.campaign._done(index, self.campaign._merged(index, step, self.parts[index], self.cancel),
+                                self.result)
+        if outcome.status == "failed" and self.campaign.stop_on_failure:
+            self.stop = True
+
+    def finish(self) -> None:
+        """Steps that began but could not finish every run are done too; then the campaign's status."""
+        campaign, result = self.campaign, self.result
+        for index, step in self.prepared:
+            if self.parts[index] and len(self.parts[index]) < step.repeats:
+                campaign._done(index, campaign._merged(index, step, self.parts[index], self.cancel), result)
+        result.steps.sort(key=lambda s: s.index)
+        failed = next((s for s in result.steps if s.status == "failed"), None)
+        if self.cancel.is_set():
+            result.status, result.reason = "cancelled", "cancelled"
+        elif failed is not None:
+            result.status, result.reason = "failed", failed.reason
 
 
 def repeat_lines(step: StepResult, keys: Sequence[str] | None = None) -> list[str]:

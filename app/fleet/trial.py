@@ -10,7 +10,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ from engine_adapters.runtimes import is_cpu_build
 BATCH_INTERVAL_S = 0.1
 """A worker sends what its bus published at least this often (never one remote call per item)."""
 MAX_BATCH_ITEMS = 2_000
-PLACEMENT_POLL_S = 0.5
+CANCEL_CHECK_S = 0.2
+"""How often the driver's one waiter looks at the trials' cancel events, between Ray's waits."""
 NODE_LOST = "node {label} lost"
 """The reason of a run whose node went away: the trial runs again once, elsewhere."""
 WORKER_DIED = "the trial's worker on node {label} died"
@@ -182,6 +183,119 @@ def _node_alive(node_id: str) -> bool:
         return False
 
 
+@dataclass
+class _Raised:
+    error: BaseException
+
+
+_END = object()
+"""What a follower's queue gets last: the stream ended, or the wait was given up (cancelled)."""
+
+
+@dataclass
+class _Watch:
+    cancel: threading.Event
+    on_cancel: Callable[[], bool]
+    """Called once when ``cancel`` is set: True stops the waiting (nothing more will come)."""
+    out: queue.Queue[Any]
+    stream: bool
+    cancel_heard: bool = False
+
+
+class Waiter:
+    """The driver's one thread for every trial on the cluster: one ``ray.wait`` over every pending
+    placement and every run's stream, handing each follower what arrived and forwarding each
+    trial's cancel. A trial's own thread (the executor's) only blocks on its queue: no thread and
+    no poll per trial. The thread runs while something is followed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: dict[Any, _Watch] = {}
+        self._thread: threading.Thread | None = None
+
+    def follow(self, waitable: Any, cancel: threading.Event, on_cancel: Callable[[], bool]) -> Generator[Any, None, None]:
+        """What ``waitable`` brings as it arrives: an ``ObjectRef``'s value (once), or each item of a
+        streaming generator; an error Ray raises for one is raised here. It ends with the stream, or
+        when ``on_cancel`` (called once ``cancel`` is set) says to stop."""
+        import ray
+
+        watch = _Watch(cancel, on_cancel, queue.Queue(), stream=not isinstance(waitable, ray.ObjectRef))
+        with self._lock:
+            self._watches[waitable] = watch
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._wait, name="fleet-waiter", daemon=True)
+                self._thread.start()
+        try:
+            while (item := watch.out.get()) is not _END:
+                if isinstance(item, _Raised):
+                    raise item.error
+                yield item
+        finally:
+            with self._lock:
+                self._watches.pop(waitable, None)
+
+    def ready(self, ref: Any, cancel: threading.Event) -> bool:
+        """Whether ``ref`` (a placement group's ``ready()``) became ready before ``cancel`` was set."""
+        followed = self.follow(ref, cancel, lambda: True)
+        try:
+            return next(followed, _END) is not _END
+        finally:
+            followed.close()
+
+    def _wait(self) -> None:
+        import ray
+
+        while True:
+            with self._lock:
+                if not self._watches:
+                    self._thread = None
+                    return
+                watches = dict(self._watches)
+            for waitable, watch in watches.items():
+                if watch.cancel.is_set() and not watch.cancel_heard:
+                    watch.cancel_heard = True
+                    if watch.on_cancel():
+                        self._end(waitable, _END)
+            waitables = [w for w in watches if w in self._watches]
+            try:
+                ready, _ = ray.wait(waitables, num_returns=1, timeout=CANCEL_CHECK_S) if waitables else ([], [])
+                if ready:  # every one ready now, in one call
+                    ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+            except Exception as exc:  # the cluster went away: every follower hears it
+                with self._lock:
+                    for watch in self._watches.values():
+                        watch.out.put(_Raised(exc))
+                    self._watches.clear()
+                    self._thread = None
+                return
+            for waitable in ready:
+                self._hand_over(waitable, watches[waitable])
+
+    def _hand_over(self, waitable: Any, watch: _Watch) -> None:
+        """The next value of a ready ``waitable`` to its follower."""
+        import ray
+
+        try:
+            ref = next(waitable) if watch.stream else waitable
+            watch.out.put(ray.get(ref))
+        except StopIteration:
+            self._end(waitable, _END)
+            return
+        except Exception as exc:
+            self._end(waitable, _Raised(exc))
+            return
+        if not watch.stream:
+            self._end(waitable, _END)
+
+    def _end(self, waitable: Any, last: Any) -> None:
+        with self._lock:
+            watch = self._watches.pop(waitable, None)
+        if watch is not None:
+            watch.out.put(last)
+            if last is not _END:
+                watch.out.put(_END)
+
+
 class RemoteRun:
     """A run on the slot's actor, seen from the driver: it republishes the streamed items on the
     driver's bus and returns the run's result. A lost node ends it ``interrupted``."""
@@ -199,22 +313,17 @@ class RemoteRun:
         self.bus.emit(LogLine.note(f"'{config.name}' runs on node {placed.label}"
                                    + (f" (GPUs {', '.join(placed.gpu_ids)})" if placed.gpu_ids else "")))
         stream = actor.run.options(num_returns="streaming").remote(config, self.telemetry, placed.record())
-        done = threading.Event()
 
-        def forward_cancel() -> None:
-            while not done.wait(0.2):
-                if cancel.is_set():
-                    try:
-                        actor.cancel.remote()
-                    except Exception:  # the actor is gone already: nothing to cancel
-                        pass
-                    return
+        def forward_cancel() -> bool:
+            try:
+                actor.cancel.remote()
+            except Exception:  # the actor is gone already: nothing to cancel
+                pass
+            return False  # the run ends cancelled: its stream goes on to its result
 
-        threading.Thread(target=forward_cancel, name="trial-cancel", daemon=True).start()
         run_id: str | None = None
         try:
-            for ref in stream:
-                part = ray.get(ref)
+            for part in self.slot.fleet.waiter.follow(stream, cancel, forward_cancel):
                 if isinstance(part, list):
                     for item in part:
                         if isinstance(item, Event) and isinstance(item.payload, RunStarted):
@@ -228,8 +337,6 @@ class RemoteRun:
             self.slot.lost(actor)
             gone = NODE_LOST if not _node_alive(placed.node_id) else WORKER_DIED
             return self._interrupted(config, run_id, gone.format(label=placed.label))
-        finally:
-            done.set()
         raise UserError(f"the trial on node {placed.label} ended without a result")
 
     def _interrupted(self, config: RunConfig, run_id: str | None, reason: str) -> RunResult:
@@ -273,11 +380,9 @@ class RaySlot:
         group = placement_group([wanted], strategy="STRICT_PACK", bundle_label_selector=[
             {NODE_ID_LABEL: f"in({','.join(only)})"}] if only else None)
         self._group = group
-        ready = group.ready()
-        while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
-            if cancel.is_set():
-                self.close()
-                raise UserError("cancelled")
+        if not self.fleet.waiter.ready(group.ready(), cancel):
+            self.close()
+            raise UserError("cancelled")
         gpus = wanted.get("GPU", 0.0)
         worker: Any = ray.remote(self.fleet.worker).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
@@ -341,6 +446,8 @@ class RayFleet:
         """Resources every trial also asks for (a custom resource keeps trials on chosen nodes)."""
         self.only_nodes = list(only_nodes or [])
         """Ray node ids trials may use (those that passed the preflight); empty: any."""
+        self.waiter = Waiter()
+        """The one thread that waits for every placement and stream of its trials."""
 
     def new_slot(self) -> RaySlot:
         return RaySlot(self)

@@ -18,12 +18,13 @@ from pydantic import ValidationError
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import unfair_hardware
 from app.bus import Bus
-from app.campaign import Campaign, Fleet, MachineFacts, Step, StepResult, engine_key
+from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key
 from app.campaign_state import ClusterOptions
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
 from app.events import CampaignUpdated, LogLine
+from app.executor import Fleet
 from app.ladder.spec import (
     LadderError,
     LadderSpec,
@@ -51,7 +52,7 @@ from engine_adapters.hardware import GpuInfo, HardwareInfo, probe_hardware
 from engine_adapters.secrets import mask_obj
 
 if TYPE_CHECKING:
-    from app.campaign import EngineSource, Recorder, RunnerLike
+    from app.executor import EngineSource, Recorder, RunnerLike
 
 BATCH_VERIFIED_RATIO = 1.5
 """A load step that raises the concurrency is verified when the engine's tokens per step grew at
@@ -210,7 +211,7 @@ class Ladder:
         diff = config_diff(previous, config) if index else []
         row.changes = [SettingChange(setting=k, label=setting_label(k), before=a, after=b) for k, a, b in diff]
         row.change = describe_change(diff) if index else "the starting point"
-        row.concurrency = config.load.concurrency if config.load.pattern == "closed" else None
+        row.concurrency = config.load.concurrency if config.load.pattern.closed_loop else None
         row.engine_restart = ran_before is None or engine_key(ran_before) != engine_key(config)
         row.config = mask_obj(config.model_dump(mode="json", exclude_none=True))
         row.reference_tok_per_s, row.reference_label = self._reference(index, config)
@@ -393,7 +394,7 @@ class Ladder:
         config = self._configs[row.index]
         from app.planner.live import running_batch
 
-        closed = float(config.load.concurrency) if config.load.pattern == "closed" else None
+        closed = float(config.load.concurrency) if config.load.pattern.closed_loop else None
         measured_batch, _source = running_batch(row.tokens_per_step, closed)
         self._ceiling(row, config, measured_batch or float(config.load.concurrency), mean("spec_acceptance_rate"))
 

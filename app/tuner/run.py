@@ -17,22 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.bus import Bus
-from app.campaign import (
-    Campaign,
-    EngineKeeper,
-    EngineSource,
-    Fleet,
-    MachineFacts,
-    Recorder,
-    RunnerLike,
-    Step,
-    StepResult,
-    aggregate_figures,
-)
+from app.campaign import Campaign, EngineKeeper, MachineFacts, Step, StepResult, aggregate_figures
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
 from app.events import CampaignUpdated, LogLine
+from app.executor import EngineSource, Executor, Fleet, Places, Recorder, RunnerLike, Slot
 from app.runner import Runner, RunResult
 from app.slo import SloError, parse_slo
 from app.tuner.slo import judge, per_gpu, per_user
@@ -112,11 +102,11 @@ class Tuner:
         self.max_parallel = max_parallel
         """How many configurations are searched at once, each with its own bus, recorder and engines."""
         self.on_slot_bus = on_slot_bus
+        """Called with each configuration's own bus when they run side by side, so a face can follow it."""
         self.new_engines = new_engines or EngineKeeper
         """Each side-by-side search's own engine source on this machine."""
-        """Called with each configuration's own bus when they run side by side, so a face can follow it."""
         self._lock = threading.RLock()  # the state, the store and the sampler, shared by the searches at once
-        self._launches_side = 0  # engines started by the searches' own keepers
+        self._places: Places | None = None  # where the searches run (set when the tune runs)
         self.machine = MachineFacts(hardware, flags, discover_flags)
         self._rng = random.Random(seed)
         self.seed = seed
@@ -259,6 +249,9 @@ class Tuner:
                                    load_kind=self.space.load.kind, reason="stopped before it ended; runs again"),
                              publish=False)
         self._keeper = self.engines if self.engines is not None else EngineKeeper()
+        self._places = Places(self.bus, recorder=self.recorder, engines=self._keeper, new_engines=self.new_engines,
+                              fleet=self.fleet, telemetry=self.telemetry, runner_factory=self.runner_factory,
+                              on_slot_bus=self.on_slot_bus)
         self._note(f"tune {self.state.tune_id}: {len(self.state.candidates)} engine configuration(s), "
                    f"{len(runnable)} can run here; loads {self.space.load.label(self.space.load.values[0])} to "
                    f"{self.space.load.label(self.space.load.values[-1])}; SLO {self.slo} at {self.space.percentile}")
@@ -319,37 +312,12 @@ class Tuner:
     def _dispatch(self, cancel: threading.Event, take: Callable[[], tuple[Candidate, Any] | None],
                   finish: Callable[[Candidate, Any], None]) -> None:
         """Searches the candidates ``take`` hands out (under the lock), up to ``max_parallel`` at
-        once; ``finish`` hears of each searched one (under the lock). An error in one search stops
-        the others from starting more and is raised here."""
-        errors: list[BaseException] = []
-
-        def searches() -> None:
-            while not cancel.is_set() and not errors:
-                with self._lock:
-                    got = None if self._budget_out else take()
-                    if got is None:
-                        return
-                    cand, token = got
-                    cand.status = "searching"
-                try:
-                    self._search(cand, cancel)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
-                with self._lock:
-                    finish(cand, token)
-
-        if self.max_parallel == 1:
-            searches()
-        else:
-            threads = [threading.Thread(target=searches, name=f"tune-search-{n + 1}", daemon=True)
-                       for n in range(self.max_parallel)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        if errors:
-            raise errors[0]
+        once, each in a slot of its own (the executor's); ``finish`` hears of each searched one
+        (under the lock). An error in one search stops the others from starting more and is
+        raised here."""
+        assert self._places is not None
+        Executor(self._places, max_parallel=self.max_parallel, fresh_slots=True).run(
+            _Searches(self, take, finish), lambda got, slot, cancel: self._search(got[0], slot, cancel), cancel)
 
     def _objective(self, cand: Candidate) -> tuple[float, float]:
         """(value to maximise, constraint: <= 0 met the SLO at some load) of a searched candidate."""
@@ -441,9 +409,10 @@ class Tuner:
         return (f"{head}; closest: {METRIC_NAMES.get(worst, worst)} {self.space.percentile} at "
                 f"{trial.ratios[worst]:.0%} of its limit")
 
-    def _search(self, cand: Candidate, cancel: threading.Event) -> None:
+    def _search(self, cand: Candidate, slot: Slot, cancel: threading.Event) -> None:
         """One candidate over the load range, lowest load first, until the SLO is missed: a
-        campaign of its own (on its own bus, recorder and engines when searches run side by side)."""
+        campaign of its own, in ``slot`` (its own bus, recorder and engines when searches run
+        side by side)."""
         st = self.state
         load = self.space.load
         with self._lock:
@@ -490,48 +459,15 @@ class Tuner:
                            f"{self._trial_text(trial)}")
                 self._persist_tune()
 
-        bus, recorder, engines = self.bus, self.recorder, self._keeper
-        side_by_side = self.max_parallel > 1
-        if side_by_side:
-            bus = Bus()
-            if self.on_slot_bus is not None:
-                self.on_slot_bus(bus)
-            if self.recorder is not None:
-                from app.recording import RunRecorder
-
-                recorder = RunRecorder(bus, self.recorder.store)
-            if self.fleet is None:
-                engines = self.new_engines()
-        campaign = Campaign(steps, bus, engines=engines, recorder=recorder, telemetry=self.telemetry,
+        campaign = Campaign(steps, slot.bus, engines=slot.engines, recorder=slot.recorder, telemetry=self.telemetry,
                             stop_on_failure=False, campaign_id=f"{st.tune_id}-c{cand.index}",
                             runner_factory=self.runner_factory, prepare=prepare, on_step_done=done_step,
                             extra_tags=[TAG + st.tune_id], fleet=self.fleet)
-        try:
-            campaign.run(cancel)
-        finally:
-            if side_by_side:
-                self._close_side(recorder, engines)
+        campaign.run(cancel, slot=slot)
         with self._lock:
             if cancel.is_set() and cand.status == "searching":
                 cand.status = "pending"  # resumable: its cancelled trial runs again
             self._finish_candidate(cand)
-
-    def _close_side(self, recorder: Recorder | None, engines: EngineSource | None) -> None:
-        """A side-by-side search's own recorder (its errors join the tune's) and engines."""
-        if recorder is not None and recorder is not self.recorder:
-            close = getattr(recorder, "close", None)
-            if close is not None:
-                close()
-            errors = getattr(self.recorder, "errors", None)
-            if isinstance(errors, list):
-                errors.extend(getattr(recorder, "errors", []))
-        if engines is not None and engines is not self._keeper:
-            close = getattr(engines, "close", None)
-            if close is not None:
-                close()
-            launches = getattr(engines, "launches", 0)
-            with self._lock:
-                self._launches_side += launches if isinstance(launches, int) else 0
 
     def _new_trial(self, cand: Candidate, kind: str, value: float) -> Trial:
         st = self.state
@@ -681,7 +617,8 @@ class Tuner:
         st.elapsed_s = self._elapsed() if self._session_start else st.elapsed_s
         launches = getattr(self._keeper, "launches", None)
         if isinstance(launches, int):
-            st.engine_launches = self._launches_before + launches + self._launches_side
+            side = self._places.launches if self._places is not None else 0  # the searches' own keepers
+            st.engine_launches = self._launches_before + launches + side
         if self.store is not None:
             from db import tune_store
             from db.errors import StoreError
@@ -751,3 +688,23 @@ def confirmation_text(c: Confirmation) -> str:
         half = None if agg.get("ci_high") is None else agg["ci_high"] - agg["mean"]
         parts.append(f"{agg['mean']:,.1f}" + (f" \u00b1 {half:,.1f}" if half is not None else "") + f" {unit}")
     return "; ".join(parts) + " (95% CI)"
+
+
+class _Searches:
+    """A tune as the executor sees it: each trial is one candidate searched over its loads; ``take``
+    and ``finish`` (the grid's or the Bayesian search's) run under the tune's lock."""
+
+    def __init__(self, tuner: Tuner, take: Callable[[], tuple[Candidate, Any] | None],
+                 finish: Callable[[Candidate, Any], None]) -> None:
+        self.tuner, self.take, self.finish = tuner, take, finish
+
+    def ask(self) -> tuple[Candidate, Any] | None:
+        with self.tuner._lock:
+            got = None if self.tuner._budget_out else self.take()
+            if got is not None:
+                got[0].status = "searching"
+            return got
+
+    def tell(self, got: tuple[Candidate, Any], outcome: None) -> None:
+        with self.tuner._lock:
+            self.finish(*got)
