@@ -353,7 +353,7 @@ def check_replay(trace: Trace, load: LoadConfig) -> None:
     milliseconds read as seconds, a line from another epoch) makes the run wait for it for ever.
     Only the ``trace`` pattern waits for the trace's times; ``speedup``, ``duration_s`` and
     ``max_requests`` shorten the wait, and the message names each way out."""
-    if load.pattern != "trace" or not trace.requests:
+    if not load.pattern.replays_trace or not trace.requests:
         return
     last = trace.requests[min(len(trace.requests), load.max_requests or len(trace.requests)) - 1]
     replay_s = last.at_s / load.speedup
