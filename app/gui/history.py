@@ -434,7 +434,7 @@ class HeadlineCard(QFrame):
             label.deleteLater()
         self.lines = []
         for i, headline in enumerate(items):
-            sentence = QLabel(html.escape(headline.sentence()))
+            sentence = _plain_label(headline.sentence())
             sentence.setObjectName("headlineSentence")
             sentence.setWordWrap(True)
             sentence.setStyleSheet("font-size: 13pt; font-weight: 600;")
@@ -451,13 +451,13 @@ class HeadlineCard(QFrame):
             figures.setToolTip("\n".join(f"{f.name}: {f.note}" for f in headline.figures if f.note))
             labels = [sentence, figures]
             if i < len(money):
-                cost = QLabel(html.escape(money[i]))
+                cost = _plain_label(money[i])
                 cost.setObjectName("headlineMoney")
                 cost.setWordWrap(True)
                 cost.setStyleSheet(f"color: {LIGHT.accent}; font-weight: 600;")
                 labels.append(cost)
             for finding in why[i] if i < len(why) else ():
-                line = QLabel("\u2192 " + html.escape(finding.explanation))
+                line = _plain_label("\u2192 " + finding.explanation)
                 line.setObjectName("headlineWhy")
                 line.setWordWrap(True)
                 line.setToolTip("\n".join(e.text() for e in finding.evidence))
@@ -470,6 +470,14 @@ class HeadlineCard(QFrame):
 
     def text(self) -> str:
         return "\n".join(label.text() for label in self.lines)
+
+
+def _plain_label(text: str) -> QLabel:
+    """A label that shows ``text`` as it is: an ``->`` or ``&`` in a finding or a run's name is
+    no markup (Qt guesses rich text only from tags, so an escaped text showed its ``&gt;``)."""
+    label = QLabel(text)
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    return label
 
 
 class CompareView(QWidget):

@@ -108,6 +108,7 @@ def test_compare_says_why_the_second_run_differs_and_presents_it(qtbot, make_win
     why = [label.text() for label in window.compare.card.lines if label.objectName() == "headlineWhy"]
     assert any("prefill did 85% less work" in line for line in why), why
     assert any(f"run {on} differs from run {off}" in line for line in why)
+    assert any("->" in line for line in why) and not any("&gt;" in line for line in why), why  # shown as written
     window.present_before_after()
     assert window.presentation.page == "before_after"
     assert "prefill did 85% less work" in window.presentation.before_after.why.text()
