@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.analysis import metric_catalog as catalog
 from app.cost import RunCost, live_cost, usd_text
+from app.gui.discard import discard
 from app.gui.fit_label import FitLabel
 from app.gui.live import StartupView
 from app.gui.roofline import RooflinePanel, style_plot
@@ -594,10 +595,7 @@ class PlotGrid(QWidget):
             return
         self.has_gpu = has_gpu
         for panel in self.panels.values():
-            self.grid.removeWidget(panel)
-            panel.hide()  # gone from the screen now, freed by the event loop
-            panel.setParent(None)
-            panel.deleteLater()
+            discard(panel)
         self.panels.clear()
         specs = plots_for(has_gpu)
         if self.only is not None:

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.analysis.findings import Finding
+from app.gui.discard import discard
 from app.gui.theme import LIGHT
 from app.gui.workers import run_in_worker
 from app.run_findings import suggestion_text
@@ -174,7 +175,7 @@ class FindingsPanel(QWidget):
 
     def _show_rows(self, findings: Sequence[Finding]) -> None:
         for row in self.rows:
-            row.deleteLater()
+            discard(row)
         self.rows = []
         on_try = self._try if self._apply is not None else None
         for finding in findings:

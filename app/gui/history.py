@@ -51,6 +51,7 @@ from app.compare_bundle import compare_with_extras as compare_with_extras
 from app.cost.text import COST_COLUMNS, cost_rows, sources_text
 from app.distributions import aligned, load_start_offsets
 from app.gui.capacity_box import CapacityBox
+from app.gui.discard import discard
 from app.gui.findings_panel import FindingsPanel
 from app.gui.series import series_label
 from app.gui.theme import LIGHT
@@ -431,7 +432,7 @@ class HeadlineCard(QFrame):
         """``why``: per headline, why its run differs from the baseline (``app.run_findings``),
         one line each under it."""
         for label in self.lines:
-            label.deleteLater()
+            discard(label)
         self.lines = []
         for i, headline in enumerate(items):
             sentence = _plain_label(headline.sentence())

@@ -13,6 +13,7 @@ from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QStackedWidget, QVBoxLayout, QWidget
 
 from app.gui.dashboard import PlotGrid, TileRow
+from app.gui.discard import discard
 from app.gui.fit_label import FitLabel
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.theme import DARK, MIN_THEME_PT, Theme, scaled, stylesheet
@@ -118,7 +119,7 @@ class BeforeAfterView(QWidget):
             item = self.grid.takeAt(0)
             widget = item.widget() if item is not None else None
             if widget is not None:
-                widget.deleteLater()
+                discard(widget)
         self.grid.addWidget(_label("", 14), 0, 0)
         self.grid.addWidget(_label(f"Before\n{headline.before_label}", 16, DARK.muted, True), 0, 1)
         self.grid.addWidget(_label(f"After\n{headline.after_label}", 16, DARK.muted, True), 0, 2)

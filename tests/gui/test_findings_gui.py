@@ -139,3 +139,30 @@ def test_the_presentations_finding_sentence_fits_at_every_projector_size(
     window.present_before_after()
     assert presentation.before_after.why.text() == first_sentence(why.explanation)
     _fits_at_every_size(qtbot, window, lambda: cut_labels(presentation), tmp_path, "why")
+
+
+def test_the_next_runs_findings_replace_the_last_ones_on_screen_at_once(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Pumping events as the screenshot script does (``processEvents``, which never runs deferred
+    deletes), the second run's rows alone are on screen: the first's are gone, not only scheduled
+    for deletion (they stayed drawn above the new ones)."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.analysis.findings import Evidence, Finding
+    from app.gui.findings_panel import FindingRow, FindingsPanel
+
+    def finding(rule: str) -> Finding:
+        return Finding(rule=rule, severity="warning", confidence="high", suggestion=None, explanation=rule,
+                       evidence=[Evidence(figure="x", value=1.0, unit="%", window="level 0")])
+
+    def pump_and_list() -> list[str]:
+        for _ in range(5):
+            QApplication.processEvents()
+        return [row.finding.rule for row in panel.findChildren(FindingRow) if row.isVisible()]
+
+    panel = FindingsPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_findings([finding("prefix_cold")], "run 1")
+    assert pump_and_list() == ["prefix_cold"]
+    panel.show_findings([finding("client_limited")], "run 2")
+    assert pump_and_list() == ["client_limited"]
