@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-quick test-under-load deps engine pg-server lint bench screenshots clean
+.PHONY: run test test-quick test-under-load fuzz deps engine pg-server lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -56,6 +56,11 @@ test-quick: engine pg-server
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow"
+
+# `make fuzz`: the property tests with fresh random examples (`make test` draws the same ones every
+# run, so that its result reproduces); a failure prints the example and how to replay it.
+fuzz: deps
+	TUNEBENCH_FUZZ_RANDOM=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q tests/fuzz -m "not slow"
 
 # `make test` on RUNS fresh clones of this commit in a row, each while BURNERS busy loops take a
 # core apiece: the proof that the suite's timing assertions hold on a shared machine.

@@ -28,7 +28,7 @@ def parse_slo(text: str) -> list[Slo]:
             continue
         match = _SLO_RE.match(part)
         if not match:
-            raise SloError(f"SLO '{part.strip()}' is not like 'ttft_ms<=500' (metric, <= or <, number)")
+            raise SloError(f"SLO {part.strip()!r} is not like 'ttft_ms<=500' (metric, <= or <, number)")
         if match["key"] not in SLO_METRICS:
             raise SloError(f"SLO metric '{match['key']}' is unknown (known: {', '.join(SLO_METRICS)})")
         out.append((match["key"], match["op"], float(match["value"])))
