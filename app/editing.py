@@ -13,33 +13,51 @@ are here too: they are rules about the configuration, not layout.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.config import RunConfig
 from app.labels import in_field_words
 from app.ladder.spec import LadderSpec
 from app.listeners import Listeners
 from app.profiles import Campaigns, Profile
-from app.workload import FILE_KINDS, LoadPattern
+from app.workload import FILE_KINDS, LoadConfig, LoadPattern, WorkloadConfig
 from engine_adapters.base import ValidationIssue
+from engine_adapters.config import ON_PANEL, PANEL_RANK, EngineConfig
 from engine_adapters.features import FEATURES
 
-ENGINE_FIELDS = ("engine.model", "engine.runtime.kind", "engine.runtime.managed", "engine.runtime.python",
-                 "engine.runtime.executable", "engine.runtime.docker_image", "engine.kind", "engine.port")
-WORKLOAD_FIELDS = ("workload.kind", "workload.dataset_path", "workload.trace_format", "workload.trace_start_s",
-                   "workload.trace_end_s", "workload.trace_block_tokens", "workload.num_requests", "workload.input_len.mean",
-                   "workload.output_len.mean", "workload.shared_prefix_tokens", "workload.shared_prefix_fraction",
-                   "workload.turns", "workload.input_len.distribution", "workload.input_len.spread",
-                   "workload.output_len.distribution", "workload.output_len.spread", "workload.api",
-                   "workload.ignore_eos", "workload.temperature", "workload.seed", "workload.cache")
-LOAD_FIELDS = ("load.pattern", "load.concurrency", "load.rate_rps", "load.speedup", "load.burstiness", "load.ramp_start_rps",
-               "load.sweep_of", "load.levels", "load.max_concurrency", "load.duration_s", "load.max_requests",
-               "load.ramp_up_s", "load.warmup_requests", "load.slo", "load.max_error_fraction",
-               "load.request_timeout_s", "load.workers")
+
+def editable_paths(model: type[BaseModel], prefix: str) -> tuple[str, ...]:
+    """The settings of one model the panel edits, as dotted paths under ``prefix``, in the order its
+    rows go: its leaf fields, nested models walked, ordered and left out as the models' fields say
+    (``engine_adapters.config.panel_row`` and ``not_on_panel``)."""
+    rows: list[tuple[float, tuple[int, ...], str]] = []
+
+    def walk(cls: type[BaseModel], path: str, positions: tuple[int, ...], inherited_rank: float) -> None:
+        for position, (name, info) in enumerate(cls.model_fields.items()):
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if extra.get(ON_PANEL) is False:
+                continue
+            own_rank = extra.get(PANEL_RANK)
+            rank = own_rank if isinstance(own_rank, int) else inherited_rank
+            inner = info.annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                walk(inner, f"{path}.{name}", (*positions, position), rank)
+            else:
+                rows.append((rank, (*positions, position), f"{path}.{name}"))
+
+    walk(model, prefix, (), math.inf)
+    return tuple(path for _, _, path in sorted(rows))
+
+
+ENGINE_FIELDS = editable_paths(EngineConfig, "engine")
+WORKLOAD_FIELDS = editable_paths(WorkloadConfig, "workload")
+LOAD_FIELDS = editable_paths(LoadConfig, "load")
+"""The rows of the panel's engine, workload and load groups."""
 COMPANIONS: dict[str, tuple[str, ...]] = {
     "kv_offload_gib": ("kv_offload_backend",),
     "speculative.ngram_prompt_lookup_max": ("speculative.ngram_prompt_lookup_min",),

@@ -14,7 +14,7 @@ from typing import Any, Literal, Self, cast, get_args
 from pydantic import Field, field_validator, model_validator
 
 from app.slo import parse_slo
-from engine_adapters.config import MAX_SEED, StrictModel
+from engine_adapters.config import MAX_SEED, StrictModel, not_on_panel, panel_row
 
 MAX_TOKENS = 2_000_000
 """Longest prompt or output a request may ask for: admits a million-token context with room."""
@@ -34,13 +34,15 @@ LengthDistribution = Literal["fixed", "uniform", "normal"]
 
 
 class LengthSpec(StrictModel):
-    """A token-length distribution (clipped to [minimum, maximum])."""
+    """A token-length distribution (clipped to [minimum, maximum]). Its panel rows rank among the
+    workload's: the means next to the request count, the shapes after the prefix settings."""
 
-    distribution: LengthDistribution = "fixed"
-    mean: int = Field(128, ge=1, le=MAX_TOKENS)
-    spread: int = Field(0, ge=0, le=MAX_TOKENS, description="uniform: +/- range; normal: standard deviation")
-    minimum: int = Field(1, ge=1, le=MAX_TOKENS)
-    maximum: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    distribution: LengthDistribution = Field("fixed", json_schema_extra=panel_row(12))
+    mean: int = Field(128, ge=1, le=MAX_TOKENS, json_schema_extra=panel_row(8))
+    spread: int = Field(0, ge=0, le=MAX_TOKENS, json_schema_extra=panel_row(12),
+                        description="uniform: +/- range; normal: standard deviation")
+    minimum: int = Field(1, ge=1, le=MAX_TOKENS, json_schema_extra=not_on_panel())
+    maximum: int | None = Field(None, ge=1, le=MAX_TOKENS, json_schema_extra=not_on_panel())
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> LengthSpec:
@@ -57,34 +59,40 @@ FILE_KINDS = ("sharegpt", "jsonl", "trace")
 class WorkloadConfig(StrictModel):
     """The prompts: kind, lengths in the model's tokens, and the API used to send them."""
 
-    kind: WorkloadKind = "random"
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    num_requests: int = Field(64, ge=1, le=MAX_REQUESTS,
+    kind: WorkloadKind = Field("random", json_schema_extra=panel_row(1))
+    seed: int = Field(0, ge=0, le=MAX_SEED, json_schema_extra=panel_row(16))
+    num_requests: int = Field(64, ge=1, le=MAX_REQUESTS, json_schema_extra=panel_row(7),
                               description="Requests (conversations for multi_turn) per load level.")
     input_len: LengthSpec = Field(default_factory=lambda: LengthSpec(mean=128))
     output_len: LengthSpec = Field(default_factory=lambda: LengthSpec(mean=64))
-    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="Length of the system prompt shared by requests.")
-    shared_prefix_fraction: float = Field(1.0, ge=0, le=1, description="Fraction of requests that carry it.")
-    turns: int = Field(1, ge=1, le=MAX_TURNS, description="multi_turn: user turns per conversation (history is resent).")
-    dataset_path: str | None = Field(None, description="sharegpt: a ShareGPT JSON file; jsonl: one prompt per line; "
-                                                        "trace: a Mooncake, Azure or tunebench trace (docs/workloads.md).")
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, json_schema_extra=panel_row(9),
+                                      description="Length of the system prompt shared by requests.")
+    shared_prefix_fraction: float = Field(1.0, ge=0, le=1, json_schema_extra=panel_row(10),
+                                          description="Fraction of requests that carry it.")
+    turns: int = Field(1, ge=1, le=MAX_TURNS, json_schema_extra=panel_row(11),
+                       description="multi_turn: user turns per conversation (history is resent).")
+    dataset_path: str | None = Field(None, json_schema_extra=panel_row(2), description=(
+        "sharegpt: a ShareGPT JSON file; jsonl: one prompt per line; trace: a Mooncake, Azure or tunebench trace "
+        "(docs/workloads.md)."))
     trace_format: Literal["auto", "mooncake", "azure", "tunebench"] = Field(
-        "auto", description="trace: the trace's format (auto: from its first line).")
-    trace_block_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description=(
+        "auto", json_schema_extra=panel_row(3), description="trace: the trace's format (auto: from its first line).")
+    trace_block_tokens: int = Field(512, ge=1, le=MAX_TOKENS, json_schema_extra=panel_row(6), description=(
         "trace: prompt tokens per block id (hash_ids; Mooncake's traces use 512)."))
-    trace_start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description=(
+    trace_start_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, json_schema_extra=panel_row(4), description=(
         "trace: replay the requests from this long after the trace's first."))
-    trace_end_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, description=(
+    trace_end_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, json_schema_extra=panel_row(5), description=(
         "trace: ... until this long after its first (none: to its end); num_requests caps them too."))
-    api: Literal["completions", "chat"] = "completions"
-    ignore_eos: bool = Field(True, description="Ask the engine to ignore EOS so outputs have the asked length.")
-    temperature: float = Field(0.0, ge=0, le=100)
-    model_name: str | None = Field(None, description="Model name sent in requests (default: what /v1/models lists).")
-    tokenizer: str | None = Field(None, description="Local tokenizer.json or model folder for counting lengths "
-                                                    "(default: the engine's model when it is local).")
-    cache: Literal["cold", "warm"] = Field("cold", description="Prefix cache at the start of each level: cold (a fresh "
-                                           "cache salt per level) or warm (the level's prompts sent once, unmeasured, "
-                                           "before the measured pass).")
+    api: Literal["completions", "chat"] = Field("completions", json_schema_extra=panel_row(13))
+    ignore_eos: bool = Field(True, json_schema_extra=panel_row(14),
+                             description="Ask the engine to ignore EOS so outputs have the asked length.")
+    temperature: float = Field(0.0, ge=0, le=100, json_schema_extra=panel_row(15))
+    model_name: str | None = Field(None, json_schema_extra=not_on_panel(),
+                                   description="Model name sent in requests (default: what /v1/models lists).")
+    tokenizer: str | None = Field(None, json_schema_extra=not_on_panel(), description=(
+        "Local tokenizer.json or model folder for counting lengths (default: the engine's model when it is local)."))
+    cache: Literal["cold", "warm"] = Field("cold", json_schema_extra=panel_row(17), description=(
+        "Prefix cache at the start of each level: cold (a fresh cache salt per level) or warm (the level's prompts "
+        "sent once, unmeasured, before the measured pass)."))
 
     @model_validator(mode="after")
     def _dataset_when_needed(self) -> WorkloadConfig:
@@ -199,30 +207,35 @@ class LoadConfig(StrictModel):
       times faster, optionally capped at ``max_concurrency``.
     """
 
-    pattern: LoadPattern = Field(LoadPattern.CLOSED, strict=False)  # not strict: a profile gives the name
-    concurrency: int = Field(4, ge=1, le=MAX_CONCURRENCY)
-    rate_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS)
-    burstiness: float = Field(1.0, gt=0, le=1_000)
-    ramp_start_rps: float = Field(0.5, gt=0, le=MAX_RATE_RPS)
-    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY,
+    pattern: LoadPattern = Field(LoadPattern.CLOSED, strict=False,  # not strict: a profile gives the name
+                                 json_schema_extra=panel_row(1))
+    concurrency: int = Field(4, ge=1, le=MAX_CONCURRENCY, json_schema_extra=panel_row(2))
+    rate_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS, json_schema_extra=panel_row(3))
+    burstiness: float = Field(1.0, gt=0, le=1_000, json_schema_extra=panel_row(5))
+    ramp_start_rps: float = Field(0.5, gt=0, le=MAX_RATE_RPS, json_schema_extra=panel_row(6))
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, json_schema_extra=panel_row(9),
                                         description="Open loop: cap on requests in flight.")
-    ramp_up_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+    ramp_up_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, json_schema_extra=panel_row(12),
                              description="Closed loop: start the concurrent streams evenly over this long.")
-    speedup: float = Field(1.0, gt=0, le=MAX_RATE_RPS,
+    speedup: float = Field(1.0, gt=0, le=MAX_RATE_RPS, json_schema_extra=panel_row(4),
                            description="trace: replay the arrivals this many times faster (2 = twice as fast).")
-    levels: list[float] = Field(default_factory=list, max_length=MAX_LEVELS)
-    sweep_of: Literal["concurrency", "rate"] = "concurrency"
-    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S,
+    levels: list[float] = Field(default_factory=list, max_length=MAX_LEVELS, json_schema_extra=panel_row(8))
+    sweep_of: Literal["concurrency", "rate"] = Field("concurrency", json_schema_extra=panel_row(7))
+    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, json_schema_extra=panel_row(10),
                                      description="Stop sending after this long (per level).")
-    max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS,
+    max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, json_schema_extra=panel_row(11),
                                      description="Stop after this many requests (per level).")
-    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS,
+    warmup_requests: int = Field(0, ge=0, le=MAX_REQUESTS, json_schema_extra=panel_row(13),
                                  description="Sent before the first level, excluded from figures.")
-    max_error_fraction: float = Field(0.5, ge=0, le=1, description="Error budget: stop a level beyond it.")
-    request_timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
-    slo: str | None = Field(None, description="Goodput SLOs, e.g. 'ttft_ms<=500,tpot_ms<=50'")
-    workers: int = Field(1, ge=1, le=64, description="Client processes (when one core cannot keep up).")
-    continuous_usage: bool = Field(True, description="Ask for per-chunk usage to count tokens, not chunks.")
+    max_error_fraction: float = Field(0.5, ge=0, le=1, json_schema_extra=panel_row(15),
+                                      description="Error budget: stop a level beyond it.")
+    request_timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S, json_schema_extra=panel_row(16))
+    slo: str | None = Field(None, json_schema_extra=panel_row(14),
+                            description="Goodput SLOs, e.g. 'ttft_ms<=500,tpot_ms<=50'")
+    workers: int = Field(1, ge=1, le=64, json_schema_extra=panel_row(17),
+                         description="Client processes (when one core cannot keep up).")
+    continuous_usage: bool = Field(True, json_schema_extra=not_on_panel(),
+                                   description="Ask for per-chunk usage to count tokens, not chunks.")
 
     @field_validator("slo")
     @classmethod

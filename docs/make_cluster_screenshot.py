@@ -12,32 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from screenshot_kit import ROOT, fail, open_window, pause, wait_until
 
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from app.gui.main_window import MainWindow  # noqa: E402
-from app.profiles import load_profile_file, resolve_profile  # noqa: E402
-from tests.ray_cluster import start_test_cluster  # noqa: E402
-
-DESK = (1366, 768)
-
-
-def wait_until(app: QApplication, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"make_cluster_screenshot: timed out waiting for {what}")
-        app.processEvents()
-        time.sleep(0.02)
+from tests.ray_cluster import start_test_cluster
 
 
 def main() -> int:
@@ -49,29 +29,23 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="tb-shot-")
     os.environ["TUNEBENCH_CONFIG_DIR"] = str(Path(scratch) / "config")  # the user's settings stay as they are
-    app = QApplication.instance() or QApplication(sys.argv)
     cluster = start_test_cluster()
     try:
-        path = resolve_profile("cpu-demo")
-        window = MainWindow(load_profile_file(path), path, db_path=str(Path(scratch) / "runs.db"))
-        window.resize(*DESK)
-        window.show()
+        app, window = open_window("cpu-demo", str(Path(scratch) / "runs.db"))
         wait_until(app, lambda: window.hardware is not None, 60, "the hardware probe")
         box = window.cluster_box
         box.address_edit.setText(cluster.address)
         box.check()
         wait_until(app, lambda: box.checking is None, 120, "the cluster check")
         if box.status is None:
-            raise SystemExit(f"make_cluster_screenshot: the check failed: {box.status_label.text()}")
-        for _ in range(20):  # the layout settles
-            app.processEvents()
-            time.sleep(0.02)
+            raise fail(f"the check failed: {box.status_label.text()}")
+        pause(app, 0.4)  # the layout settles
         if not box.grab().save(str(out / "cluster-box.png")):
-            raise SystemExit(f"make_cluster_screenshot: cannot write {out / 'cluster-box.png'}")
+            raise fail(f"cannot write {out / 'cluster-box.png'}")
         print(f"wrote {out / 'cluster-box.png'}: {box.status_label.text()}")
         if args.window:
             if not window.grab().save(str(out / "cluster-window.png")):
-                raise SystemExit(f"make_cluster_screenshot: cannot write {out / 'cluster-window.png'}")
+                raise fail(f"cannot write {out / 'cluster-window.png'}")
             print(f"wrote {out / 'cluster-window.png'}")
         window.close()
     finally:

@@ -15,43 +15,20 @@ the shared engine lock on a machine where others start engines too.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit, QSpinBox
+from screenshot_kit import DESK, ROOT, fail, open_window, pause, wait_until
 
-from PySide6.QtCore import QPoint, Qt  # noqa: E402
-from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit, QSpinBox  # noqa: E402
+from app.gui.dashboard import Dashboard
+from app.gui.main_window import MainWindow
 
-from app.gui.dashboard import Dashboard  # noqa: E402
-from app.gui.main_window import MainWindow  # noqa: E402
-from app.profiles import load_profile_file, resolve_profile  # noqa: E402
-
-DESK = (1366, 768)
 PROJECTOR = (1024, 768)
-
-
-def wait_until(app: QApplication, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"make_screenshots: timed out waiting for {what}")
-        app.processEvents()
-        time.sleep(0.02)
-
-
-def pause(app: QApplication, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        app.processEvents()
-        time.sleep(0.02)
 
 
 def set_spin(window: MainWindow, path: str, value: int) -> None:
@@ -86,7 +63,7 @@ def shoot(window: MainWindow, app: QApplication, path: Path, size: tuple[int, in
     window.resize(*size)
     pause(app, 1.0)
     if not window.grab().save(str(path)):
-        raise SystemExit(f"make_screenshots: could not write {path}")
+        raise fail(f"could not write {path}")
     print(path)
 
 
@@ -105,7 +82,7 @@ def run(window: MainWindow, app: QApplication, during: Callable[[], None] | None
     wait_until(app, lambda: not window.running, 600, "the run to finish")
     result = window.last_result
     if result is None or result.status != "completed":
-        raise SystemExit(f"make_screenshots: run did not complete: {window.banner.text()}")
+        raise fail(f"run did not complete: {window.banner.text()}")
 
 
 def main() -> int:
@@ -118,12 +95,7 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="tunebench-shots-")
     db = args.db or str(Path(tmp.name) / "runs.db")
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    assert isinstance(app, QApplication)
-    path = resolve_profile("cpu-demo")
-    window = MainWindow(load_profile_file(path), path, db_path=db)
-    window.resize(*DESK)
-    window.show()
+    app, window = open_window("cpu-demo", db)
     wait_until(app, lambda: window.availability is not None, 120, "the hardware probe")
     window.keep_engine.setChecked(True)
     window.config_panel.tabs.setCurrentIndex(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 DEMO_MODEL = "tunebench:demo"
 """Model id that resolves to the tiny, locally generated demo model in the user cache."""
@@ -38,6 +39,23 @@ ReasoningParser = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63
 """A string that ends up in an engine's argv or environment."""
 
 
+PANEL_RANK = "panel_rank"
+ON_PANEL = "on_panel"
+
+
+def panel_row(rank: int) -> JsonDict:
+    """``Field(json_schema_extra=panel_row(3))``: where the workbench's configuration panel lists the
+    setting in its group. Rows go by rank, equal ranks in the model's order, unranked ones last; the
+    fields of a nested model take the rank of the field that holds it unless they have their own."""
+    return {PANEL_RANK: rank}
+
+
+def not_on_panel() -> JsonDict:
+    """``Field(json_schema_extra=not_on_panel())``: a setting for profile files only; the panel has no
+    row for it (nor for the fields of a nested model so marked)."""
+    return {ON_PANEL: False}
+
+
 class StrictModel(BaseModel):
     """Base for configuration models: unknown keys are errors (a typo in a profile must not
     silently fall back to a default), types are strict (``concurrency = "2"`` or ``true`` and
@@ -58,7 +76,8 @@ class RuntimeConfig(StrictModel):
     python: ArgStr | None = Field(None, description="Interpreter of a venv that has the engine installed (kind=python).")
     executable: ArgStr | None = Field(None, description="Engine executable on PATH or a path, e.g. 'vllm' (kind=executable).")
     docker_image: ArgStr = Field("vllm/vllm-openai:latest", description="Image for kind=docker.")
-    env: dict[ArgStr, ArgStr] = Field(default_factory=dict, description="Extra environment for the engine process.")
+    env: dict[ArgStr, ArgStr] = Field(default_factory=dict, description="Extra environment for the engine process.",
+                                      json_schema_extra=not_on_panel())
 
     @model_validator(mode="after")
     def _needs_its_field(self) -> RuntimeConfig:
@@ -75,15 +94,17 @@ EngineKind = Literal["vllm", "llamacpp", "sglang", "trtllm"]
 class EngineConfig(StrictModel):
     """Which engine serves which model, and where it listens."""
 
-    kind: EngineKind = "vllm"
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    model: ArgStr = Field(DEMO_MODEL, min_length=1, description="Model path or hub id ('tunebench:demo' = the local demo model).")
-    served_model_name: ArgStr | None = None
-    tokenizer: ArgStr | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535, description="0 = pick a free port at launch.")
-    require_api_key: bool = Field(True, description="Protect the server with a per-run API key.")
-    startup_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    kind: EngineKind = Field("vllm", json_schema_extra=panel_row(3))
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, json_schema_extra=panel_row(2))
+    model: ArgStr = Field(DEMO_MODEL, min_length=1, json_schema_extra=panel_row(1),
+                          description="Model path or hub id ('tunebench:demo' = the local demo model).")
+    served_model_name: ArgStr | None = Field(None, json_schema_extra=not_on_panel())
+    tokenizer: ArgStr | None = Field(None, json_schema_extra=not_on_panel())
+    host: str = Field("127.0.0.1", json_schema_extra=not_on_panel())
+    port: int = Field(0, ge=0, le=65535, json_schema_extra=panel_row(4), description="0 = pick a free port at launch.")
+    require_api_key: bool = Field(True, json_schema_extra=not_on_panel(),
+                                  description="Protect the server with a per-run API key.")
+    startup_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, json_schema_extra=not_on_panel())
 
     @field_validator("model")
     @classmethod

@@ -1,6 +1,7 @@
 """Each catalogued feature set away from its default: the one table the adapters' "mapped or
 refused" tests walk. An engine's test names only what it takes in its own terms (its extra
-arguments, a cache type or a speculative method of its own)."""
+arguments, a cache type or a speculative method of its own). Also the flags that vLLM and SGLang
+spell alike, for both argv tests."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def every_feature_changed(extra_args: list[str], own: Mapping[str, Features] | N
     if unknown:
         raise KeyError(f"not in the table: {sorted(unknown)}")
     return {**table, **(own or {})}
+
+
+VLLM_SPELLED_ARGV: list[tuple[Features, list[str]]] = [
+    (Features(weights_dtype="bf16"), ["--dtype", "bfloat16"]),
+    (Features(weights_dtype="fp16"), ["--dtype", "float16"]),
+    (Features(weights_dtype="fp8"), ["--quantization", "fp8"]),
+    (Features(weights_dtype="awq"), ["--quantization", "awq"]),
+    (Features(weights_dtype="gptq"), ["--quantization", "gptq"]),
+    (Features(kv_cache_dtype="fp8_e4m3"), ["--kv-cache-dtype", "fp8_e4m3"]),
+    (Features(kv_cache_dtype="fp8_e5m2"), ["--kv-cache-dtype", "fp8_e5m2"]),
+    (Features(cpu_offload_gib=8), ["--cpu-offload-gb", "8"]),
+]
+"""Features whose flags SGLang spells as vLLM does (its server kept vLLM's names for them)."""

@@ -481,6 +481,30 @@ def _plain_label(text: str) -> QLabel:
     return label
 
 
+def _plots() -> pg.GraphicsLayoutWidget:
+    plots = pg.GraphicsLayoutWidget()
+    plots.setBackground(LIGHT.background)
+    return plots
+
+
+def _note() -> QLabel:
+    """The muted lines under a chart or table that say how to read it."""
+    note = QLabel("")
+    note.setWordWrap(True)
+    note.setStyleSheet(f"color: {LIGHT.muted};")
+    return note
+
+
+def _noted_page(plots: QWidget, note: QLabel) -> QWidget:
+    """A chart tab: the plots, and the note under them."""
+    page = QWidget()
+    box = QVBoxLayout(page)
+    box.setContentsMargins(0, 0, 0, 0)
+    box.addWidget(plots, 1)
+    box.addWidget(note)
+    return page
+
+
 class CompareView(QWidget):
     """The A/B headline, config differences in words, metric deltas grouped with human names,
     and charts: series over time from the start of the load, headline bars, TTFT/ITL
@@ -549,32 +573,13 @@ class CompareView(QWidget):
         self.series_plot.getPlotItem().setLabel("bottom", "seconds since the load started")
         series_box.addWidget(self.series_choice)
         series_box.addWidget(self.series_plot, 1)
-        self.bars = pg.GraphicsLayoutWidget()
-        self.bars.setBackground(LIGHT.background)
-        self.dists = pg.GraphicsLayoutWidget()
-        self.dists.setBackground(LIGHT.background)
-        self.dist_note = QLabel("")
-        self.dist_note.setWordWrap(True)
-        self.dist_note.setStyleSheet(f"color: {LIGHT.muted};")
-        dist_page = QWidget()
-        dist_box = QVBoxLayout(dist_page)
-        dist_box.setContentsMargins(0, 0, 0, 0)
-        dist_box.addWidget(self.dists, 1)
-        dist_box.addWidget(self.dist_note)
-        self.sweep = pg.GraphicsLayoutWidget()
-        self.sweep.setBackground(LIGHT.background)
-        self.sweep_note = QLabel("")
-        self.sweep_note.setWordWrap(True)
-        self.sweep_note.setStyleSheet(f"color: {LIGHT.muted};")
-        sweep_page = QWidget()
-        sweep_box = QVBoxLayout(sweep_page)
-        sweep_box.setContentsMargins(0, 0, 0, 0)
-        sweep_box.addWidget(self.sweep, 1)
-        sweep_box.addWidget(self.sweep_note)
+        self.bars = _plots()
+        self.dists, self.dist_note = _plots(), _note()
+        self.sweep, self.sweep_note = _plots(), _note()
         self.charts.addTab(self.bars, "Headline figures")
         self.charts.addTab(over_time, "Over time")
-        self.charts.addTab(dist_page, "TTFT and ITL distributions")
-        self.charts.addTab(sweep_page, "Throughput vs latency")
+        self.charts.addTab(_noted_page(self.dists, self.dist_note), "TTFT and ITL distributions")
+        self.charts.addTab(_noted_page(self.sweep, self.sweep_note), "Throughput vs latency")
         cost_page = QWidget()
         cost_box = QVBoxLayout(cost_page)
         cost_box.setContentsMargins(0, 0, 0, 0)
@@ -585,9 +590,7 @@ class CompareView(QWidget):
         self.cost_table.verticalHeader().setVisible(False)
         self.cost_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.cost_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.cost_note = QLabel("")
-        self.cost_note.setWordWrap(True)
-        self.cost_note.setStyleSheet(f"color: {LIGHT.muted};")
+        self.cost_note = _note()
         cost_left.addWidget(QLabel("<b>Cost at each run's measured throughput</b> (lower is better)"))
         cost_left.addWidget(self.cost_table)
         cost_left.addWidget(self.cost_note)

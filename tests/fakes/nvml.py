@@ -86,12 +86,14 @@ class FakeNvml:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _enter(self, fn: str, handle: Any = None) -> FakeGpu | None:
+    def _enter(self, fn: str) -> None:
         self.calls[fn] += 1
         if self._init_count <= 0:
             raise pynvml.NVMLError_Uninitialized()
-        if handle is None:
-            return None
+
+    def _device(self, fn: str, handle: Any) -> FakeGpu:
+        """A call about one GPU: counted, and refused where that GPU's driver refuses it."""
+        self._enter(fn)
         gpu = self.gpus[handle.index]
         if fn in gpu.unsupported:
             raise pynvml.NVMLError_NotSupported()
@@ -134,39 +136,25 @@ class FakeNvml:
     # -- static info ---------------------------------------------------------------------------
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
-        gpu = self._enter("nvmlDeviceGetName", handle)
-        assert gpu
-        return gpu.name
+        return self._device("nvmlDeviceGetName", handle).name
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        gpu = self._enter("nvmlDeviceGetUUID", handle)
-        assert gpu
-        return gpu.uuid
+        return self._device("nvmlDeviceGetUUID", handle).uuid
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
-        gpu = self._enter("nvmlDeviceGetCudaComputeCapability", handle)
-        assert gpu
-        return gpu.compute_capability
+        return self._device("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
 
     def nvmlDeviceGetMemoryBusWidth(self, handle: Any) -> int:
-        gpu = self._enter("nvmlDeviceGetMemoryBusWidth", handle)
-        assert gpu
-        return gpu.memory_bus_width_bits
+        return self._device("nvmlDeviceGetMemoryBusWidth", handle).memory_bus_width_bits
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
-        gpu = self._enter("nvmlDeviceGetMaxClockInfo", handle)
-        assert gpu
-        if clock_type == pynvml.NVML_CLOCK_MEM:
-            return gpu.max_memory_clock_mhz
-        if clock_type == pynvml.NVML_CLOCK_SM:
-            return 1980
-        raise pynvml.NVMLError_InvalidArgument()
+        gpu = self._device("nvmlDeviceGetMaxClockInfo", handle)
+        return _selected({pynvml.NVML_CLOCK_MEM: gpu.max_memory_clock_mhz, pynvml.NVML_CLOCK_SM: 1980}, clock_type)
 
     # -- live values ---------------------------------------------------------------------------
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
-        gpu = self._enter("nvmlDeviceGetMemoryInfo", handle)
-        assert gpu
+        gpu = self._device("nvmlDeviceGetMemoryInfo", handle)
         mem = pynvml.c_nvmlMemory_t()
         mem.total = gpu.memory_total_bytes
         mem.used = int(gpu.state["memory_used_bytes"])
@@ -174,52 +162,37 @@ class FakeNvml:
         return mem
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        gpu = self._enter("nvmlDeviceGetUtilizationRates", handle)
-        assert gpu
+        gpu = self._device("nvmlDeviceGetUtilizationRates", handle)
         util = pynvml.c_nvmlUtilization_t()
         util.gpu, util.memory = int(gpu.state["gpu_util_pct"]), int(gpu.state["memory_busy_pct"])
         return util
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        gpu = self._enter("nvmlDeviceGetPowerUsage", handle)
-        assert gpu
+        gpu = self._device("nvmlDeviceGetPowerUsage", handle)
         return int(gpu.state["power_mw"])
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
-        gpu = self._enter("nvmlDeviceGetClockInfo", handle)
-        assert gpu
-        if clock_type == pynvml.NVML_CLOCK_SM:
-            return int(gpu.state["sm_clock_mhz"])
-        if clock_type == pynvml.NVML_CLOCK_MEM:
-            return int(gpu.state["mem_clock_mhz"])
-        raise pynvml.NVMLError_InvalidArgument()
+        gpu = self._device("nvmlDeviceGetClockInfo", handle)
+        return _selected({pynvml.NVML_CLOCK_SM: gpu.state["sm_clock_mhz"],
+                          pynvml.NVML_CLOCK_MEM: gpu.state["mem_clock_mhz"]}, clock_type)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        gpu = self._enter("nvmlDeviceGetTemperature", handle)
-        assert gpu
-        if sensor != pynvml.NVML_TEMPERATURE_GPU:
-            raise pynvml.NVMLError_InvalidArgument()
-        return int(gpu.state["temperature_c"])
+        gpu = self._device("nvmlDeviceGetTemperature", handle)
+        return _selected({pynvml.NVML_TEMPERATURE_GPU: gpu.state["temperature_c"]}, sensor)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        gpu = self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        assert gpu
+        gpu = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
 
     def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
-        gpu = self._enter("nvmlDeviceGetPcieThroughput", handle)
-        assert gpu
-        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
-            return int(gpu.state["pcie_tx_kb_per_s"])
-        if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
-            return int(gpu.state["pcie_rx_kb_per_s"])
-        raise pynvml.NVMLError_InvalidArgument()
+        gpu = self._device("nvmlDeviceGetPcieThroughput", handle)
+        return _selected({pynvml.NVML_PCIE_UTIL_TX_BYTES: gpu.state["pcie_tx_kb_per_s"],
+                          pynvml.NVML_PCIE_UTIL_RX_BYTES: gpu.state["pcie_rx_kb_per_s"]}, counter)
 
     # -- GPM ----------------------------------------------------------------------------------
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
-        gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
-        assert gpu
+        gpu = self._device("nvmlGpmQueryDeviceSupport", handle)
         support = pynvml.c_nvmlGpmSupport_t()
         support.version = pynvml.NVML_GPM_SUPPORT_VERSION
         support.isSupportedDevice = 1 if gpu.gpm else 0
@@ -234,8 +207,7 @@ class FakeNvml:
         self._gpm_samples.pop(_addr(sample), None)
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
-        gpu = self._enter("nvmlGpmSampleGet", handle)
-        assert gpu
+        gpu = self._device("nvmlGpmSampleGet", handle)
         if not gpu.gpm:
             raise pynvml.NVMLError_NotSupported()
         self._gpm_samples[_addr(sample)] = (handle.index, time.monotonic())
@@ -262,6 +234,14 @@ class FakeNvml:
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
                 metric.value = float(values[metric.metricId])
         return request
+
+
+def _selected(values: dict[int, float], selector: int) -> int:
+    """What a call that takes a selector (a clock, a sensor, a counter) returns for it; NVML refuses
+    a selector it does not know."""
+    if selector not in values:
+        raise pynvml.NVMLError_InvalidArgument()
+    return int(values[selector])
 
 
 def _addr(sample: Any) -> int:

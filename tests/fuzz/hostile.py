@@ -8,7 +8,7 @@ import contextlib
 import io
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,29 +210,31 @@ REPLIES = {
 
 
 @contextlib.contextmanager
-def raw_server(reply: bytes) -> Iterator[str]:
-    """A loopback TCP server that answers every connection with ``reply`` and closes it."""
+def loopback_server(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A loopback TCP server that hands each connection, in a thread of its own, to ``answer`` (with
+    the event set once the server stops), then closes it; yields its ``http://`` address."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    sock.settimeout(0.2)
+    sock.settimeout(0.1)
     stop = threading.Event()
 
-    def serve() -> None:
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                answer(conn, stop)
+            except OSError:
+                pass
+
+    def accept() -> None:
         while not stop.is_set():
             try:
                 conn, _ = sock.accept()
             except OSError:
                 continue
-            with conn:
-                try:
-                    conn.settimeout(2)
-                    conn.recv(65536)
-                    conn.sendall(reply)
-                except OSError:
-                    pass
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
 
-    thread = threading.Thread(target=serve, daemon=True)
+    thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -240,6 +242,19 @@ def raw_server(reply: bytes) -> Iterator[str]:
         stop.set()
         thread.join(5)
         sock.close()
+
+
+@contextlib.contextmanager
+def raw_server(reply: bytes) -> Iterator[str]:
+    """A loopback TCP server that answers every connection with ``reply`` and closes it."""
+
+    def answer(conn: socket.socket, _stop: threading.Event) -> None:
+        conn.settimeout(2)
+        conn.recv(65536)
+        conn.sendall(reply)
+
+    with loopback_server(answer) as url:
+        yield url
 
 
 def closed_port() -> int:

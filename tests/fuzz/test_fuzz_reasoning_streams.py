@@ -4,15 +4,14 @@ per-chunk usage. Whatever the shape, the client counts what the stream says, exa
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.load.client import _StreamState
 from app.load.metrics import RequestRecord
+from tests.fakes.split_stream import feed_split
 
 KINDS = ("reasoning", "answer", "both", "role")
 
@@ -51,17 +50,7 @@ def streams(draw: st.DrawFn) -> tuple[list[bytes], list[tuple[str, int]], int | 
 
 
 def _consume(chunks: list[bytes], cuts: list[int]) -> RequestRecord:
-    blob = b"".join(chunks)
-    edges = sorted(set(cuts))
-    pieces = [blob[a:b] for a, b in zip([0, *edges], [*edges, len(blob)], strict=True) if blob[a:b]]
-
-    class Content:
-        async def iter_any(self):  # type: ignore[no-untyped-def]
-            for piece in pieces:
-                yield piece
-
-    state = _StreamState(0.0, chat=True, keep_text=False, on_tokens=None, on_first=None)
-    asyncio.run(state.consume(Content()))  # type: ignore[arg-type]
+    state = feed_split(chunks, cuts, chat=True, keep_text=False)
     rec = RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0)
     state.finish(rec)
     return rec

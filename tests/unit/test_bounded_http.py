@@ -12,46 +12,24 @@ from collections.abc import Iterator
 import pytest
 
 from engine_adapters.bounded_http import FetchError, FetchTimeout, FetchTooLarge, fetch
+from tests.fuzz.hostile import loopback_server
 
 
 @contextlib.contextmanager
 def serve(reply: list[bytes], pause_s: float = 0.0) -> Iterator[str]:
     """A loopback server that reads a request, then sends ``reply`` piece by piece, ``pause_s``
     apart, and closes."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.settimeout(0.1)
-    stop = threading.Event()
 
-    def one(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                for piece in reply:
-                    if stop.is_set():
-                        return
-                    conn.sendall(piece)
-                    time.sleep(pause_s)
-            except OSError:
+    def dribble(conn: socket.socket, stop: threading.Event) -> None:
+        conn.recv(65536)
+        for piece in reply:
+            if stop.is_set():
                 return
+            conn.sendall(piece)
+            time.sleep(pause_s)
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/path?q=1"
-    finally:
-        stop.set()
-        thread.join(5)
-        sock.close()
+    with loopback_server(dribble) as url:
+        yield f"{url}/path?q=1"
 
 
 def test_a_plain_reply_and_a_chunked_one_are_read_whole() -> None:

@@ -31,6 +31,7 @@ from app.load.metrics import LevelSummary, Stats
 from app.store import RunStore
 from db.records import ImportedRun, LevelInfo, RunDetail
 from tests.fuzz.hostile import Outcome, cli
+from tests.stored_runs import store_measured_run
 
 GPU_ENGINE = {"model": "meta-llama/Llama-3.1-70B-Instruct", "runtime": {"kind": "executable", "executable": "vllm"}}
 DEFAULT = "default price, as of 2026-12"
@@ -181,15 +182,10 @@ def _summary(tok_per_s: float, ttft_p99_ms: float, slo: str | None = None) -> di
 
 def _store_run(store: RunStore, name: str, config: dict[str, Any], levels: list[tuple[int, float, float]], *,
                hardware: dict[str, Any], env: dict[str, str] | None = None) -> int:
-    run_id = store.create_run(name=name, engine_kind="vllm", engine_version="0.11.0", started_at=1.9e9,
-                              config={"name": name, **config}, hardware=hardware, env=env)
     slo = config.get("load", {}).get("slo")
-    for i, (concurrency, tok_per_s, ttft_p99_ms) in enumerate(levels):
-        store.start_level(run_id, i, f"concurrency {concurrency}", {"mode": "closed", "concurrency": concurrency},
-                          started_at=1.9e9 + 10 * i)
-        store.finish_level(run_id, i, _summary(tok_per_s, ttft_p99_ms, slo), 1.9e9 + 10 * i + 10)
-    store.finish_run(run_id, "completed")
-    return run_id
+    return store_measured_run(store, name, config, [(concurrency, _summary(tok_per_s, ttft_p99_ms, slo))
+                                                    for concurrency, tok_per_s, ttft_p99_ms in levels],
+                              hardware=hardware, env=env, level_s=10.0)
 
 
 @pytest.fixture()

@@ -29,6 +29,7 @@ from app.load.metrics import LevelSummary, Stats
 from app.store import RunStore
 from db.records import ImportedRun, LevelInfo
 from tests.fuzz.hostile import Outcome, cli
+from tests.stored_runs import store_measured_run
 
 GPU_ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "runtime": {"kind": "executable", "executable": "vllm"}}
 H100 = {"gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(8)]}
@@ -45,12 +46,7 @@ def _summary(tok_per_s: float) -> dict[str, Any]:
 
 def _store_run(store: RunStore, name: str, config: dict[str, Any], tok_per_s: float,
                hardware: dict[str, Any]) -> int:
-    run_id = store.create_run(name=name, engine_kind="vllm", engine_version="0.11.0", started_at=1.9e9,
-                              config={"name": name, **config}, hardware=hardware)
-    store.start_level(run_id, 0, "concurrency 16", {"mode": "closed", "concurrency": 16}, started_at=1.9e9)
-    store.finish_level(run_id, 0, _summary(tok_per_s), 1.9e9 + 100)
-    store.finish_run(run_id, "completed")
-    return run_id
+    return store_measured_run(store, name, config, [(16, _summary(tok_per_s))], hardware=hardware, level_s=100.0)
 
 
 @pytest.fixture()

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
+
 from app.config import RunConfig
-from app.editing import LOAD_FIELDS, EditedConfig
+from app.editing import ENGINE_FIELDS, LOAD_FIELDS, WORKLOAD_FIELDS, EditedConfig, editable_paths
 from app.listeners import Listeners
+from app.workload import WorkloadConfig
 from engine_adapters.base import ValidationIssue
+from engine_adapters.config import not_on_panel, panel_row
 
 
 def test_an_accepted_edit_changes_the_config_and_says_which_path() -> None:
@@ -39,6 +43,25 @@ def test_an_edit_that_breaks_a_rule_between_fields_is_a_draft_until_the_other_fi
     assert edited.config.load.pattern != "trace" and edited.draft_value("load.pattern") == "trace"
     assert edited.applies("load.speedup") and not edited.applies("load.concurrency")
     assert heard == []
+
+
+def test_a_field_added_to_a_model_gets_a_panel_row_where_its_rank_puts_it_unless_marked_off() -> None:
+    class Wider(WorkloadConfig):
+        unranked_knob: int = 1
+        first_knob: int = Field(1, json_schema_extra=panel_row(0))
+        profile_only_knob: int = Field(1, json_schema_extra=not_on_panel())
+
+    assert editable_paths(Wider, "workload") == ("workload.first_knob", *WORKLOAD_FIELDS, "workload.unranked_knob")
+
+
+def test_the_panel_rows_follow_the_ranks_and_leave_out_the_marked_fields() -> None:
+    assert ENGINE_FIELDS[0] == "engine.model" and "engine.runtime.env" not in ENGINE_FIELDS
+    assert ENGINE_FIELDS.index("engine.runtime.kind") < ENGINE_FIELDS.index("engine.kind")
+    rows = WORKLOAD_FIELDS[WORKLOAD_FIELDS.index("workload.num_requests"):]
+    assert rows[:3] == ("workload.num_requests", "workload.input_len.mean", "workload.output_len.mean")
+    assert "workload.input_len.minimum" not in WORKLOAD_FIELDS and "load.continuous_usage" not in LOAD_FIELDS
+    every_leaf = set(RunConfig().model_dump()["load"])
+    assert set(LOAD_FIELDS) == {f"load.{name}" for name in every_leaf - {"continuous_usage"}}
 
 
 def test_a_load_setting_shows_only_while_the_pattern_reads_it() -> None:

@@ -16,6 +16,7 @@ from app.load.client import ClientOptions, StreamClient, _StreamState, build_pay
 from app.load.datasets import Conversation, Turn
 from app.load.metrics import RequestRecord
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer, encode_stream
+from tests.fakes.split_stream import feed_split
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_without_per_chunk_usage_falls_back_to_chunks_flagged(server: FakeOpenAI
 
 def test_multi_token_chunks_without_usage_are_corrected_by_the_final_usage() -> None:
     chunks = encode_stream(9, "multi", chat=False, tokens_per_chunk=3, usage=False)
-    state = _feed(chunks)
+    state = feed_split(chunks)
     rec = _finish(state)
     assert rec.tokens_source == "chunks" and rec.chunks == 3
     assert rec.output_tokens == 9  # 3 chunks counted, the closing usage says 9
@@ -133,21 +134,6 @@ def test_payloads_for_completions_and_chat_with_history() -> None:
 
 # --- the parser alone: arbitrary network splits give the same result ------------------------------
 
-def _feed(chunks: list[bytes], splits: list[int] | None = None) -> _StreamState:
-    blob = b"".join(chunks)
-    cuts = sorted(set(splits or []))
-    pieces = [blob[a:b] for a, b in zip([0, *cuts], [*cuts, len(blob)], strict=True) if blob[a:b]]
-
-    class Content:
-        async def iter_any(self):  # type: ignore[no-untyped-def]
-            for p in pieces:
-                yield p
-
-    state = _StreamState(0.0, chat=False, keep_text=True, on_tokens=None, on_first=None)
-    asyncio.run(state.consume(Content()))  # type: ignore[arg-type]
-    return state
-
-
 def _finish(state: _StreamState) -> RequestRecord:
     rec = RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0)
     state.finish(rec)
@@ -164,7 +150,7 @@ def test_any_network_split_parses_the_same(n: int, per: int, crlf: bool, splits:
     if crlf:
         chunks = [c.replace(b"\n", b"\r\n") for c in chunks]
     chunks.insert(1, b": keep-alive comment\n\n")
-    state = _feed(chunks, [s % max(1, len(b"".join(chunks))) for s in splits])
+    state = feed_split(chunks, [s % max(1, len(b"".join(chunks))) for s in splits])
     assert state.done and state.error is None
     assert state.tokens == n and state.chunks == -(-n // per)
     assert "".join(state.text) == " tok" * n
@@ -172,9 +158,9 @@ def test_any_network_split_parses_the_same(n: int, per: int, crlf: bool, splits:
 
 
 def test_non_object_json_and_error_objects() -> None:
-    state = _feed([b"data: [1, 2]\n\n"])
+    state = feed_split([b"data: [1, 2]\n\n"])
     assert state.error_kind == "malformed" and "expected a JSON object" in (state.error or "")
-    state = _feed([encode_stream(2, "ok", chat=False)[0], b'data: {"error": "boom"}\n\n'])
+    state = feed_split([encode_stream(2, "ok", chat=False)[0], b'data: {"error": "boom"}\n\n'])
     assert state.error_kind == "stream" and "boom" in (state.error or "") and state.tokens == 1
     body = json.loads(encode_stream(1, "ok", chat=True)[0][6:])
     assert body["choices"][0]["delta"]["content"] == " tok"
@@ -182,7 +168,7 @@ def test_non_object_json_and_error_objects() -> None:
 
 def test_a_stream_that_fails_after_tokens_ends_its_e2e_at_its_last_token() -> None:
     """Not at the moment the failure was read: the latency is the tokens', the error is said apart."""
-    state = _feed([*encode_stream(3, "ok", chat=True)[:3], b'data: {"error": "boom"}\n\n'])
+    state = feed_split([*encode_stream(3, "ok", chat=True)[:3], b'data: {"error": "boom"}\n\n'])
     assert state.error_kind == "stream"
     rec = RequestRecord(level=0, index=0, scheduled_s=0, start_s=0, start_wall_s=0, queue_ms=0, error=state.error,
                         error_kind=state.error_kind)  # as the client sets them before it finishes the record

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from app.load.procs import ClientPool
 from app.load.tokens import load_token_counter
 from app.runner import Runner, RunResult, mask_env
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
+from tests.fakes.fixed_reply import fixed_reply_server
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 from tests.fuzz.hostile import cli
 
@@ -244,28 +244,6 @@ def test_client_runs_in_its_own_process_bound_to_its_cores(server: FakeOpenAISer
     assert out.client_lag_ms.dtype == np.float32 and out.client_lag_ms.size <= out.duration_s / 0.005 + 1
 
 
-class _NotSse(BaseHTTPRequestHandler):
-    """Answers 200 with a plain JSON body: no event stream."""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self._reply()
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._reply()
-
-    def _reply(self) -> None:
-        body = b'{"object": "list", "data": []}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.mark.parametrize("server_kind", ["closed port", "HTTP 500", "HTTP 401", "not SSE"])
 def test_a_run_with_no_success_fails_however_small(server_kind: str) -> None:
     """Four requests, all failed: below the error budget's minimum of five, but still no success."""
@@ -274,13 +252,8 @@ def test_a_run_with_no_success_fails_however_small(server_kind: str) -> None:
     if server_kind == "closed port":
         result = Runner(cfg, Bus(), endpoint="http://127.0.0.1:9", telemetry=False).run()
     elif server_kind == "not SSE":
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NotSse)
-        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-        thread.start()
-        try:
-            result = Runner(cfg, Bus(), endpoint=f"http://127.0.0.1:{httpd.server_port}", telemetry=False).run()
-        finally:
-            httpd.shutdown()
+        with fixed_reply_server(b'{"object": "list", "data": []}', "application/json") as not_sse:
+            result = Runner(cfg, Bus(), endpoint=not_sse, telemetry=False).run()
     else:
         mode, key = ("http_500", None) if server_kind == "HTTP 500" else ("ok", "the-right-key")
         with FakeOpenAIServer(FakeBehaviour(mode=mode, api_key=key)) as bad:

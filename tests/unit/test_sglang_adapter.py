@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.config import RunConfig
-from app.engines import check_config, launch_engine
-from app.errors import EngineFailed, UserError
+from app.engines import check_config
 from app.export.launch import render_launch, spec_from_profile
 from app.gui.availability import compute_availability
 from app.profiles import load_profile, resolve_profile
@@ -24,7 +23,6 @@ from engine_adapters.base import FlagSet, Phase, ValidationIssue, match_phase
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig, SpeculativeConfig
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
-from engine_adapters.launcher import EngineProcess, EngineStartError
 from engine_adapters.registry import ADAPTERS, get_adapter, get_engine_metrics, maturity
 from engine_adapters.sglang import (
     ADAPTER,
@@ -37,7 +35,8 @@ from engine_adapters.sglang import (
     parse_help,
     parse_kv_cache,
 )
-from tests.feature_changes import every_feature_changed
+from tests.engine_absent import launch_without_the_engine
+from tests.feature_changes import VLLM_SPELLED_ARGV, every_feature_changed
 
 DATA = Path(__file__).parents[1] / "data" / "sglang"
 HELP_TEXT = (DATA / f"sglang-{RECORDED_VERSION}-help.txt").read_text()
@@ -87,14 +86,8 @@ def test_recorded_help_parses_into_flags_and_choices() -> None:
 # --- features -> argv, each checked against the recorded help ---------------------------------
 
 FEATURE_ARGV: list[tuple[Features, list[str]]] = [
-    (Features(weights_dtype="fp8"), ["--quantization", "fp8"]),
-    (Features(weights_dtype="awq"), ["--quantization", "awq"]),
-    (Features(weights_dtype="gptq"), ["--quantization", "gptq"]),
-    (Features(weights_dtype="bf16"), ["--dtype", "bfloat16"]),
-    (Features(weights_dtype="fp16"), ["--dtype", "float16"]),
+    *VLLM_SPELLED_ARGV,
     (Features(kv_cache_dtype="fp8"), ["--kv-cache-dtype", "fp8_e4m3"]),
-    (Features(kv_cache_dtype="fp8_e4m3"), ["--kv-cache-dtype", "fp8_e4m3"]),
-    (Features(kv_cache_dtype="fp8_e5m2"), ["--kv-cache-dtype", "fp8_e5m2"]),
     (Features(prefix_caching=False), ["--disable-radix-cache"]),
     (Features(prefix_caching=True), []),
     (Features(speculative=SpeculativeConfig(method="eagle", draft_model="/d/eagle", num_speculative_tokens=4)),
@@ -111,7 +104,6 @@ FEATURE_ARGV: list[tuple[Features, list[str]]] = [
       "--speculative-num-draft-tokens", "4", "--speculative-draft-model-path", "/d/small"]),
     (Features(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=5)),
      ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6"]),
-    (Features(cpu_offload_gib=8), ["--cpu-offload-gb", "8"]),
     (Features(kv_offload_gib=64, kv_offload_backend="native"), ["--enable-hierarchical-cache", "--hicache-size", "64"]),
     (Features(gpu_memory_utilization=0.85), ["--mem-fraction-static", "0.85"]),
     (Features(max_num_seqs=64), ["--max-running-requests", "64"]),
@@ -250,18 +242,8 @@ def test_shipped_profile_checks_clean_on_a_gpu_and_exports() -> None:
 def test_launching_without_sglang_fails_in_one_clear_line(tmp_path: Path) -> None:
     """No SGLang here: the launch is refused before starting (managed runtime), or the engine's
     own failure is diagnosed (an interpreter without sglang), never a traceback."""
-    config = RunConfig.model_validate({"engine": {"kind": "sglang", "model": str(tmp_path)}})
-    with pytest.raises(UserError, match="no managed runtime"):
-        launch_engine(config)
-    with pytest.raises(EngineFailed, match="no managed runtime"):
-        launch_engine(config, force=True)
-    engine = EngineConfig(kind="sglang", model=str(tmp_path), startup_timeout_s=120,
-                          runtime=RuntimeConfig(kind="python", python=sys.executable))
-    with EngineProcess(engine, Features(), ADAPTER) as process:
-        process.start()
-        with pytest.raises(EngineStartError) as failed:
-            process.wait_ready(timeout_s=120)
-    assert "The interpreter has no SGLang" in str(failed.value)
+    failure, process = launch_without_the_engine("sglang", tmp_path, ADAPTER)
+    assert "The interpreter has no SGLang" in failure
     assert process.diagnosis is not None and process.diagnosis.code == "no_runtime"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import sqlite3
@@ -19,6 +18,7 @@ from alembic.script import ScriptDirectory
 
 from app.analysis.compare import compare_runs
 from app.store import RunStore, SampleIn, StoreError, alembic_config, create_at_revision, default_db_path
+from tests.spawned import run_at_once
 
 
 def _head() -> str | None:
@@ -201,13 +201,7 @@ def _append(path: str, name: str, n: int) -> None:
 def test_two_processes_write_the_same_store(store_at: str) -> None:
     path = store_at
     RunStore(path).close()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_append, args=(path, f"p{i}", 40)) for i in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    run_at_once(_append, [(path, f"p{i}", 40) for i in range(2)], timeout_s=60)
     with RunStore(path) as store:
         runs = store.list_runs()
         assert sorted(r.name for r in runs) == ["p0", "p1"]

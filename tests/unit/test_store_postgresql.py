@@ -5,7 +5,6 @@ database that is not tunebench's. The backend-neutral store tests run on both ba
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -23,6 +22,7 @@ from db import tune_store
 from db.models import Campaign, Run
 from engine_adapters.process_group import pid_namespace
 from tests.pg_server import PgServer
+from tests.spawned import run_at_once
 from tests.unit.test_store_recording import _finish, _request, _start
 
 REQUESTS_PER_RUN = 10_000
@@ -117,13 +117,7 @@ def _write_runs(url: str, name: str) -> None:
 def test_two_processes_write_fifty_runs_each_into_one_database(pg_server: PgServer) -> None:
     url = pg_server.create_database()
     RunStore(url).close()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_write_runs, args=(url, f"p{i}")) for i in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+    run_at_once(_write_runs, [(url, f"p{i}") for i in range(2)], timeout_s=300)
     with RunStore(url) as store:
         runs = store.list_runs()
         assert len(runs) == 2 * RUNS_PER_PROCESS and len({r.id for r in runs}) == len(runs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import pytest
 
@@ -202,18 +203,24 @@ def test_a_failed_write_is_retried_not_lost(store: RunStore, monkeypatch: pytest
     assert run.n_requests == 3 and run.status == "completed" and not recorder.unstored
 
 
+def _start_on_a_full_disk(store: RunStore, monkeypatch: pytest.MonkeyPatch, failing: str) -> tuple[Bus, RunRecorder]:
+    """A run started on a recorder whose store's ``failing`` method meets a full disk."""
+    bus = Bus()
+    recorder = RunRecorder(bus, store)
+
+    def full(*_args: object, **_kwargs: object) -> NoReturn:
+        raise OSError(28, "database or disk is full")
+
+    monkeypatch.setattr(store, failing, full)
+    _start(bus)
+    return bus, recorder
+
+
 def test_a_run_whose_data_could_not_be_stored_is_not_completed(store: RunStore,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A full disk: every batch fails. The run ends ``failed`` in the store, with the count, and
     check_stored carries the verdict to the runner's result (and so to the exit code)."""
-    bus = Bus()
-    recorder = RunRecorder(bus, store)
-
-    def full(*_args: object, **_kwargs: object) -> None:
-        raise OSError(28, "database or disk is full")
-
-    monkeypatch.setattr(store, "write_batch", full)
-    _start(bus)
+    bus, recorder = _start_on_a_full_disk(store, monkeypatch, "write_batch")
     for i in range(4):
         _request(bus, i)
     _finish(bus)
@@ -231,14 +238,7 @@ def test_a_run_whose_data_could_not_be_stored_is_not_completed(store: RunStore,
 
 
 def test_a_run_that_could_not_be_created_is_reported(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    bus = Bus()
-    recorder = RunRecorder(bus, store)
-
-    def full(*_args: object, **_kwargs: object) -> int:
-        raise OSError(28, "database or disk is full")
-
-    monkeypatch.setattr(store, "create_run", full)
-    _start(bus)
+    bus, recorder = _start_on_a_full_disk(store, monkeypatch, "create_run")
     _request(bus, 0)
     _finish(bus)
     recorder.close()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from app.telemetry import TelemetryCollector
 from app.telemetry.gpu import GPU_QUANTITIES
 from app.telemetry.remote_gpu import RemoteGpuError, parse_dcgm, read_gpus
 from engine_adapters.gpu_specs import spec_peak_bandwidth
+from tests.fakes.fixed_reply import fixed_reply_server
 
 PAGE = (Path(__file__).resolve().parents[1] / "data" / "dcgm" / "dcgm-exporter-h100x2.txt").read_text()
 MIB = 1024 * 1024
@@ -45,31 +44,10 @@ def test_two_nodes_number_their_gpus_apart_and_an_unknown_model_has_no_byte_rate
     assert "dram_bw_util_pct" in gpus[2].values and "dram_bw_bytes_per_s" not in gpus[2].values
 
 
-class _Exporter(BaseHTTPRequestHandler):
-    page = PAGE
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = self.page.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with fixed_reply_server(PAGE.encode(), "text/plain; version=0.0.4") as url:
+        yield f"{url}/metrics"
 
 
 def test_the_collector_publishes_remote_gpus_like_local_ones(exporter: str) -> None:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from app.config import RunConfig
-from app.engines import check_config, launch_engine
-from app.errors import EngineFailed, UserError
+from app.engines import check_config
+from app.errors import UserError
 from app.export.launch import render_launch, spec_from_profile
 from app.gui.availability import compute_availability
 from app.profiles import load_profile, resolve_profile
@@ -28,7 +28,6 @@ from engine_adapters.base import BESIDE_SCRIPT, Phase, ValidationIssue, match_ph
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig, SpeculativeConfig
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
-from engine_adapters.launcher import EngineProcess, EngineStartError
 from engine_adapters.registry import ADAPTERS, get_engine_metrics, maturity
 from engine_adapters.trtllm import (
     ADAPTER,
@@ -41,6 +40,7 @@ from engine_adapters.trtllm import (
     parse_help,
     parse_kv_cache,
 )
+from tests.engine_absent import launch_without_the_engine
 from tests.feature_changes import every_feature_changed
 
 DATA = Path(__file__).parents[1] / "data" / "trtllm"
@@ -267,18 +267,8 @@ def test_shipped_profile_checks_clean_on_a_gpu() -> None:
 
 
 def test_launching_without_tensorrt_llm_fails_in_one_clear_line(tmp_path: Path) -> None:
-    config = RunConfig.model_validate({"engine": {"kind": "trtllm", "model": str(tmp_path)}})
-    with pytest.raises(UserError, match="no managed runtime"):
-        launch_engine(config)
-    with pytest.raises(EngineFailed, match="no managed runtime"):
-        launch_engine(config, force=True)
-    engine = EngineConfig(kind="trtllm", model=str(tmp_path), require_api_key=False, startup_timeout_s=120,
-                          runtime=RuntimeConfig(kind="python", python=sys.executable))
-    with EngineProcess(engine, Features(), ADAPTER) as process:
-        process.start()
-        with pytest.raises(EngineStartError) as failed:
-            process.wait_ready(timeout_s=120)
-    assert "TensorRT-LLM is not installed" in str(failed.value)
+    failure, _ = launch_without_the_engine("trtllm", tmp_path, ADAPTER, require_api_key=False)
+    assert "TensorRT-LLM is not installed" in failure
 
 
 # --- metrics and logs -------------------------------------------------------------------------

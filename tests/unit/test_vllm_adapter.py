@@ -19,6 +19,7 @@ from engine_adapters.vllm import (
     parse_kv_cache,
     parse_non_default_args,
 )
+from tests.feature_changes import VLLM_SPELLED_ARGV
 
 HELP_TEXT = (Path(__file__).resolve().parent.parent / "data" / "vllm-0.32.0-help.txt").read_text()
 ADAPTER = VllmAdapter()
@@ -45,17 +46,10 @@ def gpus(n: int, cc: tuple[int, int] = (9, 0)) -> HardwareInfo:
     ("features", "expected"),
     [
         (Features(), []),
-        (Features(weights_dtype="bf16"), ["--dtype", "bfloat16"]),
-        (Features(weights_dtype="fp16"), ["--dtype", "float16"]),
-        (Features(weights_dtype="fp8"), ["--quantization", "fp8"]),
-        (Features(weights_dtype="awq"), ["--quantization", "awq"]),
-        (Features(weights_dtype="gptq"), ["--quantization", "gptq"]),
+        *VLLM_SPELLED_ARGV,
         (Features(kv_cache_dtype="fp8"), ["--kv-cache-dtype", "fp8"]),
-        (Features(kv_cache_dtype="fp8_e4m3"), ["--kv-cache-dtype", "fp8_e4m3"]),
-        (Features(kv_cache_dtype="fp8_e5m2"), ["--kv-cache-dtype", "fp8_e5m2"]),
         (Features(prefix_caching=True), ["--enable-prefix-caching"]),
         (Features(prefix_caching=False), ["--no-enable-prefix-caching"]),
-        (Features(cpu_offload_gib=8), ["--cpu-offload-gb", "8"]),
         (Features(cpu_offload_gib=2.5), ["--cpu-offload-gb", "2.5"]),
         (Features(kv_offload_gib=16, kv_offload_backend="native"),
          ["--kv-offloading-size", "16", "--kv-offloading-backend", "native"]),
