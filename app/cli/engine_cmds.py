@@ -16,7 +16,13 @@ from app.profiles import ProfileError, load_profile, resolve_profile
 from engine_adapters.base import Phase, feature_check_line
 from engine_adapters.launcher import EngineStartError, stop_registered
 from engine_adapters.registry import get_adapter
-from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, ensure_demo_model, install_managed
+from engine_adapters.runtimes import (
+    MANAGED_RUNTIMES,
+    MANAGED_TOOLS,
+    RuntimeErrorMessage,
+    ensure_demo_model,
+    install_managed,
+)
 
 
 def _load(path: str) -> Any:
@@ -148,8 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     flags.add_argument("profile", nargs="?", default="cpu-demo", help="profile naming the runtime (default cpu-demo)")
     flags.set_defaults(handler=cmd_engine_flags)
 
-    install = esub.add_parser("install", help="create a managed engine runtime in the user cache")
-    install.add_argument("name", choices=sorted(MANAGED_RUNTIMES))
+    install = esub.add_parser("install", help="create a managed engine runtime, or a tool that runs beside the "
+                              "engines (lm-eval), in the user cache")
+    install.add_argument("name", choices=sorted({*MANAGED_RUNTIMES, *MANAGED_TOOLS}))
     install.set_defaults(handler=cmd_engine_install)
 
     demo = sub.add_parser("demo-model", help="generate the tiny local demo model and print its path")
