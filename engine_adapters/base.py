@@ -182,6 +182,7 @@ class EngineAdapter(EngineMetrics, Protocol):
     phase_patterns: Sequence[PhasePattern]
     api_key_env: str  # the environment variable the server reads its API key from
     client_keep_alive: bool  # whether a load client may reuse HTTP connections to this server
+    prompt_logprobs: bool  # whether /v1/completions returns the logprobs of the prompt's tokens (echo)
 
     def is_ready(self, base_url: str, timeout_s: float = 1.0) -> bool:
         """Whether the server answers requests now (polled while it starts)."""

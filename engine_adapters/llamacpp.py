@@ -238,6 +238,8 @@ SPEC = EngineSpec(
     # llama-server (cpp-httplib) closes a kept-alive connection after a few requests; a client that
     # reuses it fails its next POST ("Can not write request body"): a fresh connection per request.
     client_keep_alive=False,
+    # Its server returns logprobs only for the tokens it generates: no echo of the prompt's.
+    prompt_logprobs=False,
     # llama.cpp counts a request in /metrics after answering it: a fence request makes sure the last is counted.
     # The sizes llama.cpp logs while starting (context, slots, batch, layer shapes): the context's
     # tokens in all and per request are its KV capacity.

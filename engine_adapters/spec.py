@@ -120,6 +120,9 @@ class EngineSpec:
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     client_keep_alive: bool = True
+    prompt_logprobs: bool = True
+    """``/v1/completions`` with ``echo`` returns the logprobs of the prompt's tokens, as scoring
+    given text (lm-eval's multiple-choice tasks) needs."""
     engine_defaults: Mapping[str, object] = field(default_factory=dict)
     """What the engine does with a switch left unset, so the GUI can say "on (engine default)"."""
     help_timeout_s: float = 120.0
@@ -269,6 +272,7 @@ class CommandLineAdapter:
     phase_patterns: Sequence[PhasePattern]
     api_key_env: str
     client_keep_alive: bool
+    prompt_logprobs: bool
     engine_defaults: Mapping[str, object]
     gpu_verified: bool = True
     maturity: str | None = None
@@ -281,6 +285,7 @@ class CommandLineAdapter:
         cls.kind, cls.display_name, cls.api_key_env = spec.kind, spec.display_name, spec.api_key_env
         cls.health_path, cls.metrics_path, cls.metric_names = spec.health_path, spec.metrics_path, spec.metric_names
         cls.phase_patterns, cls.client_keep_alive = spec.phase_patterns, spec.client_keep_alive
+        cls.prompt_logprobs = spec.prompt_logprobs
         cls.engine_defaults, cls.gpu_verified, cls.maturity = spec.engine_defaults, spec.gpu_verified, spec.maturity
 
     # -- flags ----------------------------------------------------------------------------------
