@@ -23,6 +23,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,9 @@ from app.load.procs import ClientPool, ClientProcessError
 from app.load.tokens import TokenCounter, choose_token_counter
 from app.load.traces import Trace, check_replay
 from app.planner.plan import kv_plan_check
+from app.quality.lm_eval_run import TaskEvalRequest, run_task_eval
+from app.quality.task_accuracy import SUMMARY_KEY as TASK_EVAL_KEY
+from app.quality.task_accuracy import TaskEval
 from app.verification import RunEffects
 from app.workload import WorkloadConfig
 from engine_adapters.base import Phase
@@ -124,10 +128,13 @@ class RunResult(BaseModel):
     length_source: str = ""
     notes: list[str] = Field(default_factory=list)
     levels: list[LevelResult] = Field(default_factory=list)
+    task_eval: TaskEval | None = None
+    """Task accuracy measured by lm-eval after the levels (``Runner(task_eval=...)``)."""
 
     def summary(self) -> dict[str, Any]:
-        """The ``run_finished`` summary: per level, the flat figures."""
-        return {"levels": [{"index": lv.index, "label": lv.label, **lv.summary.flat()} for lv in self.levels]}
+        """The ``run_finished`` summary: per level, the flat figures (and the task accuracy, when measured)."""
+        levels = {"levels": [{"index": lv.index, "label": lv.label, **lv.summary.flat()} for lv in self.levels]}
+        return levels if self.task_eval is None else {**levels, TASK_EVAL_KEY: self.task_eval.model_dump(mode="json")}
 
 
 class _Stop(Exception):
@@ -179,8 +186,9 @@ class Runner:
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
                  gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
-                 clients: Callable[..., ClientPool] | None = None) -> None:
+                 clients: Callable[..., ClientPool] | None = None, task_eval: TaskEvalRequest | None = None) -> None:
         self.config = config
+        self.task_eval = task_eval  # lm-eval's tasks, scored after the levels, apart from the timed load
         self.node = dict(node) if node else None
         """Which cluster node the run ran on (``app.fleet``): stored with its hardware."""
         self.bus = bus
@@ -234,6 +242,7 @@ class Runner:
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)
             self._run_levels(base_url, headers, cancel)
+            self._evaluate_tasks(base_url, cancel)
         except _Stop as stop:
             result.status, result.reason = stop.status, stop.reason
         except (UserError, ClientProcessError) as exc:
@@ -559,6 +568,30 @@ class Runner:
         r.feature_checks = self._effects.refine(r.feature_checks, cfg.features,
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note,
                                                 replies=replies)
+
+    def _evaluate_tasks(self, base_url: str, cancel: threading.Event) -> None:
+        """lm-eval's tasks against the engine, once the load is over (so it never perturbs the
+        speed figures). What it cannot measure is a note; the run stays as its levels made it."""
+        if self.task_eval is None:
+            return
+        _stop_if(cancel, "cancelled before the task evaluation")
+        e = self.config.engine
+        try:
+            local = [resolve_model(e.model)] + ([e.tokenizer] if e.tokenizer else [])
+        except RuntimeErrorMessage:
+            local = [e.tokenizer] if e.tokenizer else []
+        tokenizer = next((str(Path(p).expanduser()) for p in local if Path(p).expanduser().is_dir()), None)
+        self._note(f"lm-eval: scoring {', '.join(self.task_eval.tasks)} after the load"
+                   + (f", {self.task_eval.limit} documents each" if self.task_eval.limit else ""))
+        found = run_task_eval(self.task_eval, base_url=base_url, model=self.result.model or e.model,
+                              api_key=self.api_key, prompt_logprobs=self.adapter.prompt_logprobs,
+                              engine=self.adapter.display_name, tokenizer=tokenizer, cancel=cancel)
+        self.result.task_eval = found
+        for accuracy in found.results:
+            self._note(f"lm-eval: {accuracy.text()}, {accuracy.wall_s:.1f} s")
+        for error in found.errors:
+            self._note(f"lm-eval: {error}")
+        _stop_if(cancel, "cancelled during the task evaluation")
 
     def _build(self, workload: WorkloadConfig, counter: TokenCounter, variant: int,
                cancel: threading.Event) -> Dataset:

@@ -37,6 +37,7 @@ from app.load.metrics import level_notes
 from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, resolve_profile
+from app.quality.lm_eval_run import DEMO_TASK, TaskEvalRequest
 from app.runner import Runner, RunResult, check_endpoint
 from app.urls import check_api_key
 from engine_adapters.base import feature_check_line
@@ -190,6 +191,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     api_key = args.api_key or (os.environ.get("TUNEBENCH_API_KEY") if args.endpoint else None)
     if api_key is not None:
         check_api_key(api_key)  # a newline would end the Authorization header and start another
+    task_eval = task_eval_request(args)
+    if task_eval is not None and args.cluster:
+        raise UserError("--tasks scores a local run's engine: it does not run with --cluster")
     where = open_fleet(args, config)
     bus = Bus()
     sub = bus.subscribe(kinds=(RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
@@ -198,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
         return Runner(run_config, run_bus, keep_requests=args.json_requests, gpu_metrics_url=args.gpu_metrics,
-                      clients=where.clients(), **kwargs)
+                      clients=where.clients(), task_eval=task_eval, **kwargs)
 
     cancel = threading.Event()
 
@@ -237,6 +241,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.status == "cancelled":
         return EXIT_CANCELLED
     return 0 if result.status == "completed" else EXIT_FAILED
+
+
+def task_eval_request(args: argparse.Namespace) -> TaskEvalRequest | None:
+    """``--tasks`` (with ``--task-path`` and ``--task-limit``) as lm-eval's request; None without it."""
+    tasks = [t.strip() for given in args.tasks or [] for t in given.split(",") if t.strip()]
+    if not tasks:
+        if args.task_path or args.task_limit:
+            raise UserError("--task-path and --task-limit go with --tasks (e.g. --tasks " + DEMO_TASK + ")")
+        return None
+    return TaskEvalRequest(tasks=tasks, include_paths=list(args.task_path or []), limit=args.task_limit)
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", action="append", metavar="NAME[,NAME]",
+                        help=f"after the load, score these lm-eval tasks against the engine, offline, and store their "
+                             f"accuracy with its standard error ({DEMO_TASK}: the demo model's own task, shipped; "
+                             "needs `tunebench engine install lm-eval`)")
+    parser.add_argument("--task-path", action="append", metavar="DIR",
+                        help="a folder of your own lm-eval task YAML files and their local data (repeatable)")
+    parser.add_argument("--task-limit", type=bounded_int(1, 10**7), metavar="N",
+                        help="score the first N documents of each task (default: all)")
 
 
 def _report_campaign(campaign: CampaignResult, json_path: Path | None, recorder: Any) -> int:
@@ -284,6 +309,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--repeat", type=bounded_int(1, 1000), default=1, metavar="N",
                      help="run the profile N times, each on a cold prefix cache with the engine kept, and report "
                           "each figure's mean and 95%% confidence interval (compare treats the set as one)")
+    add_task_arguments(run)
     add_cluster_options(run)
     run.add_argument("--client-nodes", type=bounded_int(1, 4096), metavar="K",
                      help="with --endpoint and --cluster: send the load from K nodes of the cluster (one client "

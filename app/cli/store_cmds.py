@@ -46,6 +46,7 @@ from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, imp
 from app.export.files import check_target
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
+from app.quality.task_accuracy import Z_95, compare_task_accuracy, comparison_lines
 from app.store import RunInfo, RunStore, StoreError, StoreMissing
 from db.models import RUN_STATUSES
 from engine_adapters.registry import engine_terms_for
@@ -429,8 +430,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if slo is not None:
             costs = compared_good_costs(store, comparison, costs, slo)
     good_slo_text = f"{whose} '{slo}'" if slo is not None else whose
+    accuracy = compare_task_accuracy([run.summary for run in comparison.runs], comparison.baseline)
     if args.json:
         doc = comparison.to_dict()
+        doc["task_accuracy"] = [row.model_dump(mode="json") for row in accuracy]
         base = costs[comparison.baseline]
         for run, cost in zip(doc["runs"], costs, strict=True):
             run["cost"] = {**cost.to_dict(), "factor_vs_baseline": cost_factor(base, cost),
@@ -438,6 +441,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         _print_comparison(comparison)
+        if accuracy:
+            print(f"\ntask accuracy (lm-eval; beyond noise: |a - b| > {Z_95} x sqrt(se_a^2 + se_b^2)):")
+            labels = [f"#{r.id}" + (" (base)" if i == comparison.baseline else "") for i, r in enumerate(comparison.runs)]
+            for line in comparison_lines(accuracy, labels):
+                print(safe(line))
         _print_costs(comparison, costs, prices, good_slo_text)
     return 0
 
