@@ -25,6 +25,7 @@ import numpy as np
 from app.analysis import metric_catalog as catalog
 from app.analysis.stats import aggregate, significant
 from app.analysis.summary import judge_levels, level_extras, numbers
+from app.quality.task_accuracy import SUMMARY_KEY as TASK_EVAL_KEY
 from db.store import RunDetail, RunStore, StoreError
 
 _REPEAT_SUFFIX = re.compile(r" \(repeat \d+/\d+\)$")  # app.campaign names repeats "<name> (repeat i/N)"
@@ -67,7 +68,8 @@ def run_metrics(run: RunDetail) -> dict[str, float]:
     definitions), engine-side and per-level figures from its recorded levels (also for runs
     stored before they were kept), startup facts, and any other number in its summary (an
     imported tool's own figures)."""
-    own = {k: v for k, v in run.summary.items() if k != "repeat"}  # a set's mean
+    # A set's mean (repeat) and the task accuracy (compared with its noise: app.quality) are not figures here.
+    own = {k: v for k, v in run.summary.items() if k not in ("repeat", TASK_EVAL_KEY)}
     out = {k: v for k, raw in flatten(own).items() if (v := _number(raw)) is not None}
     if (v := _number(run.engine_info.get("startup_s"))) is not None:
         out["startup_s"] = v

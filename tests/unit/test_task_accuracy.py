@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.analysis.compare import compare_runs
+from app.cli import main
 from app.quality.lm_eval_run import DEMO_TASK, accuracies, demo_task_config, write_demo_task
 from app.quality.task_accuracy import (
     SUMMARY_KEY,
@@ -23,6 +25,7 @@ from app.quality.task_accuracy import (
     noise_bound,
     stored_task_eval,
 )
+from app.store import RunStore
 from engine_adapters import demo_task
 
 
@@ -123,3 +126,25 @@ def test_a_stored_summary_without_or_with_a_broken_entry_has_no_task_eval() -> N
     assert stored_task_eval({SUMMARY_KEY: {"results": [{"task": "x"}]}}) is None
     again = stored_task_eval({SUMMARY_KEY: TaskEval(results=[_acc(0.5, 0.1)]).model_dump(mode="json")})
     assert again is not None and again.results[0].value == 0.5
+
+
+def test_compare_shows_the_accuracy_with_its_verdict_and_never_as_a_plain_figure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    with RunStore(db) as store:
+        ids = []
+        for name, value in (("bf16", 0.95), ("q4_0", 0.55)):
+            run_id = store.create_run(name=name, engine_kind="llamacpp", model="tunebench:demo", started_at=1.9e9,
+                                      config={"name": name})
+            found = TaskEval(tool="lm-eval 0.4.13", tasks=[DEMO_TASK], limit=40, results=[_acc(value, 0.05)],
+                             wall_s=12.0)
+            store.finish_run(run_id, "completed", summary={SUMMARY_KEY: found.model_dump(mode="json")})
+            ids.append(str(run_id))
+        assert not [m.name for m in compare_runs(store, ids).metrics if m.name.startswith(SUMMARY_KEY)]
+    assert main(["compare", *ids, "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "task accuracy (lm-eval; beyond noise: |a - b| > 1.96 x sqrt(se_a^2 + se_b^2)):" in out
+    assert "0.550 ± 0.050 (100 samples), -0.400 against the baseline: beyond noise, noise ±0.139" in out
+    assert main(["compare", *ids, "--db", str(db), "--json", "--no-series"]) == 0
+    rows = json.loads(capsys.readouterr().out)["task_accuracy"]
+    assert [r["verdicts"] for r in rows] == [["baseline", "beyond noise"]]
