@@ -39,6 +39,7 @@ from app.events import (
     LevelFinished,
     LogLine,
     PhaseChanged,
+    QualityMeasured,
     RequestDone,
     RunFinished,
     RunStarted,
@@ -60,6 +61,7 @@ from app.load.procs import ClientPool, ClientProcessError
 from app.load.tokens import TokenCounter, choose_token_counter
 from app.load.traces import Trace, check_replay
 from app.planner.plan import kv_plan_check
+from app.quality.probe import ProbeError, QualityFigures, Reference, run_probe
 from app.verification import RunEffects
 from app.workload import WorkloadConfig
 from engine_adapters.base import Phase
@@ -124,6 +126,8 @@ class RunResult(BaseModel):
     length_source: str = ""
     notes: list[str] = Field(default_factory=list)
     levels: list[LevelResult] = Field(default_factory=list)
+    quality: QualityFigures | None = None
+    """The quality probe's figures (``[quality]``), measured after the last level."""
 
     def summary(self) -> dict[str, Any]:
         """The ``run_finished`` summary: per level, the flat figures."""
@@ -179,8 +183,11 @@ class Runner:
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
                  gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
-                 clients: Callable[..., ClientPool] | None = None) -> None:
+                 clients: Callable[..., ClientPool] | None = None, quality_reference: Reference | None = None) -> None:
         self.config = config
+        self.quality_reference = quality_reference
+        """What the quality probe compares with (a stored run, a ladder's baseline, a tune's reference
+        configuration); None: the run is its own reference, and its figures are the control."""
         self.node = dict(node) if node else None
         """Which cluster node the run ran on (``app.fleet``): stored with its hardware."""
         self.bus = bus
@@ -234,6 +241,7 @@ class Runner:
             base_url, headers = self._prepare_engine(cancel)
             self._start_telemetry(base_url)
             self._run_levels(base_url, headers, cancel)
+            self._probe_quality(base_url, headers, cancel)
         except _Stop as stop:
             result.status, result.reason = stop.status, stop.reason
         except (UserError, ClientProcessError) as exc:
@@ -560,6 +568,29 @@ class Runner:
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note,
                                                 replies=replies)
 
+    def _probe_quality(self, base_url: str, headers: dict[str, str], cancel: threading.Event) -> None:
+        """The quality probe, after the last level so the speed figures never see it. A probe that
+        cannot measure says why in one line; the run and its speed figures stand."""
+        quality = self.config.quality
+        if quality is None or not quality.enabled:
+            return
+        _stop_if(cancel, "cancelled before the quality probe")
+        r = self.result
+        started = time.monotonic()
+        try:
+            figures = run_probe(quality, self.config.engine.kind, base_url, headers, r.model or "",
+                                self.quality_reference, cancel.is_set,
+                                quality.top_logprobs_for(self.config.engine.model))
+        except ProbeError as exc:
+            figures = QualityFigures(error=str(exc), engine=self.config.engine.kind, model=r.model or "",
+                                     batch=quality.batch, wall_s=time.monotonic() - started)
+            self._note(f"quality not measured: {exc}")
+        _stop_if(cancel, "cancelled during the quality probe")
+        r.quality = figures
+        if figures.measured:
+            self._note(_quality_note(figures))
+        self._emit(QualityMeasured(run_id=self.run_id, quality=figures.model_dump(mode="json")))
+
     def _build(self, workload: WorkloadConfig, counter: TokenCounter, variant: int,
                cancel: threading.Event) -> Dataset:
         """A level's (or the warm-up's) prompts. Generating a large workload takes long, so the
@@ -621,6 +652,20 @@ class Runner:
         self._pool.run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
                              live=LiveStats(None), cancel=cancel, seed=seed, on_record=count)
         self._note(f"warm-up: {counts[0]} requests ({counts[1]} failed), excluded from the figures")
+
+
+def _quality_note(figures: QualityFigures) -> str:
+    """The probe's figures in one line, with what they were measured against."""
+    against = figures.reference.get("kind", "self")
+    agreed, kld = figures.agreement, figures.kld
+    parts = [f"quality probe ({figures.prompts} prompts x {figures.output_tokens} tokens, batch {figures.batch}, "
+             f"{figures.wall_s or 0:.1f} s) against {'itself (the control)' if against == 'self' else against}"]
+    if agreed is not None:
+        parts.append(f"{agreed.token_share:.1%} of tokens identical, {agreed.exact_match:.0%} of outputs exact")
+    if kld is not None:
+        parts.append(f"mean KLD {kld.mean:.3g}" + (f" +/- {kld.error:.2g}" if kld.error is not None else "")
+                     + ("" if kld.exact else f" (a lower bound: top-{figures.top_logprobs})"))
+    return "; ".join(parts)
 
 
 def _trace_reuse_note(label: str, implied: float | None, deltas: EngineDeltas | None) -> str:

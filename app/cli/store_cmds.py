@@ -46,6 +46,7 @@ from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, imp
 from app.export.files import check_target
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
+from app.quality.probe import shown_quality
 from app.store import RunInfo, RunStore, StoreError, StoreMissing
 from db.models import RUN_STATUSES
 from engine_adapters.registry import engine_terms_for
@@ -269,6 +270,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
             return 0
         if args.json:
             data = store.get_run(run_id).model_dump(mode="json")
+            data["quality"] = shown_quality(data.get("quality"))  # the figures, not the outputs kept
             if args.log:
                 data["log"] = store.log_lines(run_id)
             _print_json(data)
