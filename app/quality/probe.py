@@ -120,6 +120,22 @@ class QualityFigures(BaseModel):
         return data
 
 
+def quality_cell(shown: dict[str, Any] | None) -> str:
+    """A step's or a run's quality in a table cell: ``99.6% KLD 0.0012`` (tokens identical before
+    the first divergence, mean KLD), ``= ref`` for the reference itself, ``n/a`` when not measured."""
+    if not shown:
+        return "-"
+    if not shown.get("measured"):
+        return "n/a"
+    agreement, kld = shown.get("agreement") or {}, shown.get("kld") or {}
+    if (shown.get("reference") or {}).get("kind") == "self":
+        return "= ref" + (f" (floor {kld['mean']:.2g})" if kld.get("mean") else "")
+    text = f"{agreement.get('token_share', 0.0):.1%}" if agreement else "?"
+    if kld:
+        text += f" KLD {kld.get('mean', 0.0):.2g}" + ("" if not kld.get("positions_with_tail") else "+")
+    return text + (" ~noise" if shown.get("within_noise") else "")
+
+
 def shown_quality(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     """A stored run's ``quality`` as shown: the capture left out (its size said)."""
     if not stored:

@@ -97,6 +97,12 @@ def test_llamacpp_control_a_q4_kv_cache_against_it_and_the_stored_figures(engine
     assert shown["kld"]["mean"] == q4.kld.mean and shown["agreement"] == q4.agreement.model_dump(mode="json")
     assert shown["noise_floor"] == control.noise_floor and shown["reference"]["run_id"] == reference.run_id
     assert "capture" not in shown and shown["captured_outputs"] == QUALITY.prompts
+    text = cli("runs", "show", str(q4_id), "--db", str(db)).check().out
+    assert f"quality:   {q4.agreement.token_share:.1%} KLD" in text and f"against {reference.label}" in text
+    assert "probe " in text and "at batch 1" in text
+    compared = json.loads(cli("compare", str(reference.run_id), str(q4_id), "--db", str(db), "--json").check().out)
+    assert [r["quality"]["reference"]["kind"] for r in compared["runs"]] == ["self", "run"]
+    assert compared["runs"][1]["quality"]["kld"]["mean"] == q4.kld.mean
 
 
 def test_a_reference_of_another_model_is_one_line_and_the_speed_run_is_stored(engine_pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
