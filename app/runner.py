@@ -577,12 +577,15 @@ class Runner:
         _stop_if(cancel, "cancelled before the quality probe")
         r = self.result
         started = time.monotonic()
+        # The model as configured identifies it (another precision or file of it is the same model);
+        # attached to an endpoint, the name it serves.
+        model_id = r.model or "" if self.endpoint is not None else self.config.engine.model
         try:
             figures = run_probe(quality, self.config.engine.kind, base_url, headers, r.model or "",
                                 self.quality_reference, cancel.is_set,
-                                quality.top_logprobs_for(self.config.engine.model))
+                                quality.top_logprobs_for(self.config.engine.model), model_id=model_id)
         except ProbeError as exc:
-            figures = QualityFigures(error=str(exc), engine=self.config.engine.kind, model=r.model or "",
+            figures = QualityFigures(error=str(exc), engine=self.config.engine.kind, model=model_id,
                                      batch=quality.batch, wall_s=time.monotonic() - started)
             self._note(f"quality not measured: {exc}")
         _stop_if(cancel, "cancelled during the quality probe")

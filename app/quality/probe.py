@@ -92,6 +92,7 @@ class QualityFigures(BaseModel):
     """Why nothing was measured, in one line (the speed figures stand)."""
     engine: str = ""
     model: str = ""
+    """The model as configured (``tunebench:demo``, a path or a hub id): what a reference must share."""
     prompts: int = 0
     output_tokens: int = 0
     top_logprobs: int = 0
@@ -379,18 +380,21 @@ def _within(kld: KldStats | None, agreed: Agreement, floor: dict[str, Any] | Non
 
 def run_probe(config: QualityConfig, engine_kind: str, base_url: str, headers: dict[str, str], model: str,
               reference: Reference | None, cancel: Callable[[], bool] = lambda: False,
-              top_logprobs: int = DEFAULT_TOP_LOGPROBS) -> QualityFigures:
-    """The probe's figures for the engine at ``base_url`` (``model`` as the engine names it;
-    ``top_logprobs`` from ``QualityConfig.top_logprobs_for`` the configured model); a
-    ``ProbeError`` (one line) when it cannot measure. Without a reference the run is its own: the
-    figures are the control."""
+              top_logprobs: int = DEFAULT_TOP_LOGPROBS, model_id: str | None = None) -> QualityFigures:
+    """The probe's figures for the engine at ``base_url`` (``model`` as the engine names it in
+    requests; ``model_id``, the model as configured, is what a reference must share: the same
+    model served from another file or in another precision is still the same model;
+    ``top_logprobs`` from ``QualityConfig.top_logprobs_for`` it); a ``ProbeError`` (one line) when
+    it cannot measure. Without a reference the run is its own: the figures are the control."""
     started = time.monotonic()
-    figures = QualityFigures(engine=engine_kind, model=model, output_tokens=config.output_tokens, batch=config.batch)
+    model_id = model_id or model
+    figures = QualityFigures(engine=engine_kind, model=model_id, output_tokens=config.output_tokens,
+                             batch=config.batch)
     if reference is not None and reference.problem:
         raise ProbeError(reference.problem)
-    if reference is not None and reference.model and reference.model != model:
+    if reference is not None and reference.model and reference.model != model_id:
         raise ProbeError(f"the reference ({reference.described().get('label') or reference.kind}) ran model "
-                         f"{reference.model}, this run {model}: outputs of different models are not compared")
+                         f"{reference.model}, this run {model_id}: outputs of different models are not compared")
     prompts = read_prompts(config)
     if reference is not None and [o.prompt for o in reference.outputs] != prompts:
         raise ProbeError("the reference was measured on other prompts: give the same [quality] prompts to both")
