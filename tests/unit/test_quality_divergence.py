@@ -1,18 +1,26 @@
 """The quality probe's figures against a hand-worked example (llama.cpp's KLD definition, the mass
-beyond top-k lumped and counted), and the [quality] table's bad input."""
+beyond top-k lumped and counted), the [quality] table's bad input, and a probe that cannot measure
+(one line; the speed run stands)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from app.bus import Bus
 from app.config import RunConfig
 from app.profiles import ProfileError, profile_from_toml, profile_to_toml
 from app.quality.config import QualityConfig
 from app.quality.divergence import agreement, kld_stats, score_position
 from app.quality.probe import Output, ProbeError, Reference, run_probe
+from app.recording import RunRecorder
+from app.runner import Runner
+from app.store import RunStore
+from app.workload import LengthSpec, LoadConfig, WorkloadConfig
+from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 
 LN = math.log
 
@@ -92,3 +100,24 @@ def test_a_reference_that_cannot_be_one_is_one_line_before_any_request() -> None
 def test_a_capture_survives_its_json() -> None:
     output = Output("p", [1, 2], [3, 4], [{3: -0.25, 5: -1.5}, None])
     assert Output.from_json(output.to_json()) == output
+
+
+def test_an_engine_without_logprobs_is_one_line_and_the_speed_run_is_stored(tmp_path: Path) -> None:
+    """A server that answers completions but gives no logprobs (the fake streams text only): the
+    run completes with its speed figures, stored, and its quality says why in one line."""
+    config = RunConfig(name="no logprobs", workload=WorkloadConfig(num_requests=3, input_len=LengthSpec(mean=16),
+                                                                   output_len=LengthSpec(mean=8)),
+                       load=LoadConfig(concurrency=1, warmup_requests=0), quality=QualityConfig(prompts=2))
+    bus = Bus()
+    with FakeOpenAIServer(FakeBehaviour()) as server, RunStore(tmp_path / "runs.db") as store:
+        recorder = RunRecorder(bus, store)
+        try:
+            result = Runner(config, bus, endpoint=server.base_url, telemetry=False).run()
+        finally:
+            recorder.close()
+        stored = store.get_run(recorder.run_id or 0)
+    assert result.status == "completed" and stored.status == "completed" and stored.n_requests == 3
+    assert result.quality is not None and not result.quality.measured
+    assert result.quality.error == "the engine's reply to /v1/completions is not JSON"
+    assert stored.quality is not None and stored.quality["error"] == result.quality.error
+    assert any(note == f"quality not measured: {result.quality.error}" for note in result.notes)
