@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from app.errors import UserError
 from app.money import check_price
+from app.quality.config import QualityConfig
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, StrictModel
 
@@ -27,6 +28,9 @@ class RunConfig(StrictModel):
     features: Features = Field(default_factory=Features)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
+    quality: QualityConfig | None = Field(None, description=(
+        "The quality probe after the timed load: agreement and KL divergence against a reference, and "
+        "lm-eval tasks (app.quality); absent: no probe, unless a ladder or a tune turns it on."))
     prices: dict[str, float] = Field(default_factory=dict, description=(
         "Your price per GPU-hour by GPU name (H100 = 2.49), or per core-hour (cpu = 0.05), over the "
         "shipped list: the costs of this profile's runs use them; --price on a command wins (app.cost)."))

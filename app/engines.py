@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 from app.config import RunConfig
 from app.errors import EngineFailed, UserError
+from app.quality.config import WHOLE_VOCABULARY
 from engine_adapters.base import FlagSet, ValidationIssue
+from engine_adapters.config import Features
 from engine_adapters.hardware import HardwareInfo, probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError, ExitCallback, LogCallback, PhaseCallback
 from engine_adapters.registry import get_adapter
@@ -53,6 +55,20 @@ def check_config(config: RunConfig, discover_flags: bool = True, *, hardware: Ha
     return report
 
 
+MAX_LOGPROBS_FLAG = "--max-logprobs"
+
+
+def _with_quality_flags(config: RunConfig) -> Features:
+    """The features to launch with: a quality probe asking vLLM for the whole vocabulary's
+    logprobs needs ``--max-logprobs -1`` (vLLM caps them at 20), so its KL is exact."""
+    quality, features = config.quality, config.features
+    if (quality is None or not quality.enabled or config.engine.kind != "vllm"
+            or quality.top_logprobs_for(config.engine.model) != WHOLE_VOCABULARY
+            or any(arg.split("=", 1)[0] == MAX_LOGPROBS_FLAG for arg in features.extra_args)):
+        return features
+    return features.model_copy(update={"extra_args": [*features.extra_args, MAX_LOGPROBS_FLAG, str(WHOLE_VOCABULARY)]})
+
+
 def launch_engine(
     config: RunConfig,
     *,
@@ -66,7 +82,7 @@ def launch_engine(
         report = check_config(config)
         if report.errors:
             raise UserError("; ".join(f"{i.field}: {i.message}" for i in report.errors))
-    engine = EngineProcess(config.engine, config.features, get_adapter(config.engine.kind),
+    engine = EngineProcess(config.engine, _with_quality_flags(config), get_adapter(config.engine.kind),
                            on_log=on_log, on_phase=on_phase, on_exit=on_exit)
     try:
         engine.start()

@@ -6,7 +6,8 @@ field is a mypy error in every place that uses it, not a silent ``.get()`` retur
 Order of one run (``app.runner``): :class:`RunStarted`, then :class:`PhaseChanged` /
 :class:`LogLine` while the engine starts (held back until ``RunStarted`` went out),
 :class:`EngineReady`, per level :class:`LevelStarted`, :class:`RequestDone` per request and
-:class:`Progress` about twice a second, :class:`LevelFinished`; finally :class:`RunFinished`.
+:class:`Progress` about twice a second, :class:`LevelFinished`; :class:`QualityMeasured` when the
+run has a quality probe; finally :class:`RunFinished`.
 The telemetry collector adds :class:`Sample` s (sources ``gpu<i>``, ``host``, ``engine``),
 one :class:`TelemetrySupport` per source and :class:`Notice` s. Client-side live figures are
 the :class:`Progress` event only; consumers that plot them (the GUI, the store) read them as
@@ -245,6 +246,15 @@ class LevelFinished(EventPayload):
     summary: LevelSummary
 
 
+class QualityMeasured(EventPayload):
+    """The quality probe ended, after the last level (``app.quality.probe.QualityFigures`` as JSON:
+    its figures, or the one line saying why there are none)."""
+
+    kind: ClassVar[str] = "quality"
+    run_id: str
+    quality: dict[str, Any]
+
+
 class RunFinished(EventPayload):
     """The run ended, however it ended; ``summary`` has each level's flat figures."""
 
@@ -294,12 +304,12 @@ class CampaignUpdated(EventPayload):
 
 
 AnyEvent = (RunStarted | PhaseChanged | LogLine | EngineReady | LevelStarted | RequestDone | RequestsDone | Progress
-            | LevelFinished | RunFinished | TelemetrySupport | Notice | CampaignUpdated)
+            | LevelFinished | QualityMeasured | RunFinished | TelemetrySupport | Notice | CampaignUpdated)
 """Every event kind; ``isinstance`` (or ``match``) on an event's payload narrows it."""
 
 EVENT_TYPES: tuple[type[EventPayload], ...] = (
     RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, RequestDone, RequestsDone, Progress, LevelFinished,
-    RunFinished, TelemetrySupport, Notice, CampaignUpdated)
+    QualityMeasured, RunFinished, TelemetrySupport, Notice, CampaignUpdated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from app.events import (
     LogLine,
     PhaseChanged,
     Progress,
+    QualityMeasured,
     RequestDone,
     RequestsDone,
     RunFinished,
@@ -238,6 +239,9 @@ class RunRecorder:
         elif isinstance(p, LevelFinished):
             self._write_pending()
             self._store_call(self.store.finish_level, self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall)
+        elif isinstance(p, QualityMeasured):
+            self._write_pending()
+            self._store_call(self.store.update_run, self._rid, quality=p.quality)
         elif isinstance(p, EngineReady):
             info = p.to_json()
             self._events.append((item.t_wall, p.kind, info))

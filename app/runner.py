@@ -40,6 +40,7 @@ from app.events import (
     LevelFinished,
     LogLine,
     PhaseChanged,
+    QualityMeasured,
     RequestDone,
     RunFinished,
     RunStarted,
@@ -62,6 +63,7 @@ from app.load.tokens import TokenCounter, choose_token_counter
 from app.load.traces import Trace, check_replay
 from app.planner.plan import kv_plan_check
 from app.quality.lm_eval_run import TaskEvalRequest, run_task_eval
+from app.quality.probe import ProbeError, QualityFigures, Reference, run_probe
 from app.quality.task_accuracy import SUMMARY_KEY as TASK_EVAL_KEY
 from app.quality.task_accuracy import TaskEval
 from app.verification import RunEffects
@@ -130,6 +132,8 @@ class RunResult(BaseModel):
     levels: list[LevelResult] = Field(default_factory=list)
     task_eval: TaskEval | None = None
     """Task accuracy measured by lm-eval after the levels (``Runner(task_eval=...)``)."""
+    quality: QualityFigures | None = None
+    """The quality probe's figures (``[quality]``), measured after the last level."""
 
     def summary(self) -> dict[str, Any]:
         """The ``run_finished`` summary: per level, the flat figures (and the task accuracy, when measured)."""
@@ -186,9 +190,16 @@ class Runner:
     def __init__(self, config: RunConfig, bus: Bus, *, endpoint: str | None = None, api_key: str | None = None,
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
                  gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
-                 clients: Callable[..., ClientPool] | None = None, task_eval: TaskEvalRequest | None = None) -> None:
+                 clients: Callable[..., ClientPool] | None = None, task_eval: TaskEvalRequest | None = None,
+                 quality_reference: Reference | None = None) -> None:
         self.config = config
+        quality = config.quality
+        if task_eval is None and quality is not None and quality.enabled and quality.tasks:
+            task_eval = TaskEvalRequest(tasks=list(quality.tasks))  # the profile's [quality] tasks
         self.task_eval = task_eval  # lm-eval's tasks, scored after the levels, apart from the timed load
+        self.quality_reference = quality_reference
+        """What the quality probe compares with (a stored run, a ladder's baseline, a tune's reference
+        configuration); None: the run is its own reference, and its figures are the control."""
         self.node = dict(node) if node else None
         """Which cluster node the run ran on (``app.fleet``): stored with its hardware."""
         self.bus = bus
@@ -243,6 +254,7 @@ class Runner:
             self._start_telemetry(base_url)
             self._run_levels(base_url, headers, cancel)
             self._evaluate_tasks(base_url, cancel)
+            self._probe_quality(base_url, headers, cancel)
         except _Stop as stop:
             result.status, result.reason = stop.status, stop.reason
         except (UserError, ClientProcessError) as exc:
@@ -569,6 +581,45 @@ class Runner:
                                                 max((lv.summary.peak_concurrency for lv in r.levels), default=0), self._note,
                                                 replies=replies)
 
+    def _probe_quality(self, base_url: str, headers: dict[str, str], cancel: threading.Event) -> None:
+        """The quality probe, after the last level so the speed figures never see it. A probe that
+        cannot measure says why in one line; the run and its speed figures stand."""
+        quality = self.config.quality
+        if quality is None or not quality.enabled:
+            return
+        _stop_if(cancel, "cancelled before the quality probe")
+        r = self.result
+        started = time.monotonic()
+        # The model as configured identifies it (another precision or file of it is the same model);
+        # attached to an endpoint, the name it serves.
+        model_id = r.model or "" if self.endpoint is not None else self.config.engine.model
+        try:
+            figures = run_probe(quality, self.config.engine.kind, base_url, headers, r.model or "",
+                                self.quality_reference, cancel.is_set,
+                                quality.top_logprobs_for(self.config.engine.model), model_id=model_id)
+        except ProbeError as exc:
+            figures = QualityFigures(error=str(exc), engine=self.config.engine.kind, model=model_id,
+                                     batch=quality.batch, wall_s=time.monotonic() - started)
+            self._note(f"quality not measured: {exc}")
+        _stop_if(cancel, "cancelled during the quality probe")
+        figures.accuracy = self._accuracy_against_reference()
+        r.quality = figures
+        if figures.measured:
+            self._note(_quality_note(figures))
+        self._emit(QualityMeasured(run_id=self.run_id, quality=figures.model_dump(mode="json")))
+
+    def _accuracy_against_reference(self) -> dict[str, Any] | None:
+        """The first task's accuracy beside the reference's (a run without a reference is its own,
+        so its drop is 0): what ``accuracy_drop`` bounds. Both are lm-eval's stored figures."""
+        found = self.result.task_eval
+        if found is None or not found.results:
+            return None
+        first = found.results[0]
+        reference = self.quality_reference
+        reference_value = first.value if reference is None else reference.accuracy
+        return {"task": first.task, "metric": first.metric, "value": first.value, "stderr": first.stderr,
+                "reference_value": reference_value}
+
     def _evaluate_tasks(self, base_url: str, cancel: threading.Event) -> None:
         """lm-eval's tasks against the engine, once the load is over (so it never perturbs the
         speed figures). What it cannot measure is a note; the run stays as its levels made it."""
@@ -654,6 +705,20 @@ class Runner:
         self._pool.run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
                              live=LiveStats(None), cancel=cancel, seed=seed, on_record=count)
         self._note(f"warm-up: {counts[0]} requests ({counts[1]} failed), excluded from the figures")
+
+
+def _quality_note(figures: QualityFigures) -> str:
+    """The probe's figures in one line, with what they were measured against."""
+    against = figures.reference.get("kind", "self")
+    agreed, kld = figures.agreement, figures.kld
+    parts = [f"quality probe ({figures.prompts} prompts x {figures.output_tokens} tokens, batch {figures.batch}, "
+             f"{figures.wall_s or 0:.1f} s) against {'itself (the control)' if against == 'self' else against}"]
+    if agreed is not None:
+        parts.append(f"{agreed.token_share:.1%} of tokens identical, {agreed.exact_match:.0%} of outputs exact")
+    if kld is not None:
+        parts.append(f"mean KLD {kld.mean:.3g}" + (f" +/- {kld.error:.2g}" if kld.error is not None else "")
+                     + ("" if kld.exact else f" (a lower bound: top-{figures.top_logprobs})"))
+    return "; ".join(parts)
 
 
 def _trace_reuse_note(label: str, implied: float | None, deltas: EngineDeltas | None) -> str:

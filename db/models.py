@@ -58,6 +58,7 @@ class Run(Base):
     host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     gpu_model: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
+    quality: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)  # revision 0008
 
     __table_args__ = (
         Index("ix_runs_started_at", "started_at"),  # revision 0002

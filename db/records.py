@@ -127,6 +127,9 @@ class RunDetail(RunInfo):
     engine_info: dict[str, Any] = Field(default_factory=dict)
     summary: dict[str, Any] = Field(default_factory=dict)
     t0_mono: float | None = None
+    quality: dict[str, Any] | None = None
+    """The quality probe's figures (``app.quality``), None for a run without one (and every run
+    recorded before revision 0008)."""
     writer_namespace: str = ""
     """Where the pid of the process recording it means something (``pid_namespace``)."""
     levels: list[LevelInfo] = Field(default_factory=list)

@@ -235,7 +235,7 @@ class RunWrites(RunQueries):
     @guarded
     def update_run(self, run_id: int, **values: Any) -> None:
         """Set columns of a run (``engine_info`` and ``summary`` dicts are merged, not replaced)."""
-        allowed = {"name", "notes", "engine_version", "endpoint", "engine_info", "summary", "model", "argv"}
+        allowed = {"name", "notes", "engine_version", "endpoint", "engine_info", "summary", "model", "argv", "quality"}
         unknown = set(values) - allowed
         if unknown:
             raise StoreError(f"cannot update {', '.join(sorted(unknown))}")

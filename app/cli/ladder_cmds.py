@@ -39,6 +39,7 @@ from app.events import CampaignUpdated
 from app.export.files import STDOUT
 from app.ladder.spec import ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
+from app.quality.probe import quality_cell
 
 if TYPE_CHECKING:
     pass
@@ -116,6 +117,17 @@ def _cost_cells(costs: Mapping[int, RunCost] | None, index: int, good: bool) -> 
 
 
 
+def quality_legend(state: LadderState) -> str:
+    """What the quality column says, and against which step, with the probe's cost."""
+    baseline = next((r for r in state.rows if r.quality and (r.quality.get("reference") or {}).get("kind") == "self"),
+                    None)
+    probe_s = sum((r.quality or {}).get("wall_s") or 0.0 for r in state.rows)
+    against = f"step {baseline.index + 1}" if baseline is not None else "the baseline"
+    return (f"quality: tokens identical to {against}'s before the first divergence, and mean KL divergence (nats; "
+            "'+': a lower bound, top-k logprobs); '= ref' is the reference against itself (its noise floor); "
+            f"'~noise': within it. Probes ran apart from the timed load, {probe_s:.1f} s in all")
+
+
 def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None = None,
                         slo_whose: str | None = None) -> str:
     """The final table: one row per step, then the notes (losses, skips, flags, the reference);
@@ -123,8 +135,10 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
     good output tokens column where their good output was counted under an SLO (``slo_whose``)."""
     good_slo = good_slo_of((costs or {}).values())
     cost_header = (("$/1M out",) if costs is not None else ()) + (("$/1M good",) if good_slo else ())
+    with_quality = any(r.quality for r in state.rows)
+    quality_header = ("quality",) if with_quality else ()
     header = ("step", "status", "out tok/s", "x base", "x prev", "total tok/s", "x base", "x prev", "TTFT ms",
-              "ITL ms", "limit", "engine", "verified") + cost_header
+              "ITL ms", "limit", "engine", "verified") + quality_header + cost_header
     rows: list[tuple[str, ...]] = [header]
     for r in state.rows:
         engine = "-" if r.engine_reused is None else "reused" if r.engine_reused else "launched"
@@ -133,7 +147,7 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
                      factor_text(r.factor_baseline) or "-", previous or "-", _num(r.total_tok_per_s), factor_text(r.total_factor_baseline) or "-",
                      factor_text(r.total_factor_previous) or "-", _num(r.ttft_ms, 1), _num(r.itl_ms, 2),
                      limit_text(r).replace(" of limit", ""), engine, r.verification if r.ran else "-")
-                    + _cost_cells(costs, r.index, bool(good_slo)))
+                    + ((quality_cell(r.quality),) if with_quality else ()) + _cost_cells(costs, r.index, bool(good_slo)))
     cells = [[safe(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if 1 < i < 10 or i >= 13 else c.ljust(w)
@@ -156,6 +170,10 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
                 notes.append(f"{where}: {check.feature} = {check.requested}: NOT ACTIVE ({check.evidence})")
         if r.reference_tok_per_s is not None:
             notes.append(f"{where}: {r.reference_label}: {_num(r.reference_tok_per_s)} tok/s")
+        if r.quality and r.quality.get("error"):
+            notes.append(f"{where}: quality n/a: {r.quality['error']}")
+    if with_quality:
+        notes.append(quality_legend(state))
     if any(r.ceiling_tok_per_s for r in state.rows):
         notes.append(f"limit: output tok/s against the decode ceiling at the batch the engine ran"
                      f"{' (' + state.planned_for + ')' if state.planned_for else ''}")

@@ -38,6 +38,7 @@ from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
 from app.profiles import ProfileError, load_profile, resolve_profile
 from app.quality.lm_eval_run import DEMO_TASK, TaskEvalRequest
+from app.quality.stored import stored_reference
 from app.runner import Runner, RunResult, check_endpoint
 from app.urls import check_api_key
 from engine_adapters.base import feature_check_line
@@ -199,10 +200,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     sub = bus.subscribe(kinds=(RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
                                RunFinished))
     recorder = open_recorder(bus, args)  # before run_started is published
+    quality_reference = (stored_reference(recorder.store if recorder is not None else None, config.quality.reference)
+                         if config.quality is not None and config.quality.reference else None)
 
     def make_runner(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> Runner:
         return Runner(run_config, run_bus, keep_requests=args.json_requests, gpu_metrics_url=args.gpu_metrics,
-                      clients=where.clients(), task_eval=task_eval, **kwargs)
+                      clients=where.clients(), task_eval=task_eval,
+                      quality_reference=quality_reference, **kwargs)
 
     cancel = threading.Event()
 

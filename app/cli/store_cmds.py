@@ -46,6 +46,7 @@ from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, imp
 from app.export.files import check_target
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
+from app.quality.probe import quality_cell, shown_quality
 from app.quality.task_accuracy import Z_95, compare_task_accuracy, comparison_lines
 from app.store import RunInfo, RunStore, StoreError, StoreMissing
 from db.models import RUN_STATUSES
@@ -199,6 +200,14 @@ def _show_text(store: RunStore, run_id: int, show_log: bool) -> None:
             if not key.startswith("L") and isinstance(value, int | float):  # per-level and reliability notes aside
                 shown = metric(key)
                 out(f"    {shown.label:34s} {shown.format(value)}")
+    quality = shown_quality(run.quality)
+    if quality:
+        against = quality.get("reference") or {}
+        where = {"self": "itself (the control)"}.get(against.get("kind", ""), against.get("label") or
+                                                         f"run {against.get('run_id', '?')}")
+        out(f"  quality:   {quality_cell(quality)} against {where}" + (
+            f"; probe {quality['wall_s']:.1f} s at batch {quality.get('batch')}" if quality.get("wall_s") else "")
+            + (f" ({quality['error']})" if quality.get("error") else ""))
     log = store.log_lines(run.id)
     notes = [line.removeprefix(NOTE_PREFIX) for line in log if line.startswith(NOTE_PREFIX)]
     if notes:
@@ -270,6 +279,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
             return 0
         if args.json:
             data = store.get_run(run_id).model_dump(mode="json")
+            data["quality"] = shown_quality(data.get("quality"))  # the figures, not the outputs kept
             if args.log:
                 data["log"] = store.log_lines(run_id)
             _print_json(data)
@@ -435,6 +445,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         doc = comparison.to_dict()
         doc["task_accuracy"] = [row.model_dump(mode="json") for row in accuracy]
         base = costs[comparison.baseline]
+        for run, detail in zip(doc["runs"], comparison.runs, strict=True):
+            run["quality"] = shown_quality(detail.quality)  # its figures against its reference, the outputs left out
         for run, cost in zip(doc["runs"], costs, strict=True):
             run["cost"] = {**cost.to_dict(), "factor_vs_baseline": cost_factor(base, cost),
                            "vs_baseline": cost_factor_text(base, cost) or None}

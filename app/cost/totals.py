@@ -11,7 +11,7 @@ from app.analysis.compare import Comparison
 from app.cost.goodput import good_tokens
 from app.cost.prices import PriceTable
 from app.cost.runs import RunCost, comparison_slo, run_cost, with_good_output
-from app.slo import Slo, SloError, parse_slo
+from app.slo import Slo, SloError, parse_run_slo, parse_slo
 from db.errors import StoreError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def trial_costs(store: RunStore, state: TuneState, prices: PriceTable) -> dict[i
     throughput, and per 1M good output tokens under the tune's SLO (its requests re-counted one
     by one). A trial whose run was deleted is left out."""
     try:
-        bounds = parse_slo(state.slo) if state.slo else []
+        bounds = parse_run_slo(state.slo).requests if state.slo else []  # a tune's quality bounds aside
     except SloError:
         bounds = []
     out: dict[int, RunCost] = {}

@@ -22,6 +22,7 @@ from app.errors import UserError
 from app.export.launch import SCRIPT_FORMATS, LaunchSpec, render_launch
 from app.export.quoting import templates
 from app.export.report import format_value
+from app.quality.probe import quality_cell
 from app.tuner.run import confirmation_text
 from app.tuner.state import Trial, TuneState, chart_points, pareto_front, slo_frontier, tpot_floor
 from engine_adapters.runtimes import MANAGED_RUNTIMES
@@ -80,7 +81,25 @@ def pick_text(state: TuneState) -> str:
             f"Bound by: {p.binding}.")
     if p.confirmation is not None:
         text += " " + confirmation_text(p.confirmation)[0].upper() + confirmation_text(p.confirmation)[1:] + "."
-    return text
+    return text + quality_text(state)
+
+
+def quality_text(state: TuneState) -> str:
+    """How quality weighed on the pick, in sentences (empty where it played no part): the pick's
+    quality against the reference, the configurations the quality bounds excluded, the pick speed
+    alone would have made, or that the pick is blind to quality."""
+    q = state.quality
+    parts = []
+    pick = state.candidates[state.pick.candidate] if state.pick is not None else None
+    if pick is not None and pick.quality and pick.quality.get("measured") and q.get("reference"):
+        parts.append(f"Quality against {q['reference']}: {quality_cell(pick.quality)}.")
+    if q.get("excluded"):
+        parts.append(f"The quality bounds ({q.get('bounds')}) excluded: {'; '.join(q['excluded'])}.")
+    if q.get("pick_without_quality"):
+        parts.append(f"Speed alone would have picked {q['pick_without_quality']}: the quality term changed the pick.")
+    if q.get("blind"):
+        parts.append(f"Blind to quality: {q['blind']}.")
+    return "".join(" " + part for part in parts)
 
 
 def pick_launch_script(state: TuneState, fmt: str = "bash", engine_version: str | None = None) -> str:

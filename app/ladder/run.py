@@ -46,6 +46,10 @@ from app.ladder.state import (
     compute_factors,
     verification_of,
 )
+from app.quality.bounds import changes_quality
+from app.quality.config import QualityConfig
+from app.quality.probe import Reference
+from app.quality.stored import stored_reference
 from app.runner import Runner, RunResult
 from engine_adapters.base import FlagSet, ValidationIssue, feature_status
 from engine_adapters.hardware import GpuInfo, HardwareInfo, probe_hardware
@@ -119,7 +123,21 @@ class Ladder:
         self.engines = engines
         self.recorder = recorder
         self.telemetry = telemetry
-        self.runner_factory: Callable[..., RunnerLike] = runner_factory or Runner
+        given_factory: Callable[..., RunnerLike] = runner_factory or Runner
+
+        def with_reference(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> RunnerLike:
+            reference = self._references.get(run_config.name)
+            if reference is not None:
+                kwargs["quality_reference"] = reference
+            return given_factory(run_config, run_bus, **kwargs)
+
+        self.runner_factory: Callable[..., RunnerLike] = with_reference
+        self._references: dict[str, Reference] = {}
+        """Run name -> the reference its quality probe compares with (the baseline step's outputs)."""
+        self._baseline_outputs: Reference | None = None
+        self._baseline_index: int | None = None
+        self.quality = self._quality_config(config)
+        """The probe the baseline and each precision or speculative step run, or None."""
         self.ladder_id = ladder_id or uuid.uuid4().hex[:12]
         self.gpu = gpu or self.spec.gpu
         self.max_parallel = max_parallel
@@ -140,6 +158,63 @@ class Ladder:
         self.cluster: ClusterOptions | None = None
         """The cluster options it runs with, kept in its state (``tunebench resume`` reuses them)."""
         self.state = self._new_state()
+
+    # -- quality ----------------------------------------------------------------------------------
+
+    def _quality_config(self, config: RunConfig) -> QualityConfig | None:
+        """On for the baseline and the steps that change precision or speculative decoding, where
+        there is such a step or the profile asks for it; off where the profile says no."""
+        asked = config.quality
+        if asked is not None and not asked.enabled:
+            return None
+        if asked is not None or any(changes_quality(step.features) for step in self.spec.steps):
+            return asked or QualityConfig()
+        return None
+
+    def _probes(self, index: int) -> bool:
+        """Whether step ``index`` runs the probe: the baseline (the first to run, the reference),
+        every step where the profile asks for it, else the steps that change precision or
+        speculative decoding."""
+        if self.quality is None:
+            return False
+        return (self._baseline_index in (None, index) or self.base.quality is not None
+                or changes_quality(self.spec.steps[index].features))
+
+    def _with_quality(self, index: int, config: RunConfig) -> RunConfig:
+        """The step's configuration with the probe, and the baseline's outputs handed to its runs."""
+        if not self._probes(index):  # a step built on one that probed does not inherit its probe
+            return config.model_copy(update={"quality": self.base.quality})
+        assert self.quality is not None
+        if self._baseline_index is None:
+            self._baseline_index = index
+        elif index != self._baseline_index:
+            if self._baseline_outputs is None:
+                self._baseline_outputs = self._stored_baseline()
+            self._references[config.name] = self._baseline_outputs
+        return config.model_copy(update={"quality": self.quality})
+
+    def _stored_baseline(self) -> Reference:
+        """The baseline's outputs: kept from its run in this session, else from the store (a resumed
+        ladder), else why there are none."""
+        row = self.state.rows[self._baseline_index or 0]
+        label = f"step {row.index + 1} ({row.name})"
+        if row.run_ids and self.recorder is not None:
+            reference = stored_reference(self.recorder.store, str(row.run_ids[0]))
+            reference.kind, reference.label = "ladder baseline", label
+            return reference
+        return Reference(kind="ladder baseline", label=label,
+                         problem=f"the baseline, {label}, kept no outputs to compare with (it has not run, "
+                                 "or runs beside this step)")
+
+    def _take_quality(self, row: StepRow, outcome: StepResult) -> None:
+        measured = next((r.quality for r in outcome.runs if r.quality is not None), None)
+        if measured is None:
+            return
+        row.quality = measured.shown()
+        if row.index == self._baseline_index and measured.measured:
+            self._baseline_outputs = Reference.of_figures(measured.model_dump(mode="json"), "ladder baseline",
+                                                   run_id=row.run_ids[0] if row.run_ids else None,
+                                                   label=f"step {row.index + 1} ({row.name})")
 
     # -- names ------------------------------------------------------------------------------------
 
@@ -293,6 +368,9 @@ class Ladder:
         state.started_wall_s, state.revision = resumed.started_wall_s, resumed.revision
         state.engine_launches, state.engine_version = resumed.engine_launches, resumed.engine_version
         state.hardware, state.model = resumed.hardware or state.hardware, resumed.model or state.model
+        kept_baseline = next((r for r in state.rows[:start_at] if r.status == "completed" and r.quality), None)
+        if kept_baseline is not None:  # its outputs come back from the store when a step needs them
+            self._baseline_index = kept_baseline.index
         previous = self.base
         for index in range(start_at):  # the kept steps rebuilt: the next one builds on the last that ran
             if resumed.rows[index].status == "completed":
@@ -316,6 +394,7 @@ class Ladder:
         if reason is not None or config is None:
             row.status, row.reason = "skipped", reason or "cannot be built"
             return row.reason
+        config = self._with_quality(index, config)
         self._configs[index] = config
         if self.max_parallel > 1:  # every step is prepared before any runs: the next builds on this one
             row.built_on, self._last_ran, self._last_index = self._last_index, config, index
@@ -344,6 +423,7 @@ class Ladder:
             self.state.engine_version = self.state.engine_version or first.engine_version
             self.state.hardware = self.state.hardware or dict(first.hardware)
             self.state.model = first.model or self.state.model
+        self._take_quality(row, outcome)
         if outcome.status == "completed":
             self._figures(row, outcome)
             self._last_ran = self._configs[index]

@@ -93,6 +93,9 @@ class StepRow(BaseModel):
     reference_label: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     """The step's full configuration (what its launch script is exported from)."""
+    quality: dict[str, Any] | None = None
+    """Its quality figures against the baseline step (``app.quality``, the outputs kept left out);
+    the baseline's own are the control. None where the step ran no probe."""
 
     @property
     def ran(self) -> bool:

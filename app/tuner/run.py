@@ -23,8 +23,12 @@ from app.engines import check_config
 from app.errors import UserError
 from app.events import CampaignUpdated, LogLine
 from app.executor import EngineSource, Executor, Fleet, Places, Recorder, RunnerLike, Slot
+from app.quality.bounds import QUALITY_FEATURES, changes_quality, quality_failures
+from app.quality.config import QualityConfig
+from app.quality.probe import Reference
+from app.quality.stored import stored_reference
 from app.runner import Runner, RunResult
-from app.slo import SloError, parse_slo
+from app.slo import SloError, parse_run_slo, slo_text
 from app.tuner.slo import judge, per_gpu, per_user
 from app.tuner.space import SearchSpace, apply_knobs, candidates, knob, knob_text, normalized, trial_config
 from app.tuner.state import DONE_TRIALS, Candidate, Confirmation, Pick, Trial, TuneState
@@ -87,13 +91,29 @@ class Tuner:
         self.space = space
         self.slo = slo
         try:
-            parse_slo(slo)
+            self.run_slo = parse_run_slo(slo)
         except SloError as exc:
             raise UserError(f"--slo: {exc}") from None
+        if not self.run_slo.requests:
+            raise UserError("--slo: a tune needs at least one per-request bound (e.g. ttft_ms<=500) beside its "
+                            "quality bounds")
+        self.quality = self._quality_config(config, space)
+        """The probe each candidate runs once (with its first load), or None: quality not measured."""
+        self._reference: Reference | None = None
+        self._references: dict[str, Reference] = {}
+        """Trial name -> the reference its probe compares with."""
         self.recorder = recorder
         self.store = store if store is not None else (recorder.store if recorder is not None else None)
         self.engines = engines
-        self.runner_factory: Callable[..., RunnerLike] = runner_factory or Runner
+        given_factory: Callable[..., RunnerLike] = runner_factory or Runner
+
+        def with_reference(config: RunConfig, bus: Bus, **kwargs: Any) -> RunnerLike:
+            reference = self._references.get(config.name)
+            if reference is not None:
+                kwargs["quality_reference"] = reference
+            return given_factory(config, bus, **kwargs)
+
+        self.runner_factory: Callable[..., RunnerLike] = with_reference
         self.telemetry = telemetry
         self.plan_gpu = plan_gpu
         self.clock = clock
@@ -157,6 +177,94 @@ class Tuner:
         tuner._resumed = True
         return tuner
 
+    @property
+    def _request_slo(self) -> str:
+        """The SLO a trial's requests are counted against (goodput): the per-request bounds, as
+        given where the SLO has no quality bound."""
+        return self.run_slo.request_text if self.run_slo.quality else self.slo
+
+    # -- quality --------------------------------------------------------------------------------
+
+    def _quality_config(self, config: RunConfig, space: SearchSpace) -> QualityConfig | None:
+        """The probe the candidates run: on where the SLO bounds quality, the space changes
+        precision or speculative decoding, or the profile asks for it; off where the profile says no."""
+        asked = config.quality
+        bounds = self.run_slo.quality
+        if asked is not None and not asked.enabled:
+            if bounds:
+                raise UserError(f"--slo bounds quality ({slo_text(bounds)}) but the profile turns the quality probe "
+                                "off ([quality] enabled = false)")
+            return None
+        if bounds or asked is not None or changes_quality(knob(name).path for name in space.knobs):
+            return asked or QualityConfig()
+        return None
+
+    @staticmethod
+    def _precision(config: RunConfig) -> dict[str, Any]:
+        dumped = config.features.model_dump(mode="json")
+        return {name: dumped.get(name) for name in QUALITY_FEATURES}
+
+    def _reference_candidate(self) -> Candidate | None:
+        """The tune's reference configuration: the first candidate that keeps the profile's own
+        precision and speculative decoding."""
+        own = self._precision(self.base)
+        return next((c for c in self.state.candidates if c.status != "pruned"
+                     and self._precision(apply_knobs(self.base, c.knobs)) == own), None)
+
+    def _start_quality(self) -> Candidate | None:
+        """Says how quality weighs on the pick (and where it does not: blind), and returns the
+        reference candidate, searched before the others so they compare with its outputs."""
+        st = self.state
+        bounds = self.run_slo.quality
+        changing = sorted({knob(n).path for n in self.space.knobs if changes_quality([knob(n).path])})
+        info: dict[str, Any] = {"bounds": slo_text(bounds) if bounds else ""}
+        if changing and not bounds:
+            info["blind"] = (f"the space changes {', '.join(changing)} but the SLO bounds no quality: the pick is made "
+                             "on speed alone, blind to what it costs in quality (add e.g. agreement>=0.99 to --slo)")
+            self._note("tune: " + info["blind"])
+        reference = self._reference_candidate() if self.quality is not None else None
+        if self.quality is not None and reference is None:
+            if bounds:
+                raise UserError("--slo bounds quality, but no configuration of the space keeps the profile's own "
+                                f"{', '.join(QUALITY_FEATURES)}: there is no reference to measure quality against")
+            self._note("tune: quality not measured: no configuration of the space keeps the profile's own precision "
+                       "(the reference)")
+            self.quality = None
+        if reference is not None:
+            info["reference"] = reference.label or "the profile's own configuration"
+            info["reference_candidate"] = reference.index
+            if reference.status != "pending" and self._reference is None:
+                self._reference = self._stored_reference(reference)
+        st.quality = {**{k: v for k, v in st.quality.items() if k not in ("blind", "reference")}, **info}
+        return reference
+
+    def _stored_reference(self, cand: Candidate) -> Reference:
+        """A resumed tune's reference: the outputs its reference candidate's first trial stored."""
+        first = min((t for t in self.state.trials if t.measured and t.candidate == cand.index and t.run_id is not None),
+                    key=lambda t: t.load_value or 0.0, default=None)
+        if first is None or first.run_id is None:
+            return Reference(kind="tune reference", label=cand.label,
+                             problem="the reference configuration's outputs were not stored")
+        reference = stored_reference(self.store, str(first.run_id))
+        reference.kind, reference.label = "tune reference", cand.label
+        return reference
+
+    def _take_quality(self, cand: Candidate, trial: Trial, run: RunResult) -> None:
+        """A candidate's quality, measured with its first load: kept, the reference's outputs
+        remembered, and the bounds it misses named."""
+        figures = run.quality
+        if figures is None or cand.quality is not None:
+            return
+        cand.quality = figures.shown()
+        if cand.index == self.state.quality.get("reference_candidate"):
+            self._reference = Reference.of_figures(figures.model_dump(mode="json"), "tune reference",
+                                                   run_id=trial.run_id, label=cand.label)
+        failures = quality_failures(cand.quality, self.run_slo.quality)
+        if failures:
+            cand.quality_excluded = "; ".join(failures)
+            self._note(f"tune: {cand.label or 'the profile as is'}: excluded by the quality bounds: "
+                       f"{cand.quality_excluded}")
+
     # -- planning -------------------------------------------------------------------------------
 
     def _ensure_checked(self) -> None:
@@ -198,6 +306,7 @@ class Tuner:
             elif i in previous and previous[i].status not in ("pruned",):
                 cand.status, cand.best_trial, cand.binding = previous[i].status, previous[i].best_trial, \
                     previous[i].binding
+                cand.quality, cand.quality_excluded = previous[i].quality, previous[i].quality_excluded
             cands.append(cand)
         self.state.candidates = cands
         if plan_note and plan_note not in self.state.notes:
@@ -257,6 +366,10 @@ class Tuner:
                    f"{self.space.load.label(self.space.load.values[-1])}; SLO {self.slo} at {self.space.percentile}")
         status, reason = "completed", None
         try:
+            reference = self._start_quality()
+            if reference is not None and reference.status == "pending":  # first: the others compare with it
+                once = [reference]
+                self._dispatch(cancel, lambda: (once.pop(), None) if once else None, lambda cand, token: None)
             if self.state.strategy == "grid":
                 self._grid(cancel)
             else:
@@ -267,7 +380,9 @@ class Tuner:
             if cancel.is_set():
                 status, reason = "cancelled", "cancelled"
             elif self.state.pick is None:
-                reason = "no configuration met the SLO at any load tried"
+                excluded = self.state.quality.get("excluded") or []
+                reason = "no configuration met the SLO at any load tried" + (
+                    f" ({len(excluded)} excluded by the quality bounds)" if excluded else "")
             elif self._budget_out:
                 reason = "the budget ran out before every configuration was tried"
         except BaseException as exc:
@@ -422,11 +537,17 @@ class Tuner:
             cand.status = "searching"
             self._stopped.discard(cand.index)
             n = len(st.candidates)
-            steps = []
+            steps: list[Step] = []
             for v in levels:
                 name = f"{st.name} [{cand.index + 1}/{n}] {cand.label} @ {load.label(v)}"
-                steps.append(Step(name, trial_config(self.base, cand.knobs, load.kind, v, slo=self.slo, name=name,
-                                                     tags=[t for t in self.base.tags if not t.startswith(TAG)])))
+                config = trial_config(self.base, cand.knobs, load.kind, v, slo=self._request_slo, name=name,
+                                      tags=[t for t in self.base.tags if not t.startswith(TAG)])
+                if self.quality is not None and cand.quality is None and not steps:  # once, with its first load
+                    config = config.model_copy(update={"quality": self.quality})
+                    if cand.index != st.quality.get("reference_candidate"):
+                        self._references[name] = self._reference or Reference(
+                            kind="tune reference", problem="the reference configuration's outputs were not measured")
+                steps.append(Step(name, config))
             if not steps:
                 self._finish_candidate(cand)
                 return
@@ -491,6 +612,7 @@ class Tuner:
             trial.run_id = outcome.stored_ids[-1]
         run = outcome.runs[-1] if outcome.runs else None
         if run is not None:
+            self._take_quality(cand, trial, run)
             trial.startup_s = run.startup_s
             trial.figures = _figures(run)
             trial.tok_s_per_gpu = per_gpu(trial.figures, cand.gpus)
@@ -505,7 +627,7 @@ class Tuner:
             trial.status = "infeasible" if _engine_died(run.reason) else "error"
             trial.reason = run.reason or outcome.reason or run.status
         else:
-            verdict = judge(trial.figures, self.slo, self.space.percentile)
+            verdict = judge(trial.figures, self.run_slo.requests, self.space.percentile)
             trial.ratios = {k: v for k, v in verdict.ratios.items() if math.isfinite(v)}
             trial.status = "passed" if verdict.meets else "failed"
             trial.reason = verdict.reason
@@ -544,18 +666,33 @@ class Tuner:
     def _choose_pick(self) -> None:
         st = self.state
         passed = [t for t in st.measured if t.status == "passed" and t.tok_s_per_gpu is not None]
-        if not passed:
+        excluded = [c for c in st.candidates if c.quality_excluded is not None]
+        st.quality["excluded"] = [c.label for c in excluded]
+        kept = [t for t in passed if st.candidates[t.candidate].quality_excluded is None]
+        st.quality.pop("pick_without_quality", None)
+        if not kept:
             st.pick = None
             return
-        # Most per GPU; then fastest per user; then the lowest load (the same yield with headroom).
-        best = max(passed, key=lambda t: (t.tok_s_per_gpu or 0.0, t.tok_s_per_user or 0.0, -(t.load_value or 0.0)))
+
+        def rank(t: Trial) -> tuple[float, float, float]:
+            """Most per GPU; then fastest per user; then the lowest load (the same yield with headroom)."""
+            return t.tok_s_per_gpu or 0.0, t.tok_s_per_user or 0.0, -(t.load_value or 0.0)
+
+        best = max(kept, key=rank)
+        fastest = max(passed, key=rank)
+        if fastest.candidate != best.candidate:
+            st.quality["pick_without_quality"] = st.candidates[fastest.candidate].label
+            self._note(f"tune: the quality bounds changed the pick: speed alone would pick "
+                       f"{st.candidates[fastest.candidate].label} ({fastest.tok_s_per_gpu or 0:,.0f} tok/s per GPU), "
+                       f"excluded for {st.candidates[fastest.candidate].quality_excluded}")
         cand = st.candidates[best.candidate]
         binding = cand.binding or "-"
         top = next((t for t in st.measured if t.index == cand.best_trial), None)
         if top is not None and top.index != best.index:
             binding += (f"; {top.load_label} also met the SLO but gave {top.tok_s_per_gpu or 0:,.0f} tok/s per GPU, "
                         f"no more than {best.load_label}")
-        config = trial_config(self.base, cand.knobs, best.load_kind, best.load_value or 1.0, slo=self.slo,  # type: ignore[arg-type]
+        config = trial_config(self.base, cand.knobs, best.load_kind, best.load_value or 1.0,  # type: ignore[arg-type]
+                              slo=self._request_slo,
                               name=f"{st.name}: the pick ({cand.label} @ {best.load_label})")
         st.pick = Pick(candidate=cand.index, trial=best.index, knobs=dict(cand.knobs), label=cand.label,
                        load_label=best.load_label, run_id=best.run_id, tok_s_per_gpu=best.tok_s_per_gpu,
@@ -591,7 +728,7 @@ class Tuner:
         agg = aggregate_figures(figures)
         pick.confirmation = Confirmation(
             n=len(completed), run_ids=list(outcome.stored_ids),
-            meets_slo=[judge(f, self.slo, self.space.percentile).meets for f in figures],
+            meets_slo=[judge(f, self.run_slo.requests, self.space.percentile).meets for f in figures],
             figures={k: a.to_dict() for k, a in agg.items()},
             reason=None if outcome.status == "completed" else outcome.reason)
         self._note("tune: " + confirmation_text(pick.confirmation))

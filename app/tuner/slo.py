@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.slo import Slo, parse_slo
+from app.slo import Slo, parse_run_slo
 
 METRIC_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E", "queue_ms": "Queue"}
 MAX_ERROR_FRACTION = 0.01
@@ -41,8 +41,9 @@ def bound_text(metric: str, percentile: str, value: float | None, limit: float, 
 
 def judge(figures: Mapping[str, float], slo: str | list[Slo], percentile: str = "p99",
           max_error_fraction: float = MAX_ERROR_FRACTION) -> Verdict:
-    """The verdict on one measured load level (its catalogue figures)."""
-    bounds = parse_slo(slo) if isinstance(slo, str) else slo
+    """The verdict on one measured load level (its catalogue figures) under the SLO's per-request
+    bounds (a tune's quality bounds judge the configuration, not a load level)."""
+    bounds = parse_run_slo(slo).requests if isinstance(slo, str) else slo  # quality bounds: app.quality.bounds
     verdict = Verdict(meets=True)
     failures: list[str] = []
     total = figures.get("requests_total") or 0.0

@@ -94,6 +94,11 @@ class Candidate(BaseModel):
     """The trial at the highest load that met the SLO."""
     binding: str | None = None
     """What stopped the search: the bound that failed at the next load, or the top of the range."""
+    quality: dict[str, Any] | None = None
+    """Its quality figures against the tune's reference configuration (``app.quality``, the outputs
+    kept left out), measured once, with its first load."""
+    quality_excluded: str | None = None
+    """The quality bounds it missed: the pick never comes from it."""
 
 
 class Confirmation(BaseModel):
@@ -141,6 +146,11 @@ class TuneState(CampaignStateBase):
     candidates: list[Candidate] = Field(default_factory=list)
     trials: list[Trial] = Field(default_factory=list)
     pick: Pick | None = None
+    quality: dict[str, Any] = Field(default_factory=dict)
+    """How quality weighed on the pick: ``bounds`` (the SLO's quality part), ``reference`` (the
+    candidate measured against itself), ``excluded`` (labels of the candidates its bounds
+    excluded), ``blind`` (why the pick is made on speed alone, where precision changes), and
+    ``pick_without_quality`` (the label speed alone would have picked, where it differs)."""
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -199,7 +209,7 @@ def slo_frontier(trials: Sequence[Trial]) -> list[Trial]:
 
 def tpot_floor(slo: str) -> float | None:
     """The tok/s per user a TPOT bound implies (1000 / limit): the SLO's line on the chart."""
-    from app.slo import parse_slo
+    from app.slo import parse_run_slo
 
-    limits = [limit for metric, _op, limit in parse_slo(slo) if metric == "tpot_ms" and limit > 0]
+    limits = [limit for metric, _op, limit in parse_run_slo(slo).requests if metric == "tpot_ms" and limit > 0]
     return 1000.0 / min(limits) if limits else None

@@ -151,7 +151,7 @@ def test_the_campaigns_move_over_on_postgresql_too(tmp_path: Path, pg_server: Pg
         source.dispose()
         target.dispose()
     with RunStore(url) as store:
-        assert store.schema_revision() == "0007"
+        assert store.schema_revision() >= "0007"  # 0007 ran (later revisions may follow it)
     for ladder_id in EXPECTED["ladders"]:
         shown = _json("ladders", "show", ladder_id, "--db", url, "--json")
         assert not (lost := _kept(EXPECTED["ladders"][ladder_id], shown)), lost[:10]
