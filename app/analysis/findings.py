@@ -50,7 +50,9 @@ PREFIX_EXPECTED_MIN = 0.20
 PREFIX_HIT_LOW = 0.05
 """...for a hit rate below this to be a finding."""
 PREFIX_BLOCK_TOKENS = 16
-"""vLLM's default KV block: a shared prefix shorter than one block is never hit."""
+"""vLLM's default KV block on a GPU: a shared prefix shorter than one block is never hit."""
+CPU_PREFIX_BLOCK_TOKENS = 128
+"""vLLM's CPU build's default KV block (its attention kernels want multiples of 32)."""
 SPEC_ACCEPTANCE_LOW = 0.5
 """Below half the drafted tokens accepted, verifying drafts costs about what it returns."""
 SPEC_ACCEPTANCE_OFF = 0.3
@@ -414,6 +416,12 @@ def _run_hit_share(ctx: Context) -> float | None:
     return min(1.0, sum(h for h in hits if h is not None) / total) if total else None
 
 
+def _cache_block_tokens(ctx: Context) -> int:
+    """The tokens of one KV-cache block the run's engine caches by default."""
+    return CPU_PREFIX_BLOCK_TOKENS if _feature(ctx, "engine.kind") == "vllm" and not ctx.on_gpu \
+        else PREFIX_BLOCK_TOKENS
+
+
 @rule("prefix_cold", "prefix hits near 0 though the workload shares prefixes",
       "engine prefix-cache hits (and queries) per level, the workload's shared prefix, cache mode and the feature",
       (("prefix_cache_hits",),))
@@ -435,9 +443,9 @@ def prefix_cold(ctx: Context) -> list[Finding]:
     if _feature(ctx, "features.prefix_caching") is False:
         causes.append("prefix caching is switched off")
         change, confidence = ctx.suggest({"features.prefix_caching": True}), "high"
-    elif isinstance(shared, int) and 0 < shared < PREFIX_BLOCK_TOKENS:
+    elif isinstance(shared, int) and 0 < shared < (block := _cache_block_tokens(ctx)):
         causes.append(f"the shared prefix ({shared} tokens) is shorter than one cache block "
-                      f"({PREFIX_BLOCK_TOKENS} tokens): only whole blocks are cached")
+                      f"({block} tokens): only whole blocks are cached")
     if not causes and _feature(ctx, "workload.cache") == "cold":
         causes.append("each level starts cold (a fresh cache salt per level, where the engine takes one), so only "
                       "requests of the same level can share and the first of each pays in full")
