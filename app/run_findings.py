@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.analysis.compare import Comparison
-from app.analysis.findings import RULES, Finding, explain, load_run
+from app.analysis.findings import RULES, Finding, change_parts, explain, load_run
 from app.planner.stored import level_limits
 from app.store import RunStore
 
@@ -56,6 +56,20 @@ def top_change(findings: Sequence[Finding]) -> Finding | None:
     """The first reason a run differs from its reference (None when nothing moved)."""
     found = changes(findings)
     return found[0] if found else None
+
+
+def why_lines(findings: Sequence[Finding]) -> list[tuple[str, Finding | None]]:
+    """Compare's lines saying why a run differs from its reference: the runs and the settings
+    that differ, once, then each mechanism that moved (with its finding, for its evidence), in
+    the rules' order. Each ``changed_*`` explanation carries the settings itself, for a reader of
+    one finding alone."""
+    parts = [(p, f) for f in changes(findings) if (p := change_parts(f)) is not None]
+    if not parts:
+        return []
+    first = parts[0][0]
+    head = f"{first.runs}: {first.configuration}" if first.configuration else \
+        f"{first.runs}, with the same configuration:"
+    return [(head, None)] + [(p.mechanism, f) for p, f in parts]
 
 
 def suggestion_text(suggestion: Mapping[str, Any]) -> str:

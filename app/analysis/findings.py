@@ -815,15 +815,50 @@ def _against_reference(m: _Mechanism) -> Callable[[Context], list[Finding]]:
         if a is None or b is None or not _moved(m, a, b):
             return []
         changes = _config_changes(ctx, ref)
-        because = ("; configuration: " + "; ".join(changes)) if changes else "; the configurations are the same"
+        because = (CONFIGURATION_CLAUSE + "; ".join(changes)) if changes else SAME_CONFIGURATION
         return [Finding(
             rule=m.rule, severity="info", confidence="medium" if changes else "low", suggestion=None,
             evidence=[Evidence(figure=f"{m.figure} in run {ref.run.id}", value=a * m.scale, unit=m.unit,
                                window="reference"),
                       Evidence(figure=f"{m.figure} in run {ctx.run.id}", value=b * m.scale, unit=m.unit,
                                window="this run")],
-            explanation=f"Why run {ctx.run.id} differs from run {ref.run.id}: {m.says(a, b)}{because}.")]
+            explanation=f"{_why_prefix(ctx.run.id, ref.run.id)}{m.says(a, b)}{because}.")]
     return check
+
+
+CONFIGURATION_CLAUSE = "; configuration: "
+SAME_CONFIGURATION = "; the configurations are the same"
+
+
+def _why_prefix(run_id: int, ref_id: int) -> str:
+    return f"Why run {run_id} differs from run {ref_id}: "
+
+
+@dataclass(frozen=True)
+class ChangeParts:
+    """A ``changed_*`` finding's explanation in its parts: which runs, the mechanism that moved
+    (``prefix hits 0.00 -> 0.85: prefill did 85% less work ...``) and the settings that differ
+    (``features.prefix_caching False -> True (...)``; empty when the configurations are the same),
+    which every change between the same two runs repeats."""
+
+    runs: str
+    mechanism: str
+    configuration: str
+
+
+def change_parts(finding: Finding) -> ChangeParts | None:
+    """The parts of a ``changed_*`` finding's explanation (None for another finding)."""
+    registered = RULES.get(finding.rule)
+    if registered is None or not registered.against_reference:
+        return None
+    head, sep, rest = finding.explanation.partition(": ")
+    if not sep or not head.startswith("Why run "):
+        return None
+    body = rest.removesuffix(".")
+    if body.endswith(SAME_CONFIGURATION):
+        return ChangeParts(head, body.removesuffix(SAME_CONFIGURATION), "")
+    mechanism, _sep, configuration = body.partition(CONFIGURATION_CLAUSE)
+    return ChangeParts(head, mechanism, configuration)
 
 
 for _m in _MECHANISMS:
