@@ -498,3 +498,30 @@ def test_suggestions_that_would_not_run_are_left_out(store: RunStore) -> None:
     config = llama_config(kv_cache_dtype="fp8", gpu_memory_utilization=0.95, tensor_parallel_size=4096)
     found = explained(store, Recorded(config, Engine(kv_full_pct=97.0, waiting=3.0), output_tok_per_s=100.0))
     assert one(found, "kv_bound").suggestion is None
+
+def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The planner's error on this hardware, from the stored runs: each level's measured share of
+    the ceiling, and per hardware the median and range (a level above the ceiling counted apart)."""
+    db = tmp_path / "planner.db"
+    config = llama_config()
+    half = Recorded(config, name="half")  # half the ceiling at the engine's batch
+    quarter = Recorded(config, output_tok_per_s=0.25 * ceiling(config, Engine().tokens_per_step), name="quarter")
+    above = Recorded(config, output_tok_per_s=10 * ceiling(config, Engine().tokens_per_step), name="above")
+    with RunStore(db) as store:
+        ids = [store_run(store, rec) for rec in (half, quarter, above)]
+    code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "planner against measurement: 3 level(s) of 3 run(s)"
+    assert lines[1].startswith("NVIDIA H100 80GB HBM3: 3 level(s), measured 37.5% of the ceiling (median; 25.0% to 50.0%)")
+    assert "1 above the ceiling" in lines[1]
+    assert any(line.startswith(f"run {ids[1]} (quarter) level 0 on NVIDIA H100") and line.endswith("25% of limit")
+               for line in lines), out
+    code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db), "--json")
+    data = json.loads(out)
+    (hardware,) = data["hardware"]
+    assert hardware["levels"] == 3 and hardware["above_ceiling"] == 1
+    assert hardware["median_share"] == pytest.approx(0.375)
+    assert [level["run"] for level in data["levels"]] == ids
+    assert data["levels"][0]["fraction"] == pytest.approx(0.5)
