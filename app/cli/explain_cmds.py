@@ -1,7 +1,8 @@
 """``tunebench explain RUN [--against REF] [--json] [--db ...]``: a stored run explained from what
 it measured (``app.analysis.findings``); ``tunebench explain --rules``: every rule, what it
 reads and which engines' counters support it; ``tunebench explain --planner``: every stored run
-against the planner's ceiling, and how close each hardware came to it."""
+against the planner's ceiling, and how close each hardware came to it; ``--ladder ID`` and
+``--tune ID``: a campaign explained with its runs' findings (``app.campaign_findings``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import sys
 from dataclasses import asdict
 
 from app.analysis.findings import RULES, Finding, explain, finding_dicts, load_run, supported_engines
+from app.campaign_findings import Explained, explain_ladder, explain_tune
 from app.cli.argtypes import db_parent, json_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
+from app.ladder.stored import load_ladder
 from app.planner.stored import ceiling_checks, level_limits, planner_accuracy
-from app.run_findings import suggestion_text
+from app.run_findings import first_sentence, suggestion_text
+from app.tuner.stored import load_tune
 from engine_adapters.registry import METRICS
 
 
@@ -61,9 +65,37 @@ def planner_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explained_lines(item: Explained) -> list[str]:
+    lines = [f"{item.title}: {item.figure}" + (f" (run {item.run_id})" if item.run_id is not None else "")]
+    lines += [f"  {item.reason}"] if item.reason else []
+    lines += [f"  {text}" if i == 0 else f"    -> {text}" for i, text in enumerate(item.why)]
+    lines += [f"  [warning] {f.rule}: {first_sentence(f.explanation)}" for f in item.warnings]
+    return lines
+
+
+def campaign_report(args: argparse.Namespace) -> int:
+    """A ladder's steps or a tune's pick and rejected trials, each with its runs' findings."""
+    with open_store(args) as store:
+        if args.ladder is not None:
+            ladder = load_ladder(store, args.ladder).state
+            heading = f"ladder {ladder.ladder_id} ({ladder.name}): each step's factor and why"
+            items = explain_ladder(store, ladder)
+        else:
+            tune = load_tune(store, args.tune)
+            pick, rejected = explain_tune(store, tune)
+            heading = f"tune {tune.tune_id} ({tune.name}): its pick, and why each rejected trial failed"
+            items = ([pick] if pick is not None else []) + rejected
+    print(safe(heading))
+    for item in items:
+        print("\n".join(safe(line) for line in _explained_lines(item)))
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.planner:
         return planner_report(args)
+    if args.ladder is not None or args.tune is not None:
+        return campaign_report(args)
     if args.rules:
         engines = {kind: m.metric_names for kind, m in METRICS.items()}
         for r in RULES.values():
@@ -97,6 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", nargs="?", help="run id, uid (prefix) or name")
     p.add_argument("--against", metavar="REF", help="a reference run: also say why RUN differs from it")
     p.add_argument("--rules", action="store_true", help="list the rules, what each reads and the engines it supports")
+    p.add_argument("--ladder", metavar="ID", help="a stored ladder: each step's factor and why (its runs' findings)")
+    p.add_argument("--tune", metavar="ID", help="a stored tune: its pick and why each rejected trial failed")
     p.add_argument("--planner", action="store_true",
                    help="every stored run against the planner's ceiling: how close each hardware came to it")
     p.set_defaults(handler=cmd_explain)
