@@ -297,11 +297,16 @@ def explain(run: RunEvidence, reference: RunEvidence | None = None) -> list[Find
 def _healthy(ctx: Context) -> Finding:
     checked = sum(1 for r in RULES.values() if ctx.reference is not None or not r.against_reference)
     return Finding(rule="no_warning", severity="info", evidence=[], confidence="medium", suggestion=None,
-                   explanation=f"no warning: run {ctx.run.id} is healthy on what it measured ({checked} rules "
+                   explanation=f"no warning: {_which_run(ctx)} is healthy on what it measured ({checked} rules "
                                "checked; a rule without the figures it reads says nothing)")
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+def _which_run(ctx: Context) -> str:
+    """``run 12``; a run not stored yet (its findings while it runs) is ``the run so far``."""
+    return f"run {ctx.run.id}" if ctx.run.id else "the run so far"
+
 
 def _ev(figure: str, value: float | None, unit: str, window: str) -> list[Evidence]:
     return [] if value is None or not math.isfinite(value) else [Evidence(figure=figure, value=value, unit=unit,
