@@ -11,12 +11,18 @@ speculation, the llama.cpp prefix engine) but for the small KV cache, in 16 and 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from app.analysis.findings import Finding, explain, load_run
+from app.analysis.findings import Finding, explain, finding_dicts, load_run
 from app.bus import Bus
+from app.cli import main
 from app.config import RunConfig
 from app.editing import EditedConfig
 from app.planner.stored import level_limits
@@ -28,6 +34,16 @@ from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.cpu_binding import engine_bind_env
 from engine_adapters.launcher import EngineProcess
 from engine_adapters.runtimes import MANAGED_RUNTIMES
+from tests.e2e.findings_runs import (
+    evidence,
+    explain_says_it,
+    explained,
+    healthy_run,
+    one,
+    record,
+    warnings_of,
+)
+from tests.pg_server import PgServer
 
 pytestmark = pytest.mark.e2e
 
@@ -45,46 +61,6 @@ KV_LOAD = (WorkloadConfig(num_requests=36, input_len=LengthSpec(mean=32), output
 """12 sequences of 256 tokens: 24 blocks, more than the 16 of a 16-bit cache, fewer than the 32 of FP8."""
 
 
-def _record(engine: EngineProcess, store: RunStore, workload: WorkloadConfig, load: LoadConfig, name: str,
-            config: RunConfig | None = None) -> int:
-    """One run on ``engine`` with telemetry, stored as the recorder stores it; its id."""
-    config = config or RunConfig(name=name, engine=engine.engine, features=engine.features, workload=workload,
-                                 load=load)
-    bus = Bus()
-    recorder = RunRecorder(bus, store)
-    try:
-        result = Runner(config, bus, engine=engine, telemetry=True).run()
-    finally:
-        recorder.close()
-    assert result.status == "completed", result.reason
-    assert not recorder.errors and recorder.run_id is not None
-    return recorder.run_id
-
-
-def _explained(store: RunStore, run_id: int, against: int | None = None) -> list[Finding]:
-    findings = explain(load_run(store, run_id, level_limits),
-                       load_run(store, against, level_limits) if against is not None else None)
-    print(f"\nrun {run_id}" + (f" against {against}" if against is not None else "") + ":\n"
-          + "\n".join(f"  [{f.severity}] {f.rule}: {'; '.join(e.text() for e in f.evidence)}" for f in findings))
-    return findings
-
-
-def _one(findings: list[Finding], rule: str) -> Finding:
-    found = [f for f in findings if f.rule == rule]
-    assert len(found) == 1, f"{rule} not found once in {[f.rule for f in findings]}"
-    return found[0]
-
-
-def _evidence(finding: Finding, figure: str) -> float:
-    values = [e.value for e in finding.evidence if e.figure == figure]
-    assert values, f"{finding.rule} has no {figure!r}: {[e.figure for e in finding.evidence]}"
-    return max(values)
-
-
-def _warnings(findings: list[Finding]) -> list[str]:
-    return [f.rule for f in findings if f.severity == "warning"]
-
-
 def _tried(run: RunStore, run_id: int, finding: Finding) -> RunConfig:
     """The stored run's configuration with the finding's suggestion set, as Try it sets it."""
     assert finding.suggestion, finding
@@ -99,19 +75,19 @@ def test_a_kv_cache_too_small_for_the_load_is_kv_bound_and_fp8_gives_it_room(
     small = engine_pool.get(SMALL_KV, SMALL_KV_ENGINE)
     assert small.ready_info is not None and small.ready_info.kv_cache.get("kv_cache_tokens") == 2048, small.ready_info  # the flag took, not the 1 GiB default
     with RunStore(tmp_path / "runs.db") as store:
-        full = _record(small, store, *KV_LOAD, name="small kv")
-        kv = _one(_explained(store, full), "kv_bound")
+        full = record(small, store, *KV_LOAD, name="small kv")
+        kv = one(explained(store, full), "kv_bound")
         assert kv.severity == "warning"
-        assert _evidence(kv, "KV cache use, peak") >= 90.0
-        assert _evidence(kv, "time with the KV cache full") >= 10.0
+        assert evidence(kv, "KV cache use, peak") >= 90.0
+        assert evidence(kv, "time with the KV cache full") >= 10.0
         assert any(e.figure in ("requests waiting, peak", "preemptions") and e.value >= 1 for e in kv.evidence)
         assert kv.suggestion == {"features.kv_cache_dtype": "fp8"}  # half the bytes per token
         tried = _tried(store, full, kv)
-        roomy = _record(engine_pool.get(tried.features, tried.engine), store, tried.workload, tried.load,
+        roomy = record(engine_pool.get(tried.features, tried.engine), store, tried.workload, tried.load,
                         name="small kv, fp8", config=tried)
-        after = _explained(store, roomy, against=full)
-    assert "kv_bound" not in _warnings(after)
-    peak = _one(after, "changed_kv_peak")  # the figure it named moved the way it said: room in the cache
+        after = explained(store, roomy, against=full)
+    assert "kv_bound" not in warnings_of(after)
+    peak = one(after, "changed_kv_peak")  # the figure it named moved the way it said: room in the cache
     before_pct, after_pct = (e.value for e in peak.evidence)
     assert after_pct < before_pct and "features.kv_cache_dtype 'auto' -> 'fp8'" in peak.explanation
 
@@ -120,11 +96,11 @@ def test_prefixes_shorter_than_a_block_get_no_hits(demo_engine: EngineProcess, t
     workload = WorkloadConfig(kind="shared_prefix", shared_prefix_tokens=64, num_requests=16,
                               input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=8))
     with RunStore(tmp_path / "runs.db") as store:
-        run_id = _record(demo_engine, store, workload, LoadConfig(concurrency=2), name="short prefix")
-        prefix = _one(_explained(store, run_id), "prefix_cold")
+        run_id = record(demo_engine, store, workload, LoadConfig(concurrency=2), name="short prefix")
+        prefix = one(explained(store, run_id), "prefix_cold")
     assert prefix.severity == "warning"
-    assert _evidence(prefix, "prefix-cache hit rate") < 5.0
-    assert _evidence(prefix, "prompt tokens the workload shares") == pytest.approx(100 * 64 / 96)
+    assert evidence(prefix, "prefix-cache hit rate") < 5.0
+    assert evidence(prefix, "prompt tokens the workload shares") == pytest.approx(100 * 64 / 96)
     assert "shorter than one cache block (128 tokens)" in prefix.explanation  # vLLM's CPU block
 
 
@@ -133,16 +109,90 @@ def test_prefix_caching_off_is_found_and_switching_it_on_raises_the_hits(
     workload = WorkloadConfig(kind="shared_prefix", shared_prefix_tokens=256, num_requests=16,
                               input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=8))
     with RunStore(tmp_path / "runs.db") as store:
-        off = _record(engine_pool.get(Features(prefix_caching=False)), store, workload, LoadConfig(concurrency=2),
+        off = record(engine_pool.get(Features(prefix_caching=False)), store, workload, LoadConfig(concurrency=2),
                       name="prefix off")
-        prefix = _one(_explained(store, off), "prefix_cold")
+        prefix = one(explained(store, off), "prefix_cold")
         assert prefix.suggestion == {"features.prefix_caching": True}
         tried = _tried(store, off, prefix)
         assert tried.features == demo_engine.features  # the shared engine with the cache on
-        on = _record(demo_engine, store, tried.workload, tried.load, name="prefix on", config=tried)
-        after = _explained(store, on, against=off)
-    assert "prefix_cold" not in _warnings(after)
-    moved = _one(after, "changed_prefix_hits")
+        on = record(demo_engine, store, tried.workload, tried.load, name="prefix on", config=tried)
+        after = explained(store, on, against=off)
+    assert "prefix_cold" not in warnings_of(after)
+    moved = one(after, "changed_prefix_hits")
     before_pct, after_pct = (e.value for e in moved.evidence)
     assert before_pct < 5.0 and after_pct >= 50.0, moved.evidence  # 256 of 288 prompt tokens shared
     assert "prefill did" in moved.explanation and "less work" in moved.explanation
+
+
+PAUSE_S = 0.04
+"""How long the starved client is held at a time: many token gaps of the demo model (a few ms)."""
+
+
+def _starve(runner: Runner, done: threading.Event) -> None:
+    """Take the CPU from the load client's processes, and only from them, the way a busy machine
+    does: stop them for PAUSE_S, let them run as long, until ``done``."""
+    while not done.is_set():
+        pids = runner.client_pids
+        if not pids:
+            time.sleep(0.01)
+            continue
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            done.wait(PAUSE_S)
+        except ProcessLookupError:
+            pass
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        done.wait(PAUSE_S)
+
+
+def test_a_client_starved_of_cpu_is_client_limited(demo_engine: EngineProcess, tmp_path: Path) -> None:
+    """The load client held off the CPU now and then (the engine untouched): its event loop wakes
+    late, and the figures are the client's limit, not the engine's."""
+    workload = WorkloadConfig(num_requests=32, input_len=LengthSpec(mean=16), output_len=LengthSpec(mean=64))
+    config = RunConfig(name="client starved", engine=demo_engine.engine, features=demo_engine.features,
+                       workload=workload, load=LoadConfig(concurrency=4))
+    with RunStore(tmp_path / "runs.db") as store:
+        bus = Bus()
+        recorder = RunRecorder(bus, store)
+        runner = Runner(config, bus, engine=demo_engine, telemetry=True)
+        done = threading.Event()
+        starver = threading.Thread(target=_starve, args=(runner, done), name="starve the client")
+        starver.start()
+        try:
+            result = runner.run()
+        finally:
+            done.set()
+            starver.join()
+            recorder.close()
+        assert result.status == "completed", result.reason
+        assert recorder.run_id is not None and not recorder.errors
+        client = one(explained(store, recorder.run_id), "client_limited")
+    assert client.severity == "warning"
+    assert evidence(client, "client loop lag p99") >= 1000 * PAUSE_S / 2  # woke late: its times are not the engine's
+    assert "starved" in client.explanation
+    assert client.suggestion == {"load.workers": 2}  # a second client process
+
+
+def test_a_healthy_vllm_run_raises_no_warning_and_postgresql_explains_it_alike(
+        demo_engine: EngineProcess, pg_server: PgServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    workload = WorkloadConfig(kind="shared_prefix", shared_prefix_tokens=512, num_requests=96,
+                              input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=64))
+    with RunStore(db) as store:
+        run_id = healthy_run(demo_engine, store, workload, LoadConfig(concurrency=4, warmup_requests=4))
+        uid = store.get_run(run_id).uid
+        local = finding_dicts(explain(load_run(store, run_id, level_limits)))
+    explain_says_it(db, run_id, capsys)
+    url = pg_server.create_database()
+    assert main(["db", "copy", str(db), url]) == 0
+    with RunStore(url) as copied:
+        remote = finding_dicts(explain(load_run(copied, uid, level_limits)))
+        copied_id = copied.get_run(uid).id
+    if copied_id != run_id:  # the copy numbers its runs anew; the findings name the run
+        remote = [{**f, "explanation": f["explanation"].replace(f"run {copied_id} ", f"run {run_id} ")}
+                  for f in remote]
+    assert remote == local
