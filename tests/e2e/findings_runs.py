@@ -22,7 +22,7 @@ HEALTHY_ATTEMPTS = 3
 
 
 def record(engine: EngineProcess, store: RunStore, workload: WorkloadConfig, load: LoadConfig, name: str,
-            config: RunConfig | None = None) -> int:
+           config: RunConfig | None = None) -> int:
     """One run on ``engine`` with telemetry, stored as the recorder stores it; its id."""
     config = config or RunConfig(name=name, engine=engine.engine, features=engine.features, workload=workload,
                                  load=load)

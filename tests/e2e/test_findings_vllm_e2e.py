@@ -73,7 +73,8 @@ def _tried(run: RunStore, run_id: int, finding: Finding) -> RunConfig:
 def test_a_kv_cache_too_small_for_the_load_is_kv_bound_and_fp8_gives_it_room(
         engine_pool, demo_engine: EngineProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     small = engine_pool.get(SMALL_KV, SMALL_KV_ENGINE)
-    assert small.ready_info is not None and small.ready_info.kv_cache.get("kv_cache_tokens") == 2048, small.ready_info  # the flag took, not the 1 GiB default
+    # the flag took, not the managed runtime's 1 GiB
+    assert small.ready_info is not None and small.ready_info.kv_cache.get("kv_cache_tokens") == 2048, small.ready_info
     with RunStore(tmp_path / "runs.db") as store:
         full = record(small, store, *KV_LOAD, name="small kv")
         kv = one(explained(store, full), "kv_bound")
@@ -84,7 +85,7 @@ def test_a_kv_cache_too_small_for_the_load_is_kv_bound_and_fp8_gives_it_room(
         assert kv.suggestion == {"features.kv_cache_dtype": "fp8"}  # half the bytes per token
         tried = _tried(store, full, kv)
         roomy = record(engine_pool.get(tried.features, tried.engine), store, tried.workload, tried.load,
-                        name="small kv, fp8", config=tried)
+                       name="small kv, fp8", config=tried)
         after = explained(store, roomy, against=full)
     assert "kv_bound" not in warnings_of(after)
     peak = one(after, "changed_kv_peak")  # the figure it named moved the way it said: room in the cache
@@ -110,7 +111,7 @@ def test_prefix_caching_off_is_found_and_switching_it_on_raises_the_hits(
                               input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=8))
     with RunStore(tmp_path / "runs.db") as store:
         off = record(engine_pool.get(Features(prefix_caching=False)), store, workload, LoadConfig(concurrency=2),
-                      name="prefix off")
+                     name="prefix off")
         prefix = one(explained(store, off), "prefix_cold")
         assert prefix.suggestion == {"features.prefix_caching": True}
         tried = _tried(store, off, prefix)
