@@ -430,6 +430,9 @@ class VllmAdapter(CommandLineAdapter):
             missing = "the model's config" if per_token_16 is None else "the KV capacity or memory in the log"
             return FeatureCheck("kv_cache_dtype", dtype, "accepted", f"{echo}; capacity not checked ({missing} unknown)")
         gib = float(memory.group("cpu") or memory.group("gpu"))
+        if gib <= 0:  # the log rounds to hundredths of a GiB: a cache of a few MiB reads 0.00
+            return FeatureCheck("kv_cache_dtype", dtype, "accepted",
+                                f"{echo}; capacity not checked (the KV memory in the log rounds to {gib:g} GiB)")
         at_16 = gib * 2**30 / per_token_16
         ratio = tokens / at_16
         seen = (f"the KV cache holds {tokens:,.0f} tokens in {gib:g} GiB, {ratio:.2f}x the {at_16:,.0f} a 16-bit "

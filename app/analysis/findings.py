@@ -50,7 +50,9 @@ PREFIX_EXPECTED_MIN = 0.20
 PREFIX_HIT_LOW = 0.05
 """...for a hit rate below this to be a finding."""
 PREFIX_BLOCK_TOKENS = 16
-"""vLLM's default KV block: a shared prefix shorter than one block is never hit."""
+"""vLLM's default KV block on a GPU: a shared prefix shorter than one block is never hit."""
+CPU_PREFIX_BLOCK_TOKENS = 128
+"""vLLM's CPU build's default KV block (its attention kernels want multiples of 32)."""
 SPEC_ACCEPTANCE_LOW = 0.5
 """Below half the drafted tokens accepted, verifying drafts costs about what it returns."""
 SPEC_ACCEPTANCE_OFF = 0.3
@@ -295,11 +297,16 @@ def explain(run: RunEvidence, reference: RunEvidence | None = None) -> list[Find
 def _healthy(ctx: Context) -> Finding:
     checked = sum(1 for r in RULES.values() if ctx.reference is not None or not r.against_reference)
     return Finding(rule="no_warning", severity="info", evidence=[], confidence="medium", suggestion=None,
-                   explanation=f"no warning: run {ctx.run.id} is healthy on what it measured ({checked} rules "
+                   explanation=f"no warning: {_which_run(ctx)} is healthy on what it measured ({checked} rules "
                                "checked; a rule without the figures it reads says nothing)")
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+def _which_run(ctx: Context) -> str:
+    """``run 12``; a run not stored yet (its findings while it runs) is ``the run so far``."""
+    return f"run {ctx.run.id}" if ctx.run.id else "the run so far"
+
 
 def _ev(figure: str, value: float | None, unit: str, window: str) -> list[Evidence]:
     return [] if value is None or not math.isfinite(value) else [Evidence(figure=figure, value=value, unit=unit,
@@ -414,6 +421,12 @@ def _run_hit_share(ctx: Context) -> float | None:
     return min(1.0, sum(h for h in hits if h is not None) / total) if total else None
 
 
+def _cache_block_tokens(ctx: Context) -> int:
+    """The tokens of one KV-cache block the run's engine caches by default."""
+    return CPU_PREFIX_BLOCK_TOKENS if _feature(ctx, "engine.kind") == "vllm" and not ctx.on_gpu \
+        else PREFIX_BLOCK_TOKENS
+
+
 @rule("prefix_cold", "prefix hits near 0 though the workload shares prefixes",
       "engine prefix-cache hits (and queries) per level, the workload's shared prefix, cache mode and the feature",
       (("prefix_cache_hits",),))
@@ -435,9 +448,9 @@ def prefix_cold(ctx: Context) -> list[Finding]:
     if _feature(ctx, "features.prefix_caching") is False:
         causes.append("prefix caching is switched off")
         change, confidence = ctx.suggest({"features.prefix_caching": True}), "high"
-    elif isinstance(shared, int) and 0 < shared < PREFIX_BLOCK_TOKENS:
+    elif isinstance(shared, int) and 0 < shared < (block := _cache_block_tokens(ctx)):
         causes.append(f"the shared prefix ({shared} tokens) is shorter than one cache block "
-                      f"({PREFIX_BLOCK_TOKENS} tokens): only whole blocks are cached")
+                      f"({block} tokens): only whole blocks are cached")
     if not causes and _feature(ctx, "workload.cache") == "cold":
         causes.append("each level starts cold (a fresh cache salt per level, where the engine takes one), so only "
                       "requests of the same level can share and the first of each pays in full")
@@ -807,15 +820,50 @@ def _against_reference(m: _Mechanism) -> Callable[[Context], list[Finding]]:
         if a is None or b is None or not _moved(m, a, b):
             return []
         changes = _config_changes(ctx, ref)
-        because = ("; configuration: " + "; ".join(changes)) if changes else "; the configurations are the same"
+        because = (CONFIGURATION_CLAUSE + "; ".join(changes)) if changes else SAME_CONFIGURATION
         return [Finding(
             rule=m.rule, severity="info", confidence="medium" if changes else "low", suggestion=None,
             evidence=[Evidence(figure=f"{m.figure} in run {ref.run.id}", value=a * m.scale, unit=m.unit,
                                window="reference"),
                       Evidence(figure=f"{m.figure} in run {ctx.run.id}", value=b * m.scale, unit=m.unit,
                                window="this run")],
-            explanation=f"Why run {ctx.run.id} differs from run {ref.run.id}: {m.says(a, b)}{because}.")]
+            explanation=f"{_why_prefix(ctx.run.id, ref.run.id)}{m.says(a, b)}{because}.")]
     return check
+
+
+CONFIGURATION_CLAUSE = "; configuration: "
+SAME_CONFIGURATION = "; the configurations are the same"
+
+
+def _why_prefix(run_id: int, ref_id: int) -> str:
+    return f"Why run {run_id} differs from run {ref_id}: "
+
+
+@dataclass(frozen=True)
+class ChangeParts:
+    """A ``changed_*`` finding's explanation in its parts: which runs, the mechanism that moved
+    (``prefix hits 0.00 -> 0.85: prefill did 85% less work ...``) and the settings that differ
+    (``features.prefix_caching False -> True (...)``; empty when the configurations are the same),
+    which every change between the same two runs repeats."""
+
+    runs: str
+    mechanism: str
+    configuration: str
+
+
+def change_parts(finding: Finding) -> ChangeParts | None:
+    """The parts of a ``changed_*`` finding's explanation (None for another finding)."""
+    registered = RULES.get(finding.rule)
+    if registered is None or not registered.against_reference:
+        return None
+    head, sep, rest = finding.explanation.partition(": ")
+    if not sep or not head.startswith("Why run "):
+        return None
+    body = rest.removesuffix(".")
+    if body.endswith(SAME_CONFIGURATION):
+        return ChangeParts(head, body.removesuffix(SAME_CONFIGURATION), "")
+    mechanism, _sep, configuration = body.partition(CONFIGURATION_CLAUSE)
+    return ChangeParts(head, mechanism, configuration)
 
 
 for _m in _MECHANISMS:

@@ -1,20 +1,26 @@
 """``tunebench explain RUN [--against REF] [--json] [--db ...]``: a stored run explained from what
-it measured (``app.analysis.findings``), and ``tunebench explain --rules``: every rule, what it
-reads and which engines' counters support it."""
+it measured (``app.analysis.findings``); ``tunebench explain --rules``: every rule, what it
+reads and which engines' counters support it; ``tunebench explain --planner``: every stored run
+against the planner's ceiling, and how close each hardware came to it; ``--ladder ID`` and
+``--tune ID``: a campaign explained with its runs' findings (``app.campaign_findings``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from app.analysis.findings import RULES, Finding, explain, finding_dicts, load_run, supported_engines
+from app.campaign_findings import Explained, explain_ladder, explain_tune
 from app.cli.argtypes import db_parent, json_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
-from app.planner.stored import level_limits
-from app.run_findings import suggestion_text
+from app.ladder.stored import load_ladder
+from app.planner.stored import ceiling_checks, level_limits, planner_accuracy
+from app.run_findings import first_sentence, suggestion_text
+from app.tuner.stored import load_tune
 from engine_adapters.registry import METRICS
 
 
@@ -27,7 +33,69 @@ def finding_text(finding: Finding) -> list[str]:
     return lines
 
 
+def _share(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def planner_report(args: argparse.Namespace) -> int:
+    """Every stored level the planner could plan, against its ceiling, and per hardware how close
+    the runs came: how good the planner is on this hardware."""
+    with open_store(args) as store:
+        checks = ceiling_checks(store.get_run(info.id) for info in reversed(store.list_runs()))
+    accuracy = planner_accuracy(checks)
+    if args.json:
+        json.dump({"hardware": [asdict(a) for a in accuracy],
+                   "levels": [{"run": c.run_id, "name": c.name, "hardware": c.hardware, "level": c.level,
+                               **c.figures.model_dump(mode="json")} for c in checks]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not checks:
+        print("no stored run the planner could plan (an imported run, or one without a known GPU or CPU bandwidth)")
+        return 0
+    print(f"planner against measurement: {len(checks)} level(s) of {len({c.run_id for c in checks})} run(s)")
+    for a in accuracy:
+        above = f"; {a.above_ceiling} above the ceiling (a bug in the plan or the measurement)" if a.above_ceiling else ""
+        print(safe(f"{a.hardware}: {a.levels} level(s), measured {_share(a.median_share)} of the ceiling "
+                   f"(median; {_share(a.lowest_share)} to {_share(a.highest_share)}){above}"))
+    print()
+    for c in checks:
+        f = c.figures
+        print(safe(f"run {c.run_id} ({c.name}) level {c.level} on {c.hardware}: {f.measured_tok_per_s:,.0f} of "
+                   f"{f.ceiling_tok_per_s:,.0f} tok/s at a batch of {f.batch:,.1f}: {f.text()}"))
+    return 0
+
+
+def _explained_lines(item: Explained) -> list[str]:
+    lines = [f"{item.title}: {item.figure}" + (f" (run {item.run_id})" if item.run_id is not None else "")]
+    lines += [f"  {item.reason}"] if item.reason else []
+    lines += [f"  {text}" if i == 0 else f"    -> {text}" for i, text in enumerate(item.why)]
+    lines += [f"  [warning] {f.rule}: {first_sentence(f.explanation)}" for f in item.warnings]
+    return lines
+
+
+def campaign_report(args: argparse.Namespace) -> int:
+    """A ladder's steps or a tune's pick and rejected trials, each with its runs' findings."""
+    with open_store(args) as store:
+        if args.ladder is not None:
+            ladder = load_ladder(store, args.ladder).state
+            heading = f"ladder {ladder.ladder_id} ({ladder.name}): each step's factor and why"
+            items = explain_ladder(store, ladder)
+        else:
+            tune = load_tune(store, args.tune)
+            pick, rejected = explain_tune(store, tune)
+            heading = f"tune {tune.tune_id} ({tune.name}): its pick, and why each rejected trial failed"
+            items = ([pick] if pick is not None else []) + rejected
+    print(safe(heading))
+    for item in items:
+        print("\n".join(safe(line) for line in _explained_lines(item)))
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
+    if args.planner:
+        return planner_report(args)
+    if args.ladder is not None or args.tune is not None:
+        return campaign_report(args)
     if args.rules:
         engines = {kind: m.metric_names for kind, m in METRICS.items()}
         for r in RULES.values():
@@ -35,7 +103,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             print(safe(f"  reads: {r.reads}; engines: {', '.join(supported_engines(r, engines)) or 'none'}"))
         return 0
     if args.run is None:
-        raise UserError("explain needs a RUN (id, uid prefix or name), or --rules")
+        raise UserError("explain needs a RUN (id, uid prefix or name), or --rules, or --planner")
     with open_store(args) as store:
         run = load_run(store, args.run, level_limits)
         reference = load_run(store, args.against, level_limits) if args.against is not None else None
@@ -61,4 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", nargs="?", help="run id, uid (prefix) or name")
     p.add_argument("--against", metavar="REF", help="a reference run: also say why RUN differs from it")
     p.add_argument("--rules", action="store_true", help="list the rules, what each reads and the engines it supports")
+    p.add_argument("--ladder", metavar="ID", help="a stored ladder: each step's factor and why (its runs' findings)")
+    p.add_argument("--tune", metavar="ID", help="a stored tune: its pick and why each rejected trial failed")
+    p.add_argument("--planner", action="store_true",
+                   help="every stored run against the planner's ceiling: how close each hardware came to it")
     p.set_defaults(handler=cmd_explain)

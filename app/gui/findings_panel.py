@@ -205,7 +205,7 @@ class FindingsPanel(QWidget):
         self.message.setVisible(False)
         self._shown(False)
         if not self.hide_when_empty:
-            self.heading.setText("The findings of a run appear here once it has ended: what its figures say, "
+            self.heading.setText("The findings of a run appear here while it runs and once it has ended: what its figures say, "
                                  "and the next trial to run.")
 
     def _shown(self, on: bool) -> None:

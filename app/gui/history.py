@@ -57,6 +57,7 @@ from app.gui.series import series_label
 from app.gui.theme import LIGHT
 from app.headline import Headline
 from app.labels import engine_defaults, label_for, value_text
+from app.run_findings import why_lines
 from app.store import RunInfo, RunStore
 from db.writes import default_author
 
@@ -457,11 +458,11 @@ class HeadlineCard(QFrame):
                 cost.setWordWrap(True)
                 cost.setStyleSheet(f"color: {LIGHT.accent}; font-weight: 600;")
                 labels.append(cost)
-            for finding in why[i] if i < len(why) else ():
-                line = _plain_label("\u2192 " + finding.explanation)
+            for text, finding in why_lines(why[i]) if i < len(why) else ():
+                line = _plain_label(text if finding is None else "\u2192 " + text)
                 line.setObjectName("headlineWhy")
                 line.setWordWrap(True)
-                line.setToolTip("\n".join(e.text() for e in finding.evidence))
+                line.setToolTip("\n".join(e.text() for e in finding.evidence) if finding is not None else "")
                 line.setStyleSheet(f"color: {LIGHT.foreground};")
                 labels.append(line)
             for label in labels:

@@ -1,5 +1,5 @@
-"""The Live tab: run progress, the feature checks, the dashboard, the ended run's findings and the
-engine log, drawn from the window's :class:`app.live_run.LiveRun` (and the presentation's live
+"""The Live tab: run progress, the feature checks, the dashboard, the run's findings (so far while
+it runs, then the stored run's) and the engine log, drawn from the window's :class:`app.live_run.LiveRun` (and the presentation's live
 page with them).
 
 Each handler here subscribes to one kind of event the live run folded and only draws; what the
@@ -10,9 +10,10 @@ asks this tab to ingest the samples and refresh.
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.analysis.findings import Finding
@@ -35,10 +36,11 @@ from app.gui.findings_panel import FindingsPanel
 from app.gui.live import LogView, PhaseBar
 from app.gui.presentation import PresentationView
 from app.gui.series import SeriesStore
+from app.gui.workers import run_in_worker
 from app.live_run import LiveRun
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures
-from app.run_findings import first_sentence, headline_finding
+from app.run_findings import LiveFindings, first_sentence, headline_finding
 from app.runner import RunResult
 from engine_adapters.base import FeatureCheck, feature_check_line, feature_status_text
 from engine_adapters.features import FEATURES
@@ -48,6 +50,8 @@ CHECK_COLOURS = {"verified": "#188038", "accepted": "#b06000", "not active": "#d
 DASHBOARD_KEEPS_PX = 560
 """The dashboard's height the findings never take (its tiles and two rows of plots, legible); a
 taller window gives the rest to the findings when they arrive."""
+LIVE_FINDINGS_MS = 3000
+"""How often the running run's findings are read again (when something new arrived)."""
 StatusLine = Callable[[str, int], None]
 """Shows a message in the window's status bar for so many milliseconds (0: until replaced)."""
 
@@ -90,6 +94,17 @@ class LiveTab(QWidget):
         split.setStretchFactor(1, 1)
         self.split = split
         layout.addWidget(split, 1)
+        # The running run's findings, from what the bus said so far: read in a worker now and
+        # then, drawn in the same panel until the stored run's replace them.
+        self.live_findings = LiveFindings()
+        self._live_timer = QTimer(self)
+        self._live_timer.setInterval(LIVE_FINDINGS_MS)
+        self._live_timer.timeout.connect(self.refresh_live_findings)
+        self._live_generation = 0  # a reply for an earlier run (or after it ended) is dropped
+        self._live_reading = False
+        self._live_warnings = 0
+        self._live_drawing = False
+        self._live_title = ""
         live.started.connect(self._run_started)
         live.phase_changed.connect(self._phase_changed)
         live.engine_ready.connect(self._engine_ready)
@@ -113,6 +128,7 @@ class LiveTab(QWidget):
         if not samples:
             return
         self.series.ingest(samples)
+        self.live_findings.ingest(samples)
         if self.dashboard.page == Dashboard.IDLE:
             self.dashboard.show_plots()
 
@@ -123,6 +139,10 @@ class LiveTab(QWidget):
         basis = live_cost_basis(started, self._prices())  # in memory: the run's GPUs or cores and price
         for row in self.tile_rows:
             row.set_cost_basis(basis)
+        self._stop_live_findings()
+        self.live_findings.begin(started)
+        self._live_title = f"run {started.name} so far"
+        self._live_timer.start()
 
     def _phase_changed(self, phase: PhaseChanged) -> None:
         detail = self.live.on_node(phase.run_id, phase.detail)
@@ -145,6 +165,7 @@ class LiveTab(QWidget):
         self.dashboard.show_plots()
 
     def _level_started(self, level: LevelStarted) -> None:
+        self.live_findings.level_started(level)
         self._status(f"Level {level.index}: {level.label}", 0)
         duration = self.live.config.load.duration_s if self.live.config is not None else None
         self.phase_bar.level_started(level.index, level.label, level.num_requests, duration)
@@ -155,6 +176,7 @@ class LiveTab(QWidget):
         self.phase_bar.progress(progress.requests_done, progress.planned, progress.elapsed_s)
 
     def _level_finished(self, finished: LevelFinished) -> None:
+        self.live_findings.level_finished(finished, time.time())
         summary, label = finished.summary, finished.label
         self._status(f"Level {finished.index} done: {summary.completed} requests, "
                      f"{summary.output_tok_per_s:,.0f} tok/s", 0)
@@ -176,8 +198,38 @@ class LiveTab(QWidget):
         self._status(notice.message, 10_000)
 
     def _finished(self, outcome: RunFinished) -> None:
+        self._stop_live_findings()  # the stored run's findings come next (show_summary)
         text = f"Run {outcome.status}" + (f": {outcome.reason}" if outcome.reason else "")
         self.phase_bar.finished(text, outcome.status == "completed")
+
+    def refresh_live_findings(self) -> None:
+        """Read the running run's findings again in a worker, when something new arrived since
+        the last reading and none is under way (the GUI thread only draws the reply)."""
+        if self._live_reading or not self.live_findings.changed:
+            return
+        generation, title = self._live_generation, self._live_title
+        self._live_reading = True
+
+        def done(findings: list[Finding]) -> None:
+            self._live_reading = False
+            if generation == self._live_generation and findings:
+                self._live_drawing = True
+                try:
+                    self.findings.show_findings(findings, title)
+                finally:
+                    self._live_drawing = False
+
+        def failed(message: str) -> None:
+            self._live_reading = False
+            if generation == self._live_generation:
+                self._status(f"findings so far not read: {message}", 10_000)
+
+        run_in_worker(self.live_findings.findings, done, failed, name="live findings", parent=self)
+
+    def _stop_live_findings(self) -> None:
+        self._live_timer.stop()
+        self._live_generation += 1
+        self._live_warnings = 0
 
     def apply_support(self, _support: TelemetrySupport | None = None) -> None:
         """GPU plots and tiles where there is a GPU; host memory and CPU stand in elsewhere."""
@@ -210,6 +262,7 @@ class LiveTab(QWidget):
         self.dashboard.tiles.set_header("")
         self.presentation.tiles.set_header("")
         self.show_feature_checks([])
+        self._stop_live_findings()
         self.findings.clear()
         self.bottom.setTabText(1, "Findings")
         self.bottom.setCurrentWidget(self.log_view)
@@ -246,6 +299,10 @@ class LiveTab(QWidget):
                                else "Findings")
         if not findings:
             return
+        if self._live_drawing:  # during the run: the log stays in front until a new warning comes
+            if warnings <= self._live_warnings:
+                return
+            self._live_warnings = warnings
         self.bottom.setCurrentWidget(self.findings)
         sizes = self.split.sizes()
         room = sum(sizes) - DASHBOARD_KEEPS_PX  # what the dashboard can give without squeezing its plots

@@ -1,7 +1,8 @@
 """Findings on a real engine (the llamacpp-cpu runtime, the GGUF demo model): a shared system prompt
 sent with prefix caching off is found cold, with the feature switched on as the next trial; the same
 workload with it on raises no such finding, and explained against the first run, says why it
-differs (from the stored runs, as ``tunebench explain`` reads them)."""
+differs (from the stored runs, as ``tunebench explain`` reads them). A healthy run raises no
+warning but a client starved by this shared machine (rightly said), and ``explain`` says so."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
+from tests.e2e.findings_runs import explain_says_it, healthy_run
 
 pytestmark = pytest.mark.e2e
 
@@ -71,3 +73,13 @@ def test_a_cold_prefix_cache_on_llamacpp_is_found(engine_pool, gguf: Path, tmp_p
     moved = next(f for f in warm if f.rule == "changed_prefix_hits")
     assert "prefill did" in moved.explanation and "features.prefix_caching False -> True" in moved.explanation
     assert moved.evidence[1].value >= 50.0  # most of each prompt is the shared prefix, cached after the first
+
+
+def test_a_healthy_llamacpp_run_raises_no_warning(engine_pool, gguf: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    engine = engine_pool.get(Features(prefix_caching=True, max_model_len=1024), ENGINE)  # the "on" engine above
+    workload = WORKLOAD.model_copy(update={"num_requests": 48, "output_len": LengthSpec(mean=32)})
+    db = tmp_path / "runs.db"
+    with RunStore(db) as store:
+        run_id = healthy_run(engine, store, workload, LoadConfig(concurrency=2, warmup_requests=2))
+    explain_says_it(db, run_id, capsys)

@@ -8,12 +8,14 @@ tests/unit/test_findings.py: recorded engine /metrics pages, stored as the recor
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 
+from app.events import LevelStarted, RunFinished, RunStarted, Sample
 from app.gui.main_window import MainWindow
 from app.load.metrics import LevelSummary
 from app.run_findings import first_sentence, headline_finding, stored_findings, top_change
@@ -166,3 +168,39 @@ def test_the_next_runs_findings_replace_the_last_ones_on_screen_at_once(qtbot) -
     assert pump_and_list() == ["prefix_cold"]
     panel.show_findings([finding("client_limited")], "run 2")
     assert pump_and_list() == ["client_limited"]
+
+
+def test_the_live_findings_update_during_the_run_from_a_worker(qtbot, make_window: Callable[..., MainWindow],  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path) -> None:
+    """While a run runs, the Findings panel shows what its engine's samples say so far (a full KV
+    cache before the level ends), read again every few seconds in a worker, never on the GUI
+    thread; the log stays in front until a new warning comes; a finished run stops the readings."""
+    window = make_window(db_path=tmp_path / "runs.db")
+    tab, panel = window.live_tab, window.live_tab.findings
+    readers: list[bool] = []
+    read = tab.live_findings.findings
+
+    def findings_read_off_the_gui_thread() -> list:  # type: ignore[type-arg]
+        readers.append(threading.current_thread() is threading.main_thread())
+        return read()
+
+    tab.live_findings.findings = findings_read_off_the_gui_thread  # type: ignore[method-assign]
+    _summary, samples = KV_FULL.pieces()
+    tab.live.started.emit(RunStarted(run_id="live", name=KV_FULL.name, config=KV_FULL.config, engine_kind="vllm",
+                                     model=KV_FULL.config.engine.model, hardware=KV_FULL.hardware,
+                                     started_wall_s=START_WALL))
+    tab.live.level_started.emit(LevelStarted(run_id="live", index=0, label="c=8", mode="closed", concurrency=8,
+                                             started_wall_s=START_WALL + 2.0))
+    half = len(samples) // 2
+    tab.ingest([Sample(s.source, s.t_mono, s.t_wall, s.values) for s in samples[:half]])
+    qtbot.waitUntil(lambda: panel.row("kv_bound") is not None, timeout=30_000)  # the QTimer's reading
+    assert "so far" in panel.heading.text() and "1 warning(s)" in panel.heading.text()
+    assert readers and not any(readers)  # every reading in a worker
+    assert window.live_tab.bottom.currentWidget() is panel  # a new warning: in front
+    window.live_tab.bottom.setCurrentWidget(window.log_view)
+    tab.ingest([Sample(s.source, s.t_mono, s.t_wall, s.values) for s in samples[half:]])
+    shown = panel.findings
+    qtbot.waitUntil(lambda: panel.findings is not shown, timeout=30_000)  # read again: something new arrived
+    assert window.live_tab.bottom.currentWidget() is window.log_view  # the same warning: the log stays
+    tab.live.finished.emit(RunFinished(run_id="live", status="completed", ended_wall_s=START_WALL + 30.0))
+    assert not tab._live_timer.isActive()

@@ -165,6 +165,13 @@ def test_fp8_echoed_but_stored_in_16_bits_is_not_active() -> None:
     assert check.status == "not active" and "1.00x" in check.evidence, check
 
 
+def test_fp8_in_a_cache_of_a_few_mib_is_accepted_unchecked() -> None:
+    """--kv-cache-memory-bytes 2 MiB: the log rounds the cache to 0.00 GiB, which checks nothing."""
+    log = [line.replace("(1.0/8.84)", "(0.00/8.84)").replace("2,097,152", "4,096") for line in FP8_LOG]
+    check = checks_of(Features(kv_cache_dtype="fp8"), log, None, "", model_config=DEMO_CONFIG)["kv_cache_dtype"]
+    assert check.status == "accepted" and "capacity not checked" in check.evidence, check
+
+
 def test_fp8_capacity_unchecked_without_the_model_config_is_accepted() -> None:
     check = checks_of(Features(kv_cache_dtype="fp8"), FP8_LOG, None, "", model_config={})["kv_cache_dtype"]
     assert check.status == "accepted" and "capacity not checked" in check.evidence

@@ -498,3 +498,72 @@ def test_suggestions_that_would_not_run_are_left_out(store: RunStore) -> None:
     config = llama_config(kv_cache_dtype="fp8", gpu_memory_utilization=0.95, tensor_parallel_size=4096)
     found = explained(store, Recorded(config, Engine(kv_full_pct=97.0, waiting=3.0), output_tok_per_s=100.0))
     assert one(found, "kv_bound").suggestion is None
+
+def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The planner's error on this hardware, from the stored runs: each level's measured share of
+    the ceiling, and per hardware the median and range (a level above the ceiling counted apart)."""
+    db = tmp_path / "planner.db"
+    config = llama_config()
+    half = Recorded(config, name="half")  # half the ceiling at the engine's batch
+    quarter = Recorded(config, output_tok_per_s=0.25 * ceiling(config, Engine().tokens_per_step), name="quarter")
+    above = Recorded(config, output_tok_per_s=10 * ceiling(config, Engine().tokens_per_step), name="above")
+    with RunStore(db) as store:
+        ids = [store_run(store, rec) for rec in (half, quarter, above)]
+    code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "planner against measurement: 3 level(s) of 3 run(s)"
+    assert lines[1].startswith("NVIDIA H100 80GB HBM3: 3 level(s), measured 37.5% of the ceiling (median; 25.0% to 50.0%)")
+    assert "1 above the ceiling" in lines[1]
+    assert any(line.startswith(f"run {ids[1]} (quarter) level 0 on NVIDIA H100") and line.endswith("25% of limit")
+               for line in lines), out
+    code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db), "--json")
+    data = json.loads(out)
+    (hardware,) = data["hardware"]
+    assert hardware["levels"] == 3 and hardware["above_ceiling"] == 1
+    assert hardware["median_share"] == pytest.approx(0.375)
+    assert [level["run"] for level in data["levels"]] == ids
+    assert data["levels"][0]["fraction"] == pytest.approx(0.5)
+
+def test_live_findings_are_the_stored_runs_and_show_a_full_kv_cache_before_the_level_ends(store: RunStore) -> None:
+    """``app.run_findings.LiveFindings`` fed the events a run publishes: while the level runs, the
+    engine's samples already show the full KV cache; once it ended, the findings are those of the
+    same run read from the store."""
+    from app.events import LevelFinished, LevelStarted, RunStarted, Sample
+    from app.run_findings import LiveFindings
+
+    rec = Recorded(llama_config(), Engine(kv_full_pct=97.0, waiting=12.0, preempt_per_s=0.5), name="kv full")
+    summary, samples = rec.pieces()
+    live = LiveFindings()
+    assert live.findings() == []  # nothing started
+    live.begin(RunStarted(run_id="live", name=rec.name, config=rec.config, engine_kind="vllm", model=LLAMA_8B,
+                          hardware=rec.hardware, started_wall_s=START_WALL))
+    live.level_started(LevelStarted(run_id="live", index=0, label="c=8", mode="closed", concurrency=8,
+                                    started_wall_s=START_WALL + LEVEL_START_S))
+    assert live.changed and one(live.findings(), "no_warning")  # started: nothing measured yet
+    live.ingest([Sample("host", s.t_mono, s.t_wall, {"cpu_pct": 50.0}) for s in samples[:3]])  # not the engine's
+    assert not live.changed  # only the engine's samples count
+    live.ingest(Sample(s.source, s.t_mono, s.t_wall, s.values) for s in samples)
+    assert live.changed
+    running = live.findings()
+    kv = one(running, "kv_bound")  # before the level ended: from the engine's samples alone
+    assert kv.severity == "warning" and evidence(kv, "KV cache use, peak") == pytest.approx(97.0)
+    assert not live.changed
+    live.level_finished(LevelFinished(run_id="live", index=0, label="c=8", summary=summary),
+                        START_WALL + LEVEL_START_S + DURATION_S)
+    ended = [f.model_dump() for f in live.findings()]
+    stored = [f.model_dump() for f in explain(load_run(store, store_run(store, rec), level_limits))]
+    assert ended == stored
+    assert any(f["rule"] == "ceiling_share" for f in ended)  # the ceiling, as for the stored run
+
+
+def test_a_healthy_run_so_far_says_so() -> None:
+    from app.events import RunStarted
+    from app.run_findings import LiveFindings
+
+    live = LiveFindings()
+    live.begin(RunStarted(run_id="live", name="healthy", config=llama_config(), engine_kind="vllm", model=LLAMA_8B,
+                          started_wall_s=START_WALL))
+    (healthy,) = live.findings()
+    assert healthy.rule == "no_warning" and healthy.explanation.startswith("no warning: the run so far is healthy")
