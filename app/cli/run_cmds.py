@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app.analysis import metric_catalog as catalog
-from app.analysis.compare import NODE_TAG
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import add_db_argument, add_run_options, bounded_int
@@ -33,6 +32,7 @@ from app.events import (
     RunFinished,
     RunStarted,
 )
+from app.live_run import node_of
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
@@ -134,7 +134,7 @@ class _Console:
     def handle(self, ev: Event) -> None:
         p = ev.payload
         if isinstance(p, RunStarted):
-            node = next((t.removeprefix(NODE_TAG) for t in p.tags if t.startswith(NODE_TAG)), None)
+            node = node_of(p.tags)
             if node is not None:
                 self._nodes[p.run_id] = f"[{node}] "
             return
