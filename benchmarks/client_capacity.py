@@ -25,18 +25,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import repo_path  # noqa: F401 (the repository importable)
 
-from app.load.aggregate import summarize  # noqa: E402
-from app.load.client import ClientOptions  # noqa: E402
-from app.load.datasets import Conversation, Dataset, Turn  # noqa: E402
-from app.load.executor import LiveStats, StopRule, run_level  # noqa: E402
-from app.load.patterns import LevelPlan  # noqa: E402
-from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
-from tests.fakes.openai_server import encode_stream  # noqa: E402
+from app.load.aggregate import summarize
+from app.load.client import ClientOptions
+from app.load.datasets import Conversation, Dataset, Turn
+from app.load.executor import LiveStats, StopRule, run_level
+from app.load.patterns import LevelPlan
+from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
+from tests.fakes.openai_server import encode_stream
 
 _VLLM_CLIENT = r"""
 import json, sys, time

@@ -45,13 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from repo_path import ROOT
 
-from app.bus import Bus, Event  # noqa: E402
-from app.campaign import Campaign, Step, StepResult  # noqa: E402
-from app.config import RunConfig  # noqa: E402
-from app.events import (  # noqa: E402
+from app.bus import Bus, Event
+from app.campaign import Campaign, Step, StepResult
+from app.config import RunConfig
+from app.events import (
     EngineReady,
     LevelFinished,
     LevelStarted,
@@ -61,12 +60,12 @@ from app.events import (  # noqa: E402
     RunFinished,
     RunStarted,
 )
-from app.fleet.trial import BATCH_INTERVAL_S, MAX_BATCH_ITEMS, RayFleet, RaySlot, TrialWorker  # noqa: E402
-from app.load.metrics import LevelSummary, RequestRecord  # noqa: E402
-from app.profiles import read_profile  # noqa: E402
-from app.recording import RunRecorder  # noqa: E402
-from app.runner import LevelResult, RunResult  # noqa: E402
-from app.store import RunStore  # noqa: E402
+from app.fleet.trial import BATCH_INTERVAL_S, MAX_BATCH_ITEMS, RayFleet, RaySlot, TrialWorker
+from app.load.metrics import LevelSummary, RequestRecord
+from app.profiles import read_profile
+from app.recording import RunRecorder
+from app.runner import LevelResult, RunResult
+from app.store import RunStore
 
 EFFICIENCY_TARGET = 0.85
 RECORDS_TARGET_PER_S = 20_000.0

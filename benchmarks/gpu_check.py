@@ -25,14 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import repo_path  # noqa: F401 (the repository importable)
 
-from app.bus import Bus, Event, Sample  # noqa: E402
-from app.events import Notice  # noqa: E402
-from app.planner.plan import percent_of_ceiling  # noqa: E402
-from app.telemetry import TelemetryCollector  # noqa: E402
-from engine_adapters.gpu_specs import find_gpu_spec  # noqa: E402
+from app.bus import Bus, Event, Sample
+from app.events import Notice
+from app.planner.plan import percent_of_ceiling
+from app.telemetry import TelemetryCollector
+from engine_adapters.gpu_specs import find_gpu_spec
 
 AGREEMENT = 0.15  # sampler vs copy, relative
 SKIPPED_EXIT = 77

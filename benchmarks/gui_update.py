@@ -13,17 +13,15 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import repo_path  # noqa: F401 (the repository importable)
+from PySide6.QtWidgets import QApplication
 
-import numpy as np  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from app.bus import Sample  # noqa: E402
-from app.gui.dashboard import Dashboard  # noqa: E402
-from app.gui.series import DEFAULT_CAPACITY, Ring, SeriesStore  # noqa: E402
+from app.bus import Sample
+from app.gui.dashboard import Dashboard
+from app.gui.series import DEFAULT_CAPACITY, Ring, SeriesStore
 
 TARGET_MS = 5.0
 RATE_HZ = 10.0

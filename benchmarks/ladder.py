@@ -19,15 +19,15 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import repo_path  # noqa: F401 (the repository importable)
 
-from app.bus import Bus, Event  # noqa: E402
-from app.events import EngineReady, Progress  # noqa: E402
-from app.ladder.run import Ladder  # noqa: E402
-from app.profiles import load_profile_file, resolve_profile  # noqa: E402
-from app.recording import RunRecorder  # noqa: E402
-from app.store import RunStore  # noqa: E402
-from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir  # noqa: E402
+from app.bus import Bus, Event
+from app.events import EngineReady, Progress
+from app.ladder.run import Ladder
+from app.profiles import load_profile_file, resolve_profile
+from app.recording import RunRecorder
+from app.store import RunStore
+from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
 
 FIRST_POINT_SLACK_S = 30.0
 LADDER_TARGET_S = 360.0

@@ -24,33 +24,30 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pytest  # (its MonkeyPatch, as the test uses it)
+import repo_path  # noqa: F401 (the repository importable)
 
-import pytest  # noqa: E402  (its MonkeyPatch, as the test uses it)
-
-from app.bus import Bus  # noqa: E402
-from app.telemetry import TelemetryCollector  # noqa: E402
-from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer  # noqa: E402
-from tests.fuzz.test_faults_slow_endpoints import (  # noqa: E402
+from app.bus import Bus
+from app.telemetry import TelemetryCollector
+from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+from tests.fuzz.test_faults_slow_endpoints import (
     Server,
     cancel_a_salt_probe,
     signal_a_run_on_a_silent_endpoint,
 )
-from tests.fuzz.test_fuzz_cancel_and_tokenizer import (  # noqa: E402
+from tests.fuzz.test_fuzz_cancel_and_tokenizer import (
     cancel_a_build,
     cancel_a_run_at_its_build,
     large_workload,
     write_sharegpt,
 )
-from tests.unit.test_bounded_http import fetch_a_dribbled_head  # noqa: E402
+from tests.unit.test_bounded_http import fetch_a_dribbled_head
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import repo_path  # noqa: F401 (the repository importable)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from app.bus import Bus  # noqa: E402
-from app.config import RunConfig  # noqa: E402
-from app.recording import RunRecorder  # noqa: E402
-from app.runner import Runner  # noqa: E402
-from app.store import RunStore  # noqa: E402
-from app.workload import LengthSpec, LoadConfig, WorkloadConfig  # noqa: E402
+from app.bus import Bus
+from app.config import RunConfig
+from app.recording import RunRecorder
+from app.runner import Runner
+from app.store import RunStore
+from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 
 MB = 1024 * 1024
 SAMPLE_S = 5.0

@@ -47,16 +47,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.pg_server
+import numpy as np
+import repo_path  # noqa: F401 (the repository importable)
+from sqlalchemy import text
 
-import numpy as np  # noqa: E402
-from sqlalchemy import text  # noqa: E402
-
-from app.analysis.compare import Comparison, compare_runs  # noqa: E402
-from app.store import RunStore, SampleIn, StoreError  # noqa: E402
-from db.dialects import POSTGRESQL, SQLITE  # noqa: E402
-from db.models import Base  # noqa: E402
-from tests.pg_server import CRASH_SAFE_DURABILITY, PgServerMissing, start_pg_server  # noqa: E402
+from app.analysis.compare import Comparison, compare_runs
+from app.store import RunStore, SampleIn, StoreError
+from db.dialects import POSTGRESQL, SQLITE
+from db.models import Base
+from tests.pg_server import CRASH_SAFE_DURABILITY, PgServerMissing, start_pg_server
 
 WRITE_TARGET_S, COMPARE_TARGET_S, SIZE_TARGET_MIB = 2.0, 0.300, 100.0
 PG_WRITE_RATIO_TARGET, PG_COMPARE_TARGET_S = 2.0, 0.200

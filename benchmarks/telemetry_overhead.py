@@ -23,14 +23,12 @@ import timeit
 from pathlib import Path
 
 import psutil
+from repo_path import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.bus import Bus  # noqa: E402
-from app.telemetry import TelemetryCollector  # noqa: E402
-from app.telemetry.engine_metrics import MetricMap  # noqa: E402
-from engine_adapters.vllm import METRIC_NAMES  # noqa: E402
+from app.bus import Bus
+from app.telemetry import TelemetryCollector
+from app.telemetry.engine_metrics import MetricMap
+from engine_adapters.vllm import METRIC_NAMES
 
 PAGE = ROOT / "tests" / "data" / "vllm-0.32.0-metrics.txt"
 TARGET_PCT = 1.0

@@ -23,17 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import repo_path  # noqa: F401 (the repository importable)
 
-from app.bus import Bus  # noqa: E402
-from app.profiles import load_profile, resolve_profile  # noqa: E402
-from app.recording import RunRecorder  # noqa: E402
-from app.store import RunStore  # noqa: E402
-from app.tuner.run import Tuner  # noqa: E402
-from app.tuner.space import build_space  # noqa: E402
-from engine_adapters.hardware import probe_hardware  # noqa: E402
-from tests.fakes.tuner import FakeEngines, FakeTuneRunner  # noqa: E402
+from app.bus import Bus
+from app.profiles import load_profile, resolve_profile
+from app.recording import RunRecorder
+from app.store import RunStore
+from app.tuner.run import Tuner
+from app.tuner.space import build_space
+from engine_adapters.hardware import probe_hardware
+from tests.fakes.tuner import FakeEngines, FakeTuneRunner
 
 TARGET_FRACTION = 0.05
 ENGINE_START_S = 35.0

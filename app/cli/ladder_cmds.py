@@ -225,7 +225,6 @@ class _LadderConsole(_Console):
         state = p.state
         if not isinstance(state, LadderState):
             return
-        self._prefix = ""  # a step's line is the ladder's, not one node's
         if not self._seen:
             self._line(safe(f"{state.name}: {len(state.rows)} steps; {state.workload}"))
         for row in state.rows:

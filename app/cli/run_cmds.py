@@ -12,27 +12,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app.analysis import metric_catalog as catalog
-from app.analysis.compare import NODE_TAG
 from app.bus import Bus, Event
 from app.campaign import Campaign, CampaignResult, Step, repeat_lines
 from app.cli.argtypes import add_db_argument, add_run_options, bounded_int
-from app.cli.campaign_cmds import json_target, report_stored
+from app.cli.campaign_cmds import RUN_EVENTS, json_target, report_stored
 from app.cli.campaign_cmds import write_json as write_doc
 from app.cli.fleet_cmds import add_cluster_options, open_fleet
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.terminal import safe
 from app.config import RunConfig
 from app.errors import UserError
-from app.events import (
-    EngineReady,
-    LevelFinished,
-    LevelStarted,
-    LogLine,
-    PhaseChanged,
-    Progress,
-    RunFinished,
-    RunStarted,
-)
+from app.events import EngineReady, LevelFinished, LogLine, Progress
+from app.live_run import LiveRun
 from app.load.metrics import level_notes
 from app.planner.live import limit_figures, plan_for_run
 from app.planner.plan import Plan
@@ -114,64 +105,65 @@ def format_table(result: RunResult, plan: Plan | None = None) -> str:
 
 
 class _Console:
-    """Turns bus events into one live line (a TTY) or plain lines (a pipe)."""
+    """Turns bus events into one live line (a TTY) or plain lines (a pipe). Each event kind goes
+    through the run's fold (``app.live_run.LiveRun``, which the GUI's live view hears too): its
+    typed listeners say what to print, and it knows which cluster node each run is on."""
 
     def __init__(self, out: TextIO, verbose: bool) -> None:
         self.out, self.verbose = out, verbose
         self.tty = out.isatty()
         self._live = False
         self._last_plain = 0.0
-        self._nodes: dict[str, str] = {}  # run id -> "[node] " for runs on a cluster
-        self._prefix = ""
+        self._t_mono = 0.0  # the event being handled: plain progress lines are spaced on the bus's clock
+        self.run = LiveRun()
+        run = self.run
+        run.phase_changed.connect(lambda p: self._say(p.run_id, f"[{p.phase.value}] {p.detail}"))
+        run.engine_ready.connect(self._ready)
+        run.level_started.connect(lambda p: self._say(p.run_id, f"level {p.index}: {p.label}"))
+        run.progressed.connect(self._progress)
+        run.level_finished.connect(lambda p: self._say(p.run_id, f"  done: {p.summary.completed} ok, "
+                                                                  f"{p.summary.errors} errors, "
+                                                                  f"{p.summary.output_tok_per_s:,.0f} tok/s"))
+        run.finished.connect(lambda p: self._say(p.run_id, f"run {p.status}" + (f": {p.reason}" if p.reason else "")))
 
     def _line(self, text: str) -> None:
         """One line of output; whatever a server or a profile put in it is escaped (no raw CR or ESC)."""
-        text = self._prefix + text
         if self._live:
             self.out.write("\r\x1b[K")
             self._live = False
         self.out.write(safe(text) + "\n")
         self.out.flush()
 
+    def _say(self, run_id: str | None, text: str) -> None:
+        """A line about the run ``run_id``, after its node's name when it runs on a cluster."""
+        self._line(self.run.on_node(run_id, text))
+
     def handle(self, ev: Event) -> None:
         p = ev.payload
-        if isinstance(p, RunStarted):
-            node = next((t.removeprefix(NODE_TAG) for t in p.tags if t.startswith(NODE_TAG)), None)
-            if node is not None:
-                self._nodes[p.run_id] = f"[{node}] "
-            return
-        run_id = getattr(p, "run_id", None)
-        self._prefix = self._nodes.get(run_id, "") if isinstance(run_id, str) else ""
-        if isinstance(p, PhaseChanged):
-            self._line(f"[{p.phase.value}] {p.detail}")
-        elif isinstance(p, LogLine):
+        if isinstance(p, LogLine):  # each line as it comes (the fold batches them for the log view)
             if self.verbose or p.line.startswith("tunebench:"):
-                self._line(f"  | {p.line}")
-        elif isinstance(p, EngineReady):
-            if p.startup_s is None:
-                self._line(f"attached to {p.base_url}")
-            else:
-                self._line(f"engine ready at {p.base_url} ({p.startup_s:.1f} s)")
-            for check in p.feature_checks:
-                self._line(feature_check_line(check))
-        elif isinstance(p, LevelStarted):
-            self._line(f"level {p.index}: {p.label}")
-        elif isinstance(p, Progress):
-            text = (f"  {p.requests_done}{'/' + str(p.planned) if p.planned else ''} requests, "
-                    f"{p.output_tok_per_s:,.0f} tok/s, {p.errors} errors, "
-                    f"{p.requests_in_flight} in flight, {p.elapsed_s:.0f} s")
-            if self.tty:
-                self.out.write("\r\x1b[K" + text)
-                self.out.flush()
-                self._live = True
-            elif ev.t_mono - self._last_plain >= PLAIN_PROGRESS_S:  # a pipe or a log file: a line now and then
-                self._last_plain = ev.t_mono
-                self._line(text)
-        elif isinstance(p, LevelFinished):
-            s = p.summary
-            self._line(f"  done: {s.completed} ok, {s.errors} errors, {s.output_tok_per_s:,.0f} tok/s")
-        elif isinstance(p, RunFinished):
-            self._line(f"run {p.status}" + (f": {p.reason}" if p.reason else ""))
+                self._say(p.run_id, f"  | {p.line}")
+            return
+        self._t_mono = ev.t_mono
+        self.run.apply(ev)
+
+    def _ready(self, p: EngineReady) -> None:
+        self._say(p.run_id, f"attached to {p.base_url}" if p.startup_s is None
+                  else f"engine ready at {p.base_url} ({p.startup_s:.1f} s)")
+        for check in p.feature_checks:
+            self._say(p.run_id, feature_check_line(check))
+
+    def _progress(self, p: Progress) -> None:
+        text = (f"  {p.requests_done}{'/' + str(p.planned) if p.planned else ''} requests, "
+                f"{p.output_tok_per_s:,.0f} tok/s, {p.errors} errors, "
+                f"{p.requests_in_flight} in flight, {p.elapsed_s:.0f} s")
+        if self.tty:
+            self.out.write("\r\x1b[K" + text)
+            self.out.flush()
+            self._live = True
+        elif self._t_mono - self._last_plain >= PLAIN_PROGRESS_S:  # a pipe or a log file: a line now and then
+            self._last_plain = self._t_mono
+            self._say(p.run_id, text)
 
 
 def write_json(result: RunResult | CampaignResult, path: Path) -> None:
@@ -197,8 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--tasks scores a local run's engine: it does not run with --cluster")
     where = open_fleet(args, config)
     bus = Bus()
-    sub = bus.subscribe(kinds=(RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
-                               RunFinished))
+    sub = bus.subscribe(kinds=(*RUN_EVENTS, LevelFinished))  # a run's levels end in a line each
     recorder = open_recorder(bus, args)  # before run_started is published
     quality_reference = (stored_reference(recorder.store if recorder is not None else None, config.quality.reference)
                          if config.quality is not None and config.quality.reference else None)

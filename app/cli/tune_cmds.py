@@ -78,7 +78,6 @@ class _TuneConsole(_Console):
     def handle(self, ev: Event) -> None:
         p = ev.payload
         if isinstance(p, LogLine) and p.line.startswith("tunebench: tune"):
-            self._prefix = ""  # a trial's line is the tune's, not one node's: the trial's runs say where they run
             self._line(safe(p.line.removeprefix("tunebench: ")))
             return
         if isinstance(p, LogLine) and p.line.startswith("tunebench: campaign"):

@@ -17,7 +17,6 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QBoxLayout,
-    QCheckBox,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
@@ -33,74 +32,26 @@ from PySide6.QtWidgets import (
 
 from app.cost import PriceTable, price_table
 from app.errors import UserError
+from app.gui.host import Busy, ProfileNamed, RunPlace
 from app.gui.workers import run_in_worker
 
 if TYPE_CHECKING:
-    from app.bus import Bus
-    from app.gui.cluster_box import ClusterChoice
-    from app.gui.config_panel import ConfigPanel
-    from app.gui.config_state import ConfigState
-    from app.gui.live import PhaseBar
-    from app.gui.presentation import PresentationView
-    from app.gui.session import EngineSession
-    from app.gui.settings import GuiSettings
-    from app.store import RunStore
     from engine_adapters.base import FlagSet
     from engine_adapters.hardware import HardwareInfo
 
 Row = TypeVar("Row")
-T = TypeVar("T")
 
 
-class CampaignHost(Protocol):
+class CampaignHost(RunPlace, Busy, ProfileNamed, Protocol):
     """What a campaign tab needs of the window (``app.gui.main_window.MainWindow`` is one): the
     configuration being edited, what the window probed, its store, and one running run at a time.
     A tab asks for nothing else, so a test can host one on a small window of its own."""
 
     @property
-    def bus(self) -> Bus: ...
-    @property
-    def db_path(self) -> str | None: ...
-    @property
-    def state(self) -> ConfigState: ...
-    @property
-    def settings(self) -> GuiSettings: ...
-    @property
     def hardware(self) -> HardwareInfo | None: ...
     @property
     def flags(self) -> FlagSet | None: ...
-    @property
-    def profile_path(self) -> Path | None: ...
-    @property
-    def session(self) -> EngineSession: ...
-    @property
-    def phase_bar(self) -> PhaseBar: ...
-    @property
-    def presentation(self) -> PresentationView: ...
-    @property
-    def config_panel(self) -> ConfigPanel: ...
-    @property
-    def keep_engine(self) -> QCheckBox: ...
-    @property
-    def running(self) -> bool: ...
-    def cluster_choice(self) -> ClusterChoice | None:
-        """Where the campaign's steps run: a Ray cluster, or None for this machine."""
-        ...
 
-    def follow_slot(self, slot_bus: Bus) -> None:
-        """The live view follows a campaign slot's bus too (a trial on a cluster)."""
-        ...
-
-    def with_store(self, fn: Callable[[RunStore], T]) -> T:
-        """``fn(store)`` on the window's run database (from a worker)."""
-        ...
-
-    def prices(self) -> PriceTable:
-        """The shipped prices with yours from the settings on top."""
-        ...
-
-    def show_error(self, message: str) -> None: ...
-    def show_banner(self, text: str | None, error: bool = True) -> None: ...
     def stop_run(self) -> None: ...
     def open_export(self, run_ids: list[int], comparison: bool = False) -> Any: ...
     def compare_runs(self, ids: list[int], baseline: int | None = None) -> None: ...

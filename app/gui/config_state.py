@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.config import RunConfig
 from app.editing import EditedConfig
+from app.gui.forwarded import Forwarded
 from app.ladder.spec import LadderSpec
 from app.profiles import Campaigns
 
@@ -31,21 +32,10 @@ class ConfigState(QObject):
         self.model.changed.connect(self.changed.emit)
         self.model.validated.connect(self.validated.emit)
 
-    @property
-    def config(self) -> RunConfig:
-        return self.model.config
-
-    @property
-    def pending(self) -> str | None:
-        return self.model.pending
-
-    @property
-    def profile_path(self) -> Path | None:
-        return self.model.profile_path
-
-    @property
-    def campaigns(self) -> Campaigns:
-        return self.model.campaigns
+    config = Forwarded[RunConfig]("model")
+    pending = Forwarded[str | None]("model")
+    profile_path = Forwarded[Path | None]("model")
+    campaigns = Forwarded[Campaigns]("model")
 
     def set_ladder(self, spec: LadderSpec | None) -> None:
         self.model.set_ladder(spec)

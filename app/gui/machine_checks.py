@@ -8,50 +8,26 @@ What it needs of the window is :class:`ChecksHost`; the window is one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QPushButton, QStatusBar, QWidget
+from PySide6.QtWidgets import QPushButton
 
 from app.engines import CheckReport, check_config
 from app.gui.availability import Availability, compute_availability, judge_here
+from app.gui.host import Busy, Editing, Errors, Lifetime, LiveShown, PhaseShown, Status
 from app.gui.workers import run_in_worker
 from engine_adapters.base import FlagSet, ValidationIssue
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.registry import get_adapter, maturity
 
-if TYPE_CHECKING:
-    from app.gui.config_panel import ConfigPanel
-    from app.gui.config_state import ConfigState
-    from app.gui.live import PhaseBar
-    from app.gui.live_tab import LiveTab
-    from app.live_run import LiveRun
 
-
-class ChecksHost(Protocol):
+class ChecksHost(Lifetime, Errors, Status, Editing, LiveShown, PhaseShown, Busy, Protocol):
     """What the checks need of the window: the configuration they check, and where they show
-    what they found."""
+    what they found (the Start button's tooltip lists the configuration's errors)."""
 
-    def window(self) -> QWidget:
-        """The window the checks live and die with."""
-        ...
-
-    @property
-    def state(self) -> ConfigState: ...
-    @property
-    def live(self) -> LiveRun: ...
-    @property
-    def live_tab(self) -> LiveTab: ...
-    @property
-    def phase_bar(self) -> PhaseBar: ...
-    @property
-    def config_panel(self) -> ConfigPanel: ...
     @property
     def start_button(self) -> QPushButton: ...
-    @property
-    def running(self) -> bool: ...
-    def statusBar(self) -> QStatusBar: ...
-    def show_error(self, message: str) -> None: ...
 
 
 class MachineChecks(QObject):

@@ -8,8 +8,10 @@ a run as the bus tells it is ``app.live_run.LiveRun`` (``live``), which the Live
 (``app.gui.live_tab``) subscribes to. Runs start and end in ``app.gui.run_control``; the store,
 History and Compare go through ``app.gui.store_link``; the toolbar is ``app.gui.toolbar``.
 The window implements ``app.gui.campaign_panel.CampaignHost`` for the Ladder and Tune tabs, and
-the host each helper declares (``RunHost``, ``StoreHost``, ``ChecksHost``, ``FilesHost``): no other
-module of app.gui imports this one, even for type hints (``importlinter-type-checking.toml``).
+the host each helper declares (``RunHost``, ``StoreHost``, ``ChecksHost``, ``FilesHost``), each
+made of the parts in ``app.gui.host``: no other module of app.gui imports this one, even for type
+hints (``importlinter-type-checking.toml``). The helpers do not call each other through the window:
+it wires their signals.
 
 Threading: the GUI thread only drains the bus (a QTimer at 20 Hz), updates widgets and starts
 workers. Runs, engine stops, store queries, profile files and validation all run in
@@ -52,6 +54,7 @@ from app.gui.cluster_box import ClusterBox, ClusterChoice
 from app.gui.config_panel import ConfigPanel
 from app.gui.config_state import ConfigState
 from app.gui.export_dialog import ExportDialog
+from app.gui.forwarded import Forwarded
 from app.gui.history import CompareView, HistoryView
 from app.gui.ladder_tab import LadderTab
 from app.gui.live_tab import LiveTab
@@ -70,7 +73,7 @@ from app.gui.workers import busy_workers, run_in_worker
 from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
-from app.profiles import Profile, shipped_profiles
+from app.profiles import Profile
 from app.run_findings import first_sentence, stored_findings, top_change
 from app.runner import RunResult
 from app.store import RunStore
@@ -91,7 +94,6 @@ class MainWindow(QMainWindow):
         profile = config if isinstance(config, Profile) else Profile(run=config or RunConfig())
         self.state = ConfigState(EditedConfig(profile.run, profile_path, profile.campaigns))
         self.settings = GuiSettings()
-        self.shipped = shipped_profiles()  # listed once, before the event loop runs
         self.bus = Bus()
         self.sub = self.bus.subscribe(maxlen=500_000, kinds=LIVE_KINDS)
         self.live = LiveRun()
@@ -201,6 +203,15 @@ class MainWindow(QMainWindow):
         self.start_button.clicked.connect(self.start_run)
         self.stop_button.clicked.connect(self.stop_run)
         self.cluster_box.changed.connect(self.files.remember_cluster)
+        # the helpers tell each other through the window: settings read name the store, an opened
+        # profile is checked again, a store chosen is saved in the settings, a run's model is remembered
+        self.files.settings_read.connect(link.settings_read)
+        self.files.settings_missing.connect(link.settings_failed)
+        self.files.profile_opened.connect(self.checks.refresh_availability)
+        link.store_chosen.connect(self.files.save_settings)
+        link.store_switched.connect(self.ladder.refresh_stored)
+        link.store_switched.connect(self.tune.refresh_stored)
+        self.runs.run_started.connect(lambda config: self.files.remember("recent_models", config.engine.model))
         for key in ("F11", "Ctrl+P"):
             shortcut = QShortcut(QKeySequence(key), self)
             shortcut.setContext(Qt.ShortcutContext.ApplicationShortcut)
@@ -231,41 +242,15 @@ class MainWindow(QMainWindow):
 
     # -- what the window is (CampaignHost and the tests read these) -------------------------------
 
-    @property
-    def running(self) -> bool:
-        return self.runs.running
-
-    @property
-    def cancel(self) -> threading.Event | None:
-        return self.runs.cancel
-
-    @property
-    def last_result(self) -> RunResult | None:
-        return self.runs.last_result
-
-    @property
-    def hardware(self) -> HardwareInfo | None:
-        return self.checks.hardware
-
-    @property
-    def flags(self) -> FlagSet | None:
-        return self.checks.flags
-
-    @property
-    def availability(self) -> Availability | None:
-        return self.checks.availability
-
-    @property
-    def db_path(self) -> str | None:
-        return self.store_link.db_path
-
-    @property
-    def profile_path(self) -> Path | None:
-        return self.state.profile_path
-
-    @property
-    def _compare_ids(self) -> list[int]:
-        return self.store_link.compare_ids
+    running = Forwarded[bool]("runs")
+    cancel = Forwarded[threading.Event | None]("runs")
+    last_result = Forwarded[RunResult | None]("runs")
+    hardware = Forwarded[HardwareInfo | None]("checks")
+    flags = Forwarded[FlagSet | None]("checks")
+    availability = Forwarded[Availability | None]("checks")
+    db_path = Forwarded[str | None]("store_link")
+    _compare_ids = Forwarded[list[int]]("store_link", "compare_ids")
+    profile_path = Forwarded[Path | None]("state")
 
     # -- messages ------------------------------------------------------------------------------
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QCheckBox, QPushButton, QSpinBox, QStatusBar, QTabWidget, QWidget
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QWidget
 
 from app.config import RunConfig
 from app.cost import RunCost, run_cost
 from app.gui.dashboard import Dashboard
+from app.gui.host import Lifetime, LiveShown, Previous, RunPlace, Status, Tabs
 from app.gui.repeats import run_work
 from app.gui.workers import Worker, run_in_worker
 from app.live_run import features_text, load_text, result_line
@@ -30,20 +31,7 @@ from app.store import RunStore
 from engine_adapters.registry import get_adapter
 
 if TYPE_CHECKING:
-    from app.bus import Bus
-    from app.cost import PriceTable
-    from app.gui.cluster_box import ClusterChoice
-    from app.gui.config_panel import ConfigPanel
-    from app.gui.config_state import ConfigState
-    from app.gui.live import LogView, PhaseBar
-    from app.gui.live_tab import LiveTab
-    from app.gui.presentation import PresentationView
     from app.gui.run_bar import RunBar
-    from app.gui.session import EngineSession
-    from app.gui.settings import GuiSettings
-    from app.live_run import LiveRun
-
-T = TypeVar("T")
 
 
 def startup_key(config: RunConfig) -> str:
@@ -56,12 +44,6 @@ def starting_text(config: RunConfig) -> str:
     return f"Starting {get_adapter(config.engine.kind).display_name} on {config.engine.model}"
 
 
-class Remembering(Protocol):
-    """Who keeps the recent models in the settings (the user's files)."""
-
-    def remember(self, kind: str, value: str) -> None: ...
-
-
 class RunRecords(Protocol):
     """Who edits and lists the stored runs (the store link): a run's note, History after a run."""
 
@@ -69,72 +51,30 @@ class RunRecords(Protocol):
     def refresh_history(self) -> None: ...
 
 
-class RunHost(Protocol):
+class RunHost(Lifetime, Status, LiveShown, RunPlace, Tabs, Previous, Protocol):
     """What a run needs of the window: the configuration and run bar it starts from, where it
     runs and records, the live view it clears and reports into, and the window's own steps
     (idle or running, the bus drained, the next name suggested, closing once the run ended)."""
 
-    previous_config: dict[str, Any] | None
-
-    def window(self) -> QWidget:
-        """The window the run control lives and dies with."""
-        ...
-
-    @property
-    def state(self) -> ConfigState: ...
-    @property
-    def settings(self) -> GuiSettings: ...
-    @property
-    def bus(self) -> Bus: ...
-    @property
-    def session(self) -> EngineSession: ...
-    @property
-    def db_path(self) -> str | None: ...
-    @property
-    def live(self) -> LiveRun: ...
-    @property
-    def close_requested(self) -> bool: ...
-    @property
-    def files(self) -> Remembering: ...
-    @property
-    def store_link(self) -> RunRecords: ...
-    @property
-    def config_panel(self) -> ConfigPanel: ...
     @property
     def run_bar(self) -> RunBar: ...
-    @property
-    def keep_engine(self) -> QCheckBox: ...
-    @property
-    def repeats(self) -> QSpinBox: ...
-    @property
-    def stop_button(self) -> QPushButton: ...
-    @property
-    def tabs(self) -> QTabWidget: ...
-    @property
-    def live_tab(self) -> LiveTab: ...
-    @property
-    def dashboard(self) -> Dashboard: ...
-    @property
-    def phase_bar(self) -> PhaseBar: ...
-    @property
-    def log_view(self) -> LogView: ...
-    @property
-    def presentation(self) -> PresentationView: ...
-    def statusBar(self) -> QStatusBar: ...
-    def cluster_choice(self) -> ClusterChoice | None: ...
-    def follow_slot(self, slot_bus: Bus) -> None: ...
-    def with_store(self, fn: Callable[[RunStore], T]) -> T: ...
-    def prices(self) -> PriceTable: ...
-    def show_error(self, message: str) -> None: ...
-    def show_banner(self, text: str | None, error: bool = True) -> None: ...
     def set_running(self, running: bool) -> None: ...
     def tick(self) -> None: ...
     def suggest_name(self) -> None: ...
+
+    @property
+    def store_link(self) -> RunRecords: ...
+
+    @property
+    def close_requested(self) -> bool: ...
     def finish_close(self) -> None: ...
 
 
 class RunControl(QObject):
     """The running run's worker and cancel event, and what the window does as it starts and ends."""
+
+    run_started = Signal(object)
+    """A run of this configuration (a ``RunConfig``) started: its model is remembered as a recent one."""
 
     def __init__(self, host: RunHost) -> None:
         super().__init__(host.window())
@@ -169,21 +109,21 @@ class RunControl(QObject):
         w.show_banner(None)
         w.live_tab.clear("")
         w.live.begin(config)
-        w.log_view.clear()
-        w.dashboard.show_startup(starting_text(config))
-        w.dashboard.tiles.set_header(f"Live \u2014 {name}: the client's figures over the last few seconds")
+        w.live_tab.log_view.clear()
+        w.live_tab.dashboard.show_startup(starting_text(config))
+        w.live_tab.dashboard.tiles.set_header(f"Live \u2014 {name}: the client's figures over the last few seconds")
         self._plan_run(config)
         previous = w.settings.startup_s.get(startup_key(config))
         w.phase_bar.set_levels(len(config.load.levels) if config.load.pattern.takes_levels else 1)
         w.phase_bar.engine_starting(previous)
         self.cancel = cancel = threading.Event()
         work = run_work(w.session, config, w.bus, cancel, keep_engine=w.keep_engine.isChecked(),
-                        db_path=w.db_path, repeats=w.repeats.value(), cluster=w.cluster_choice(),
+                        db_path=w.db_path, repeats=w.run_bar.repeats.value(), cluster=w.cluster_choice(),
                         follow=w.follow_slot)
         self.worker = run_in_worker(work, self._run_done, self._run_failed, name="run", parent=self)
         w.set_running(True)
         w.presentation.set_heading(name, load_text(config), features_text(config))
-        w.files.remember("recent_models", config.engine.model)
+        self.run_started.emit(config)
         w.run_bar.started()
         w.tabs.setCurrentIndex(0)
 
@@ -201,14 +141,14 @@ class RunControl(QObject):
     def set_run_plan(self, plan: Plan | None, why: str | None = None) -> None:
         w = self.host
         w.live.plan = plan
-        w.dashboard.set_plan(plan, why or "")
+        w.live_tab.dashboard.set_plan(plan, why or "")
         w.presentation.tiles.set_plan(plan, why or "")
 
     def stop_run(self) -> None:
         w = self.host
         if self.cancel is not None and not self.cancel.is_set():
             self.cancel.set()
-            w.stop_button.setEnabled(False)
+            w.run_bar.stop_button.setEnabled(False)
             w.phase_bar.set_text("Stopping: cancelling requests and stopping the engine…")
             w.statusBar().showMessage("Stopping…")
 
@@ -218,7 +158,7 @@ class RunControl(QObject):
         if w.live.config is not None:
             w.previous_config = w.live.config.model_dump(mode="json")
         if result.status == "failed":
-            w.dashboard.startup.set_phase("failed", result.reason or "")
+            w.live_tab.dashboard.startup.set_phase("failed", result.reason or "")
         note = self._note
         if note and result.run_id:
             w.store_link.store_call(lambda s: s.set_notes(s.resolve(result.run_id), note))
@@ -226,7 +166,7 @@ class RunControl(QObject):
         self._show_run_summary(result)
         if result.status == "failed":
             w.show_error(f"Run failed: {result.reason}")
-            w.log_view.show_diagnosis(result.reason)
+            w.live_tab.log_view.show_diagnosis(result.reason)
         elif result.status == "cancelled":
             w.show_banner(f"Run cancelled: {result.reason or 'stopped by the user'}", error=False)
         else:
@@ -254,10 +194,10 @@ class RunControl(QObject):
 
     def _run_failed(self, message: str) -> None:
         w = self.host
-        w.dashboard.startup.set_phase("failed", message)
+        w.live_tab.dashboard.startup.set_phase("failed", message)
         self.run_ended()
         w.show_error(f"Run failed: {message}")
-        w.log_view.show_diagnosis(message)
+        w.live_tab.log_view.show_diagnosis(message)
         w.phase_bar.set_phase("failed", message)
 
     def start_campaign(self, work: Callable[[], Any], done: Callable[[Any], None], failed: Callable[[str], None],
@@ -267,7 +207,7 @@ class RunControl(QObject):
         w = self.host
         w.show_banner(None)
         w.live_tab.clear("")
-        w.log_view.clear()
+        w.live_tab.log_view.clear()
         self.cancel = cancel
         self.worker = run_in_worker(work, done, failed, name=name, parent=owner)
         w.set_running(True)
@@ -281,8 +221,8 @@ class RunControl(QObject):
         w.tick()
         if w.phase_bar.stage in ("engine", "load"):  # the run ended without saying so on the bus
             w.phase_bar.finished("Run ended", completed=False)
-        if w.dashboard.page == Dashboard.STARTUP and w.dashboard.startup.failed_reason is None:
-            w.dashboard.show_idle("The run ended before the engine was ready. Press \u25b6 Start to try again.")
+        if w.live_tab.dashboard.page == Dashboard.STARTUP and w.live_tab.dashboard.startup.failed_reason is None:
+            w.live_tab.dashboard.show_idle("The run ended before the engine was ready. Press \u25b6 Start to try again.")
         w.store_link.refresh_history()
         w.suggest_name()
         if w.close_requested:

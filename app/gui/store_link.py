@@ -13,20 +13,18 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from PySide6.QtCore import QObject, Qt, QTimer
-from PySide6.QtWidgets import QTabWidget, QWidget
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from app.analysis.compare import Comparison
 from app.gui.history import CompareExtras, compare_with_extras
+from app.gui.host import Errors, Lifetime, Previous, Priced, Settings, Tabs
 from app.gui.store_box import StoreDialog, shown_location
 from app.gui.workers import run_in_worker
 from app.store import DB_ENV, RunInfo, RunStore
 from db.writes import AUTHOR_ENV, default_author
 
 if TYPE_CHECKING:
-    from app.cost import PriceTable
     from app.gui.history import CompareView, HistoryView
-    from app.gui.settings import GuiSettings
 
 T = TypeVar("T")
 HISTORY_POLL_MS = 5000
@@ -34,49 +32,24 @@ HISTORY_POLL_MS = 5000
 into a shared store finishes there, not here."""
 
 
-class SettingsSaver(Protocol):
-    """Who writes the settings (the user's files): the store chosen is kept there."""
-
-    def save_settings(self) -> None: ...
-
-
-class StoredCampaigns(Protocol):
-    """A campaign tab: its picker lists the stored campaigns of the store in use."""
-
-    def refresh_stored(self) -> None: ...
-
-
-class StoreHost(Protocol):
+class StoreHost(Lifetime, Errors, Settings, Priced, Tabs, Previous, Protocol):
     """What the store link needs of the window: the settings that name the store, the tabs fed
     from it, and the last run's configuration (a first run's name is suggested against it)."""
 
-    settings: GuiSettings
-
-    def window(self) -> QWidget:
-        """The window the link lives and dies with; Run database… opens over it."""
-        ...
-
-    @property
-    def files(self) -> SettingsSaver: ...
-    @property
-    def tabs(self) -> QTabWidget: ...
     @property
     def history(self) -> HistoryView: ...
     @property
     def compare(self) -> CompareView: ...
-    @property
-    def ladder(self) -> StoredCampaigns: ...
-    @property
-    def tune(self) -> StoredCampaigns: ...
-    @property
-    def previous_config(self) -> dict[str, Any] | None: ...
     def previous_loaded(self, config: dict[str, Any]) -> None: ...
-    def prices(self) -> PriceTable: ...
-    def show_error(self, message: str) -> None: ...
 
 
 class StoreLink(QObject):
     """The store in use and the tabs that show it (History, Compare, the campaign pickers)."""
+
+    store_chosen = Signal()
+    """Run database… named a store: the settings, which now name it, are to be saved."""
+    store_switched = Signal()
+    """Another store is in use: the campaign tabs' pickers list its stored campaigns."""
 
     def __init__(self, host: StoreHost, db_path: str | None) -> None:
         super().__init__(host.window())
@@ -164,7 +137,7 @@ class StoreLink(QObject):
     def _store_chosen(self, location: str, author: str) -> None:
         host = self.host
         host.settings = host.settings.model_copy(update={"store_location": location, "author": author})
-        host.files.save_settings()
+        self.store_chosen.emit()
         self.use_store(location or None, author)
 
     def use_store(self, location: str | None, author: str) -> None:
@@ -189,8 +162,7 @@ class StoreLink(QObject):
 
     def _store_switched(self) -> None:
         self.refresh_history()
-        for tab in (self.host.ladder, self.host.tune):  # their pickers list the stored campaigns of the store in use
-            tab.refresh_stored()
+        self.store_switched.emit()
 
     def store_call(self, fn: Callable[[RunStore], Any]) -> None:
         """An edit of the stored runs (rename, tag, notes, delete); History re-reads after it."""

@@ -13,80 +13,44 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QStatusBar, QWidget
+from PySide6.QtCore import QObject, Signal
 
 from app.events import EngineReady
+from app.gui.host import Banner, Busy, Editing, Lifetime, LiveShown, ProfileNamed, Settings, Status
 from app.gui.run_control import startup_key
 from app.gui.settings import GuiSettings, load_settings, save_settings
 from app.gui.workers import run_in_worker
 from app.labels import engine_defaults
-from app.profiles import Profile, ProfileError, load_profile_file, save_profile
+from app.profiles import Profile, ProfileError, load_profile_file, save_profile, shipped_profiles
 
 if TYPE_CHECKING:
     from app.gui.cluster_box import ClusterBox
-    from app.gui.config_panel import ConfigPanel
-    from app.gui.config_state import ConfigState
-    from app.gui.live_tab import LiveTab
     from app.gui.toolbar import MainToolBar
-    from app.live_run import LiveRun
 
 
-class SettingsReader(Protocol):
-    """Who hears that the settings were read (the store link: they may name the store)."""
-
-    def settings_read(self, location: str | None, author: str) -> None: ...
-    def settings_failed(self) -> None: ...
-
-
-class AvailabilityCheck(Protocol):
-    """Who works out again what this machine can run of a newly opened profile (the checks)."""
-
-    def refresh_availability(self) -> None: ...
-
-
-class FilesHost(Protocol):
+class FilesHost(Lifetime, Banner, Status, Editing, LiveShown, Busy, ProfileNamed, Settings, Protocol):
     """What the files need of the window: the settings they read and write, the configuration a
     profile goes into, and the widgets that show what was read."""
 
-    settings: GuiSettings
-
-    def window(self) -> QWidget:
-        """The window the files live and die with; its title names the profile."""
-        ...
-
-    @property
-    def state(self) -> ConfigState: ...
-    @property
-    def profile_path(self) -> Path | None: ...
-    @property
-    def shipped(self) -> dict[str, Path]: ...
-    @property
-    def live(self) -> LiveRun: ...
-    @property
-    def running(self) -> bool: ...
-    @property
-    def store_link(self) -> SettingsReader: ...
-    @property
-    def checks(self) -> AvailabilityCheck: ...
     @property
     def toolbar(self) -> MainToolBar: ...
     @property
-    def config_panel(self) -> ConfigPanel: ...
-    @property
     def cluster_box(self) -> ClusterBox: ...
-    @property
-    def live_tab(self) -> LiveTab: ...
-    def statusBar(self) -> QStatusBar: ...
     def show_prices(self, prices: list[str]) -> None: ...
-    def show_error(self, message: str) -> None: ...
-    def show_banner(self, text: str | None, error: bool = True) -> None: ...
 
 
 class UserFiles(QObject):
+    settings_read = Signal(object, str)
+    """The settings were read: the store they name (None: the default) and the author."""
+    settings_missing = Signal()
+    """No settings could be read: the store is the one --db, the environment or the default names."""
+    profile_opened = Signal()
+    """A profile was opened: what this machine can run of it is worked out again."""
+
     def __init__(self, host: FilesHost) -> None:
         super().__init__(host.window())
         self.host = host
+        self.shipped = shipped_profiles()  # listed once, before the event loop runs
         self._saving = threading.Lock()
 
     # -- settings ------------------------------------------------------------------------------
@@ -98,7 +62,7 @@ class UserFiles(QObject):
     def _settings_loaded(self, settings: GuiSettings) -> None:
         w = self.host
         w.settings = settings
-        w.store_link.settings_read(settings.store_location, settings.author)
+        self.settings_read.emit(settings.store_location, settings.author)
         w.show_prices(settings.prices)
         w.config_panel.set_recent_models(settings.recent_models)
         w.cluster_box.restore(settings.cluster_address, settings.cluster_trials_at_once)
@@ -106,7 +70,7 @@ class UserFiles(QObject):
 
     def _settings_failed(self, message: str) -> None:
         self.host.show_error(message)
-        self.host.store_link.settings_failed()
+        self.settings_missing.emit()
 
     def save_settings(self) -> None:
         """In a worker, one save at a time, each writing the newest settings: two saves in flight
@@ -147,11 +111,11 @@ class UserFiles(QObject):
     # -- profiles ------------------------------------------------------------------------------
 
     def _is_shipped(self, path: Path) -> bool:
-        return str(path) in {str(p) for p in self.host.shipped.values()}
+        return str(path) in {str(p) for p in self.shipped.values()}
 
     def fill_picker(self) -> None:
         w = self.host
-        w.toolbar.fill_profiles(w.shipped, w.settings.recent_profiles, w.profile_path)
+        w.toolbar.fill_profiles(self.shipped, w.settings.recent_profiles, w.profile_path)
 
     def picked(self, index: int) -> None:
         path = self.host.toolbar.picked_profile(index)
@@ -178,7 +142,7 @@ class UserFiles(QObject):
             if not self._is_shipped(path):
                 self.remember("recent_profiles", str(path))
             self.fill_picker()
-            w.checks.refresh_availability()
+            self.profile_opened.emit()
             if not w.running:  # the last run's graphs and figures belong to another profile
                 w.live_tab.clear(f"Profile \u201c{config.name}\u201d loaded. Press \u25b6 Start to run it.")
 

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from PySide6.QtCore import Qt
@@ -122,57 +122,59 @@ def test_repeats_on_the_cluster_run_on_both_nodes_each_stored_with_its_node(  # 
     assert "cluster: cluster at" in logged and "up to 2 at once" in logged
 
 
+def _stopped_here(handed: dict[str, Any]) -> Callable[..., NoReturn]:
+    """A stand-in for a campaign's entry point (the ladder's run, the tuner): it keeps the keyword
+    arguments the tab handed it, then stops the campaign there."""
+
+    def stand_in(*_args: Any, **kwargs: Any) -> NoReturn:
+        handed.update(kwargs)
+        raise UserError("stopped here by the test")
+
+    return stand_in
+
+
+def _handed_the_fleet(qtbot: Any, window: MainWindow, handed: dict[str, Any]) -> None:
+    """The campaign started on the cluster was handed its fleet, how many trials run at once and
+    the window's way of following each trial's bus."""
+    from app.fleet.trial import RayFleet
+
+    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
+    assert "stopped here by the test" in window.banner.text(), window.banner.text()
+    assert isinstance(handed.get("fleet"), RayFleet)
+    assert handed["max_parallel"] == 2  # what the two worker nodes hold at once
+    assert handed["on_slot_bus"] == window.follow_slot
+
+
 def test_the_ladder_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: ignore[no-untyped-def]
         qtbot, ray_cluster: LocalRayCluster, make_window: Callable[..., MainWindow], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     import app.ladder.run as ladder_run
-    from app.fleet.trial import RayFleet
 
     handed: dict[str, Any] = {}
-
-    def ladder_on_the_cluster(*_args: Any, **kwargs: Any) -> Any:
-        handed.update(kwargs)
-        raise UserError("stopped here by the test")
-
-    monkeypatch.setattr(ladder_run, "run_ladder", ladder_on_the_cluster)
+    monkeypatch.setattr(ladder_run, "run_ladder", _stopped_here(handed))
     window = make_window("cpu-ladder", db_path=tmp_path / "runs.db")
     tab = window.ladder
     window.tabs.setCurrentWidget(tab)
     qtbot.waitUntil(lambda: tab.start_button.isEnabled(), timeout=60_000)
     window.cluster_box.address_edit.setText(ray_cluster.address)
     tab.start()
-    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
-    assert "stopped here by the test" in window.banner.text(), window.banner.text()
-    assert isinstance(handed.get("fleet"), RayFleet)
-    assert handed["max_parallel"] == 2  # what the two worker nodes hold at once
-    assert handed["on_slot_bus"] == window.follow_slot
+    _handed_the_fleet(qtbot, window, handed)
 
 
 def test_a_tune_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: ignore[no-untyped-def]
         qtbot, ray_cluster: LocalRayCluster, make_window: Callable[..., MainWindow], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     import app.tuner.run as tuner_run
-    from app.fleet.trial import RayFleet
 
     handed: dict[str, Any] = {}
-
-    class TunerOnTheCluster:
-        def __init__(self, *_args: Any, **kwargs: Any) -> None:
-            handed.update(kwargs)
-            raise UserError("stopped here by the test")
-
-    monkeypatch.setattr(tuner_run, "Tuner", TunerOnTheCluster)
+    monkeypatch.setattr(tuner_run, "Tuner", _stopped_here(handed))
     window = make_window("cpu-demo", db_path=tmp_path / "runs.db")
     tab = window.tune
     window.tabs.setCurrentWidget(tab)
     tab.slo_edit.setText("ttft_ms<=150,tpot_ms<=60")
     window.cluster_box.address_edit.setText(ray_cluster.address)
     qtbot.mouseClick(tab.start_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not window.running, timeout=120_000)
-    assert "stopped here by the test" in window.banner.text(), window.banner.text()
-    assert isinstance(handed.get("fleet"), RayFleet)
-    assert handed["max_parallel"] == 2  # what the two worker nodes hold at once
-    assert handed["on_slot_bus"] == window.follow_slot
+    _handed_the_fleet(qtbot, window, handed)
 
 
 def test_the_address_and_trials_at_once_are_kept_in_the_settings(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]

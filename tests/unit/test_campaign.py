@@ -24,6 +24,7 @@ from app.store import RunStore
 from app.workload import LoadConfig
 from engine_adapters.config import Features
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+from tests.small_profile import write_small_profile
 
 
 class FakeEngine:
@@ -127,9 +128,7 @@ def server() -> Iterator[FakeOpenAIServer]:
 
 def test_cli_repeat_stores_a_set_with_its_confidence_interval(server: FakeOpenAIServer, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    profile = tmp_path / "p.toml"
-    profile.write_text('name = "rep"\n[workload]\nnum_requests = 6\n[workload.output_len]\nmean = 6\n'
-                       '[load]\nconcurrency = 2\n')
+    profile = write_small_profile(tmp_path / "p.toml", "rep", 6, 6, "concurrency = 2")
     db = tmp_path / "runs.db"
     out = tmp_path / "r.json"
     code = main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--no-telemetry",

@@ -16,6 +16,7 @@ from app.cli import main
 from app.export import render_report
 from app.store import RunStore
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+from tests.small_profile import write_small_profile
 
 # Figures in the CLI table that Compare also shows (the table adds runner-only ones).
 CHECKED = ("output_tok_per_s", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "tpot_ms_p50",
@@ -30,9 +31,7 @@ def server() -> Iterator[FakeOpenAIServer]:
 
 def _run(server: FakeOpenAIServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
          concurrency: int) -> tuple[str, dict[str, object]]:
-    profile = tmp_path / f"{name}.toml"
-    profile.write_text(f'name = "{name}"\n[workload]\nnum_requests = 8\n[workload.output_len]\nmean = 9\n'
-                       f'[load]\nconcurrency = {concurrency}\n')
+    profile = write_small_profile(tmp_path / f"{name}.toml", name, 8, 9, f"concurrency = {concurrency}")
     out = tmp_path / f"{name}.json"
     code = main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
                  "--no-telemetry", "--db", str(tmp_path / "runs.db")])

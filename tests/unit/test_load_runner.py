@@ -30,6 +30,7 @@ from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from tests.fakes.fixed_reply import fixed_reply_server
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 from tests.fuzz.hostile import cli
+from tests.small_profile import write_small_profile
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +166,7 @@ def test_mask_env() -> None:
 
 def test_cli_run_writes_json_and_prints_table(server: FakeOpenAIServer, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    profile = tmp_path / "p.toml"
-    profile.write_text('name = "cli"\n[workload]\nnum_requests = 4\n[workload.output_len]\nmean = 5\n'
-                       '[load]\nconcurrency = 2\n')
+    profile = write_small_profile(tmp_path / "p.toml", "cli", 4, 5, "concurrency = 2")
     out = tmp_path / "r.json"
     code = main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
                  "--no-telemetry", "--db", str(tmp_path / "runs.db")])
@@ -210,8 +209,7 @@ def test_the_profile_example_in_docs_is_valid(repo_root: Path) -> None:
 
 
 def test_cli_json_requests_on_request(server: FakeOpenAIServer, tmp_path: Path) -> None:
-    profile = tmp_path / "p.toml"
-    profile.write_text('name = "cli"\n[workload]\nnum_requests = 3\n[workload.output_len]\nmean = 4\n')
+    profile = write_small_profile(tmp_path / "p.toml", "cli", 3, 4)
     out = tmp_path / "r.json"
     assert main(["run", str(profile), "--endpoint", server.base_url, "--api-key", "k1", "--json", str(out),
                  "--json-requests", "--no-telemetry", "--no-store"]) == 0
@@ -313,9 +311,7 @@ def test_each_request_carries_an_id_of_its_own_that_its_record_keeps(tmp_path: P
     from app.store import RunStore
 
     with FakeOpenAIServer(FakeBehaviour(delay_s=0.003)) as srv:
-        profile = tmp_path / "p.toml"
-        profile.write_text('name = "ids"\n[workload]\nnum_requests = 4\n[workload.output_len]\nmean = 5\n'
-                           '[load]\npattern = "sweep"\nlevels = [1, 2]\n')
+        profile = write_small_profile(tmp_path / "p.toml", "ids", 4, 5, 'pattern = "sweep"\nlevels = [1, 2]')
         out = tmp_path / "r.json"
         db = str(tmp_path / "runs.db")
         assert main(["run", str(profile), "--endpoint", srv.base_url, "--json", str(out), "--no-telemetry",
