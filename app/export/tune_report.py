@@ -90,7 +90,7 @@ def quality_text(state: TuneState) -> str:
     alone would have made, or that the pick is blind to quality."""
     q = state.quality
     parts = []
-    pick = state.candidates[state.pick.candidate] if state.pick is not None else None
+    pick = next((c for c in state.candidates if state.pick is not None and c.index == state.pick.candidate), None)
     if pick is not None and pick.quality and pick.quality.get("measured") and q.get("reference"):
         parts.append(f"Quality against {q['reference']}: {quality_cell(pick.quality)}.")
     if q.get("excluded"):
