@@ -435,7 +435,8 @@ class RunWrites(RunQueries):
         if run.levels:
             conn.execute(insert(Level), [
                 {"run_id": run_id, "idx": lv.idx, "label": lv.label, "params": mask_obj(dict(lv.params)),
-                 "started_at": lv.started_at, "finished_at": lv.finished_at, "summary": dict(lv.summary or {})}
+                 "started_at": lv.started_at, "finished_at": lv.finished_at, "summary": dict(lv.summary or {}),
+                 "sample": mask_obj(lv.sample) if lv.sample is not None else None}
                 for lv in run.levels])
         metrics = {**run.extra_metrics, **self.metrics_of(request_arrays(chunks), run.levels)}
         conn.execute(update(Run).where(Run.id == run_id).values(metrics=metrics))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,14 +72,25 @@ NAME_MIN_SCALE = 0.6
 
 
 def _line(painter: QPainter, rect: QRectF, text: str, pt: float, colour: str, bold: bool = False,
-          align: Qt.AlignmentFlag = Qt.AlignmentFlag.AlignLeft, elide: bool = False) -> None:
+          align: Qt.AlignmentFlag = Qt.AlignmentFlag.AlignLeft, elide: bool = False,
+          min_scale: float = NAME_MIN_SCALE) -> None:
     size = _fit_pt(text, pt, rect.width(), bold)
-    if elide and size < pt * NAME_MIN_SCALE:
-        size = pt * NAME_MIN_SCALE
+    if elide and size < pt * min_scale:
+        size = pt * min_scale
         text = QFontMetricsF(_font(size, bold)).elidedText(text, Qt.TextElideMode.ElideRight, rect.width())
     painter.setFont(_font(size, bold))
     painter.setPen(QColor(colour))
     painter.drawText(rect, int(align | Qt.AlignmentFlag.AlignVCenter), text)
+
+
+def _tokens(count: int) -> str:
+    return f"{count:,} token" + ("" if count == 1 else "s")
+
+
+def _shown(text: str) -> str:
+    """Streamed text as painted: control and format characters (a small model's stray bytes) as
+    the replacement character, not as the font's empty boxes; lines and tabs kept."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else "\ufffd" for c in text)
 
 
 def _short(text: str, limit: int) -> str:
@@ -127,8 +139,8 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     painter.setPen(QPen(QColor(theme.foreground), max(2.0, unit * 0.15)))
     painter.drawLine(int(finish_x), int(y), int(finish_x), int(y + track_h))
     y += track_h
-    status = (f"finished in {side.finish_ms / 1e3:.2f} s · {side.total_tokens} tokens" if state.finished
-              else f"{state.elapsed_ms / 1e3:.1f} s · {state.tokens} tokens")
+    status = (f"finished in {side.finish_ms / 1e3:.2f} s · {_tokens(side.total_tokens)}" if state.finished
+              else f"{state.elapsed_ms / 1e3:.1f} s · {_tokens(state.tokens)}")
     _line(painter, QRectF(inner.left(), y, inner.width(), small_h), status, unit * 0.9,
           theme.good if state.finished else theme.muted, state.finished)
     y += small_h
@@ -139,7 +151,7 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     body = text_rect.adjusted(unit * 0.5, unit * 0.4, -unit * 0.5, -unit * 0.4)
     painter.setFont(_font(unit * 0.95))
     painter.setPen(QColor(theme.foreground))
-    painter.drawText(body, _fitting_tail(painter, state.text, body), WRAP)
+    painter.drawText(body, _fitting_tail(painter, _shown(state.text), body), WRAP)
 
 
 def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: float, theme: Theme = DARK) -> None:
@@ -156,7 +168,7 @@ def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: flo
     prompt_line = ("Prompt: " + _short(prompts[0], 160) if prompts[0] == prompts[1]
                    else f"Prompt A: {_short(prompts[0], 75)}  ·  B: {_short(prompts[1], 75)}")
     _line(painter, QRectF(margin, margin * 0.5 + title_h, width - 2 * margin, prompt_h), prompt_line, unit * 0.85,
-          theme.foreground)
+          theme.foreground, elide=True, min_scale=1.0)
     verdict_h = unit * 2.6
     top = margin * 0.5 + title_h + prompt_h
     bottom = height - verdict_h - margin * 0.5

@@ -1,7 +1,7 @@
 """The race and the staircase without a real engine: a store recorded before samples were kept
 (``tests/data/store-before-campaigns.db``, a real ladder's runs) still opens, its runs say in one
 line that they cannot race, and its ladder's staircase exports as an animation of a frame per
-twentieth of a second and as a PNG. A sample's secrets are masked as everywhere else."""
+twentieth of a second and as a PNG."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from PySide6.QtCore import Qt
 
 from app.export.animation import gif_frame_cs
 from app.gui.staircase_export import STEP_S
 from app.ladder.stored import list_ladders
-from app.load.client import stream_sample
-from app.load.metrics import RequestRecord
 from app.race import FPS
 from app.store import RunStore
-from engine_adapters.secrets import MASK
 from tests.fuzz.hostile import cli
 
 pytestmark = pytest.mark.gui
@@ -61,14 +59,23 @@ def test_a_stored_ladders_staircase_exports_as_an_animation_and_a_png(old_store:
         assert still.size == (1024, 576) and len(still.convert("RGB").getcolors(1 << 20) or ()) > 10
 
 
-def test_a_samples_secrets_are_masked_and_its_pieces_keep_their_times() -> None:
-    key = "sk-test-0123456789abcdefghij"
-    marks = [(10.0, "The ", 1), (20.0, "header is Authorization: ", 1), (30.0, f"Bearer {key[:10]}", 1),
-             (40.0, f"{key[10:]} ok", 1)]
-    rec = RequestRecord.model_construct(output_tokens=4, ttft_ms=10.0, e2e_ms=40.0, start_wall_s=1.0)
-    sample = stream_sample(f"my api_key={key} please", marks, rec)
-    assert key not in sample["prompt"] and MASK in sample["prompt"]
-    whole = "".join(sample["text"])
-    assert key[:10] not in whole and key[10:] not in whole and MASK in whole
-    assert sample["t_ms"] == [10.0, 20.0, 30.0, 40.0] and sample["tokens"] == [1, 1, 1, 1]
-    assert len(sample["text"]) == 4
+def test_compare_and_the_ladder_race_and_an_old_run_says_why_it_cannot(make_window, old_store: Path, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Race, from Compare and from the Ladder tab, reads the runs in a worker; runs without a
+    sample say so in the banner, in one line, and presentation mode is not entered."""
+    window = make_window(db_path=old_store)
+    window.compare_runs([1, 4])
+    qtbot.waitUntil(lambda: window.compare.comparison is not None, timeout=30_000)
+    assert window.compare.race_button.isEnabled()
+    qtbot.mouseClick(window.compare.race_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "no sample request stored" in window.banner.text(), timeout=30_000)
+    assert "\n" not in window.banner.text().strip() and "run 1 " in window.banner.text()
+    assert not window.presenting
+    window.show_banner(None)
+    tab = window.ladder
+    qtbot.waitUntil(lambda: tab.stored_picker.count() == 2, timeout=30_000)
+    tab.stored_picker.setCurrentIndex(next(i for i in range(2) if "4/4" in tab.stored_picker.itemText(i)))
+    tab.stored_picker.activated.emit(tab.stored_picker.currentIndex())
+    qtbot.waitUntil(tab.race_button.isEnabled, timeout=10_000)
+    qtbot.mouseClick(tab.race_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "no sample request stored" in window.banner.text(), timeout=30_000)
+    assert "run 1 " in window.banner.text() and not window.presenting
