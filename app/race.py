@@ -47,7 +47,7 @@ class SideState:
     ttft_ms: float | None
     """Shown once the first token arrived (it is the stored one then)."""
     tok_per_s: float | None
-    """Output tokens so far over the time since the first token (the decode pace so far)."""
+    """The decode pace so far: the tokens after the first over the time since it arrived."""
     finished: bool
     elapsed_ms: float
     """The replay clock, stopped at this side's finish."""
@@ -102,7 +102,8 @@ class RaceSide:
         shown_ms = min(t_ms, self.finish_ms) if finished else t_ms
         first = self.first_ms
         ttft = first if tokens else None
-        rate = tokens / ((shown_ms - first) / 1e3) if tokens > 1 and shown_ms > first else None
+        after_first = tokens - next((n for n in self.tokens if n > 0), 0)
+        rate = after_first / ((shown_ms - first) / 1e3) if after_first > 0 and shown_ms > first else None
         return SideState("".join(self.pieces[:count]), tokens, ttft, rate, finished, shown_ms)
 
     @property

@@ -29,8 +29,8 @@ SIDE_COLOURS = {"A": 0, "B": 1}
 """Each side's colour: the theme's curve of this index."""
 
 
-def _font(pt: float, bold: bool = False, family: str = "") -> QFont:
-    font = QFont(family) if family else QFont()
+def _font(pt: float, bold: bool = False) -> QFont:
+    font = QFont()
     font.setPointSizeF(max(6.0, pt))
     font.setBold(bold)
     return font
@@ -44,8 +44,11 @@ WRAP.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
 def _fitting_tail(painter: QPainter, text: str, rect: QRectF) -> str:
     """The longest end of ``text`` that fits ``rect`` wrapped in the painter's font (the newest
     text stays in view)."""
+    def shown(start: int) -> str:
+        return text if start == 0 else "…" + text[start:]
+
     def fits(start: int) -> bool:
-        return painter.boundingRect(rect, text[start:], WRAP).height() <= rect.height()
+        return painter.boundingRect(rect, shown(start), WRAP).height() <= rect.height()
 
     if fits(0):
         return text
@@ -56,7 +59,7 @@ def _fitting_tail(painter: QPainter, text: str, rect: QRectF) -> str:
             high = mid
         else:
             low = mid + 1
-    return "…" + text[low:]
+    return shown(low)
 
 
 def _fit_pt(text: str, pt: float, width: float, bold: bool = False) -> float:
