@@ -143,7 +143,7 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     painter.drawLine(int(finish_x), int(y), int(finish_x), int(y + track_h))
     y += track_h
     status = (f"finished in {side.finish_ms / 1e3:.2f} s · {_tokens(side.total_tokens)}" if state.finished
-              else f"{state.elapsed_ms / 1e3:.1f} s · {_tokens(state.tokens)}")
+              else f"{state.elapsed_ms / 1e3:.2f} s · {_tokens(state.tokens)}")
     _line(painter, QRectF(inner.left(), y, inner.width(), small_h), status, unit * 0.9,
           theme.good if state.finished else theme.muted, state.finished)
     y += small_h
