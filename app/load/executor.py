@@ -167,7 +167,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     """Run one level to its stop rule; never raises for a failing server (errors are records).
     Each record goes to ``on_record`` as it completes; ``keep_records=False`` (the client process)
     keeps none in the outcome, so a long level holds no per-request objects. ``on_sample`` gets
-    the level's first request as it streamed, if it succeeds (``app.load.client.stream_sample``)."""
+    one request of the level as it streamed, if it succeeds (``app.load.client.stream_sample``)."""
     convs = dataset.conversations
     total = planned_conversations(dataset, rule)
     live.start_level(plan.index, planned_requests(dataset, rule))
@@ -179,6 +179,9 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     t0 = time.perf_counter()
     deadline = t0 + rule.duration_s if rule.duration_s is not None else None
     limit = plan.concurrency or (len(convs) if plan.mode == "open" else 1)
+    # The sample is the first request sent once the first wave is in flight (the last one when the
+    # level sends fewer): a level's first requests all prefill at once, which no later one meets.
+    sample_index = index_offset + max(0, min(limit, total - 1) if total is not None else limit)
 
     def halt(reason: str) -> None:
         if not stop.is_set():
@@ -225,7 +228,7 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                     rec, text = await client.send(conv, turn, replies, level=plan.index, index=index,
                                                   level_t0=t0, scheduled=scheduled, on_tokens=live.on_tokens,
                                                   on_first=live.on_first, cap_wait_ms=cap_wait_ms,
-                                                  on_sample=on_sample if index == index_offset else None)
+                                                  on_sample=on_sample if index == sample_index else None)
                 except Cancelled as exc:
                     record(exc.record)
                     return

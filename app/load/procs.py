@@ -131,7 +131,7 @@ class Job:
     cpus: tuple[int, ...] | None
     nice: int | None
     sample: bool = False
-    """Report the share's first request as it streamed (a ``sample`` message)."""
+    """Report one request of the share as it streamed (a ``sample`` message)."""
 
 
 def exit_when_orphaned(parent_pid: int, poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
@@ -368,7 +368,7 @@ class ClientPool:
         ``on_record`` within ~0.1 s of completing. With one worker, records keep the index the
         client gave them (the order they were sent); with several, the order they arrive here.
         Peak concurrency is the sum of the workers' peaks (an upper bound). ``on_sample`` gets the
-        first worker's first request as it streamed."""
+        sample request of the first worker (``run_level``)."""
         self.start()
         self._wait_ready(cancel)
         n = self.workers

@@ -3,6 +3,7 @@ survives a run's export and import, and a file's hostile sample is refused in on
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from app.errors import UserError
 from app.export.data import run_to_json
 from app.export.importers import import_results
-from app.load.client import stream_sample
+from app.load.client import ClientOptions, stream_sample
 from app.load.metrics import RequestRecord
 from app.store import RunStore
 from engine_adapters.secrets import MASK
@@ -68,3 +69,26 @@ def test_a_files_hostile_sample_is_refused_in_one_line(tmp_path: Path, change: d
         with pytest.raises(UserError) as info:
             import_results(store, path)
         assert "\n" not in str(info.value) and said in str(info.value) and "levels[0].sample" in str(info.value)
+
+
+def test_a_level_samples_the_first_request_after_its_first_wave() -> None:
+    """At concurrency 2, requests 0 and 1 prefill together; request 2 is the level's sample, and its
+    pieces' times are its record's: the first is the TTFT, the last the end."""
+    from app.load.datasets import Conversation, Dataset, Turn
+    from app.load.executor import LiveStats, StopRule, run_level
+    from app.load.patterns import LevelPlan
+    from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+
+    samples: list[dict[str, object]] = []
+    with FakeOpenAIServer(FakeBehaviour(delay_s=0.005)) as server:
+        opts = ClientOptions(base_url=server.base_url, model="m")
+        ds = Dataset([Conversation(i, [Turn("fake:ok", 8, 3)]) for i in range(6)], True, "test")
+        out = asyncio.run(run_level(LevelPlan(0, "c=2", "closed", concurrency=2), ds, opts, StopRule(),
+                                    live=LiveStats(None, "r1"), on_sample=samples.append))
+    (sample,) = samples
+    record = next(r for r in out.records if r.index == 2)
+    assert sample["start_wall_s"] == record.start_wall_s and sample["output_tokens"] == record.output_tokens
+    times = sample["t_ms"]
+    assert isinstance(times, list) and record.ttft_ms is not None and record.e2e_ms is not None
+    assert abs(times[0] - record.ttft_ms) < 1e-3 and abs(times[-1] - record.e2e_ms) < 1e-3
+    assert sum(sample["tokens"]) == record.output_tokens  # type: ignore[arg-type]
