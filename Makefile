@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-quick test-under-load fuzz deps engine tools pg-server lint bench screenshots clean
+.PHONY: run test test-quick test-under-load fuzz deps engine tools pg-server xvfb lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -47,7 +47,23 @@ pg-server:
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
 	else echo "the store's tests need the PostgreSQL server binaries (initdb, pg_ctl, postgres): install them with 'sudo apt-get install postgresql' (Debian/Ubuntu) or your system's package"; exit 2; fi
 
-test: engine tools pg-server
+# One GUI test (tests/e2e/test_race_e2e.py) and `make screenshots` run the workbench under a real X
+# server, Xvfb: Debian's and Ubuntu's `xvfb` package, with the X libraries Qt's xcb platform loads,
+# which make installs as root with apt-get, as for pg-server; otherwise it stops with the command.
+XVFB_PACKAGES := xvfb libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 \
+	libxcb-shape0 libxcb-xkb1 libxkbcommon-x11-0
+xvfb:
+	@if command -v Xvfb >/dev/null 2>&1 && command -v xvfb-run >/dev/null 2>&1 && \
+	  ! ldd $$(ls $(VENV)/lib/python3*/site-packages/PySide6/Qt/lib/libQt6XcbQpa.so.6 2>/dev/null | head -1) \
+	  2>/dev/null | grep -q "not found"; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Xvfb and the X libraries of Qt's xcb platform for the GUI test under a real X server"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(XVFB_PACKAGES) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(XVFB_PACKAGES) >/dev/null; }; \
+	else echo "the GUI test under a real X server needs Xvfb and Qt's X libraries: install them with 'sudo apt-get install $(XVFB_PACKAGES)' (Debian/Ubuntu)"; exit 2; fi
+
+test: engine tools pg-server xvfb
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
@@ -90,8 +106,9 @@ bench: deps
 	  echo "== met:$${met:- none}"; echo "== skipped (not run here, not met):$${skipped:- none}"; \
 	  if [ -n "$$missed" ]; then echo "== missed its target (or failed):$$missed: see above"; exit 1; fi
 
-screenshots: engine
-	QT_QPA_PLATFORM=offscreen $(BIN)/python docs/make_screenshots.py
+# Under Xvfb, as a customer's desktop shows it (Qt's xcb platform, not its offscreen one).
+screenshots: engine xvfb
+	xvfb-run -a -s "-screen 0 1366x768x24" env QT_QPA_PLATFORM=xcb $(BIN)/python docs/make_screenshots.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

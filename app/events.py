@@ -244,6 +244,8 @@ class LevelFinished(EventPayload):
     index: int
     label: str
     summary: LevelSummary
+    sample: dict[str, Any] | None = None
+    """One request of the level as it streamed (``app.load.client.stream_sample``), secrets masked."""
 
 
 class QualityMeasured(EventPayload):

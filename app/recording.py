@@ -238,7 +238,8 @@ class RunRecorder:
             self._store_call(self.store.start_level, self._rid, p.index, p.label, params, item.t_wall)
         elif isinstance(p, LevelFinished):
             self._write_pending()
-            self._store_call(self.store.finish_level, self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall)
+            self._store_call(self.store.finish_level, self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall,
+                             sample=p.sample)
         elif isinstance(p, QualityMeasured):
             self._write_pending()
             self._store_call(self.store.update_run, self._rid, quality=p.quality)

@@ -48,7 +48,7 @@ from app.events import (
 )
 from app.load.aggregate import LevelAccumulator
 from app.load.cache import CachePlan
-from app.load.client import ClientOptions
+from app.load.client import ClientOptions, OnSample
 from app.load.datasets import BuildCancelled, Dataset, build_dataset, cancel_check, read_inputs
 from app.load.executor import LevelOutcome, LiveStats, StopRule, planned_conversations
 from app.load.metrics import (
@@ -542,7 +542,9 @@ class Runner:
             started_wall = time.time()
             self._emit(plan.started_event(self.run_id, started_wall, rule.max_requests or len(dataset.conversations)))
             acc = LevelAccumulator(load.slo)
-            outcome = self._run_one(plan, dataset, level_opts, rule, live, cancel, w.seed, index_offset, acc)
+            samples: list[dict[str, Any]] = []
+            outcome = self._run_one(plan, dataset, level_opts, rule, live, cancel, w.seed, index_offset, acc,
+                                    on_sample=samples.append)
             index_offset += acc.requests
             deltas: EngineDeltas | None = None
             if before is not None:
@@ -564,7 +566,8 @@ class Runner:
                                 requests=outcome.records)
             r.levels.append(level)
             shown = LevelSummary.model_validate(mask_obj(summary.model_dump(mode="json")))  # error texts masked
-            self._emit(LevelFinished(run_id=self.run_id, index=plan.index, label=plan.label, summary=shown))
+            self._emit(LevelFinished(run_id=self.run_id, index=plan.index, label=plan.label, summary=shown,
+                                     sample=samples[0] if samples else None))
             if outcome.stop_reason == "cancelled":
                 raise _Stop("cancelled", "cancelled")
             if self._engine_gone(grace_s=3.0 if outcome.stop_reason.startswith("error budget") else 0.0):
@@ -674,7 +677,8 @@ class Runner:
             time.sleep(0.1)
 
     def _run_one(self, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, live: LiveStats,
-                 cancel: threading.Event, seed: int, index_offset: int, acc: LevelAccumulator) -> LevelOutcome:
+                 cancel: threading.Event, seed: int, index_offset: int, acc: LevelAccumulator,
+                 on_sample: OnSample | None = None) -> LevelOutcome:
         """One measured level in the client process(es): each record is published (and so
         stored) and counted as it arrives; only the result's copy, if asked for, keeps it."""
         kept: list[RequestRecord] = []
@@ -687,7 +691,7 @@ class Runner:
                 kept.append(rec)
 
         outcome = self._pool.run_level(plan, dataset, opts, rule, live=live, cancel=cancel, seed=seed,
-                                       on_record=on_record, index_offset=index_offset)
+                                       on_record=on_record, index_offset=index_offset, on_sample=on_sample)
         outcome.records = kept
         return outcome
 

@@ -89,6 +89,9 @@ class Level(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+    sample: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)  # revision 0009
+    """One request of the level as it streamed: its prompt, its text in the pieces it arrived in
+    and their arrival times (``app.load.client.StreamSample``), for replaying it (``app.race``)."""
 
 
 class RequestChunk(Base):

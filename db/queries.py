@@ -155,7 +155,7 @@ class RunQueries:
                 raise StoreError(f"no run '{run_id}' in {self.where} (see `tunebench runs list`)")
             data = {k: v for k, v in run._asdict().items() if k != "writer_create_time"}
             levels = [LevelInfo(idx=lv.idx, label=lv.label, params=lv.params or {}, started_at=lv.started_at,
-                                finished_at=lv.finished_at, summary=lv.summary)
+                                finished_at=lv.finished_at, summary=lv.summary, sample=lv.sample)
                       for lv in conn.execute(select(Level.__table__).where(Level.run_id == run_id).order_by(Level.idx))]
             events = [{"t_wall": e.t_wall, "kind": e.kind, "payload": e.payload}
                       for e in conn.execute(select(RunEvent.__table__).where(RunEvent.run_id == run_id)

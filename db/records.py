@@ -79,6 +79,9 @@ class LevelInfo(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     summary: dict[str, Any] | None = None
+    sample: dict[str, Any] | None = None
+    """One request as it streamed (``app.load.client.StreamSample``); None for runs stored before
+    samples were kept."""
 
 
 def gpu_model_of(hardware: Mapping[str, Any]) -> str:

@@ -265,14 +265,16 @@ class RunWrites(RunQueries):
 
     @guarded
     def finish_level(self, run_id: int, idx: int, summary: Mapping[str, Any] | None,
-                     finished_at: float | None = None) -> None:
+                     finished_at: float | None = None, sample: Mapping[str, Any] | None = None) -> None:
+        """``sample``: one request of the level as it streamed, its secrets already masked."""
         finished_at = finished_at if finished_at is not None else time.time()
+        kept = dict(sample) if sample is not None else None
         with self.engine.begin() as conn:
             done = conn.execute(update(Level).where(Level.run_id == run_id, Level.idx == idx)
-                                .values(summary=dict(summary or {}), finished_at=finished_at)).rowcount
+                                .values(summary=dict(summary or {}), finished_at=finished_at, sample=kept)).rowcount
             if not done:
                 conn.execute(insert(Level).values(run_id=run_id, idx=idx, label="", params={},
-                                                  finished_at=finished_at, summary=dict(summary or {})))
+                                                  finished_at=finished_at, summary=dict(summary or {}), sample=kept))
 
     @guarded
     def finish_run(self, run_id: int, status: str, reason: str | None = None,
@@ -433,7 +435,8 @@ class RunWrites(RunQueries):
         if run.levels:
             conn.execute(insert(Level), [
                 {"run_id": run_id, "idx": lv.idx, "label": lv.label, "params": mask_obj(dict(lv.params)),
-                 "started_at": lv.started_at, "finished_at": lv.finished_at, "summary": dict(lv.summary or {})}
+                 "started_at": lv.started_at, "finished_at": lv.finished_at, "summary": dict(lv.summary or {}),
+                 "sample": mask_obj(lv.sample) if lv.sample is not None else None}
                 for lv in run.levels])
         metrics = {**run.extra_metrics, **self.metrics_of(request_arrays(chunks), run.levels)}
         conn.execute(update(Run).where(Run.id == run_id).values(metrics=metrics))

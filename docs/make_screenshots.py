@@ -1,13 +1,14 @@
-"""Screenshots for the README and docs/gui.md, from a real A/B on the vLLM CPU engine (offscreen Qt).
+"""Screenshots for the README and docs/gui.md, from a real A/B on the vLLM CPU engine (Qt under Xvfb, or offscreen).
 
-    make screenshots        # = QT_QPA_PLATFORM=offscreen .venv/bin/python docs/make_screenshots.py
+    make screenshots        # under Xvfb: xvfb-run ... QT_QPA_PLATFORM=xcb .venv/bin/python docs/make_screenshots.py
 
 The customer demo, as a presenter gives it: a shared-prefix workload run with prefix caching off,
 then on (the kept engine restarts with the flag), then compared. Writes, at a laptop's 1366x768:
 docs/main-window.png (the second run, live), docs/engine-start.png (the restart, with the time
 left), docs/compare.png (the headline, figures and charts), docs/cost-capacity.png (cost per 1M tokens and
 the Capacity box); and at a projector's 1024x768:
-docs/presentation.png (live) and docs/before-after.png. The runs go to a throw-away database
+docs/presentation.png (live), docs/before-after.png and docs/race.png (the two runs' races, at the
+moment the first finished; docs/race.gif, the whole replay). The runs go to a throw-away database
 unless --db is given. Takes two to four minutes, most of it the engine's two starts; run it under
 the shared engine lock on a machine where others start engines too.
 """
@@ -27,6 +28,7 @@ from screenshot_kit import DESK, ROOT, fail, open_window, pause, wait_until
 
 from app.gui.dashboard import Dashboard
 from app.gui.main_window import MainWindow
+from app.gui.race_view import export_race
 
 PROJECTOR = (1024, 768)
 
@@ -149,6 +151,14 @@ def main() -> int:
     window.present_before_after()
     window.showNormal()
     shoot(window, app, out / "before-after.png", PROJECTOR)
+    window.race_compared()  # the baseline and the other run, one request each at its measured pace
+    presentation = window.presentation
+    wait_until(app, lambda: presentation.page == "race" and presentation.race.finished, 120, "the race")
+    race = presentation.race.race
+    assert race is not None
+    presentation.race.hold(min(race.a.finish_ms, race.b.finish_ms))  # the moment the first one finished
+    shoot(window, app, out / "race.png", PROJECTOR)
+    print(export_race(race, out / "race.gif"))
     window.toggle_presentation()
     window.showNormal()
 

@@ -28,7 +28,7 @@ def _optional_registrars() -> list[Callable[[argparse._SubParsersAction], None]]
 
     found = []
     for name in ("run_cmds", "monitor_cmds", "store_cmds", "plan_cmds", "gui_cmds", "ladder_cmds", "tune_cmds",
-                 "capacity_cmds", "db_cmds", "resume_cmds", "fleet_cmds", "explain_cmds"):
+                 "capacity_cmds", "db_cmds", "resume_cmds", "fleet_cmds", "explain_cmds", "race_cmds"):
         try:
             module = importlib.import_module(f"app.cli.{name}")
         except ModuleNotFoundError as exc:

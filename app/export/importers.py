@@ -9,6 +9,7 @@ Bounds admit every real measurement and refuse what would overflow the store or 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -39,9 +40,32 @@ from app.export.checks import (
     summary_map,
 )
 from app.export.data import EXPORT_FORMAT
+from app.load.client import SAMPLE_MAX_PIECES, SAMPLE_PROMPT_CHARS
 from app.store import FINAL_STATUSES, ImportedRun, LevelInfo, RunStore, SampleIn, StoreError
 
 MAX_IMPORT_BYTES = 256 * 2**20
+
+
+def level_sample(value: Any, field: str) -> dict[str, Any] | None:
+    """A level's request as it streamed (``app.load.client.stream_sample``), checked: as many text
+    pieces as arrival times (which never go back) and token counts, within the kept sizes."""
+    if value is None:
+        return None
+    sample = json_object(value, field)
+    times = reals(sample.get("t_ms"), f"{field}.t_ms", 0.0, MAX_MS)
+    pieces = [as_text(p, f"{field}.text[{i}]") for i, p in enumerate(as_list(sample.get("text"), f"{field}.text"))]
+    tokens = [count(n, f"{field}.tokens[{i}]", MAX_COUNT) or 0
+              for i, n in enumerate(as_list(sample.get("tokens"), f"{field}.tokens"))]
+    if not len(times) == len(pieces) == len(tokens) or len(times) > SAMPLE_MAX_PIECES:
+        raise ImportProblem(f"{field}: t_ms, text and tokens must be as long as each other (at most "
+                            f"{SAMPLE_MAX_PIECES}), got {len(times)}, {len(pieces)} and {len(tokens)}")
+    if any(later < earlier for earlier, later in itertools.pairwise(times)):
+        raise ImportProblem(f"{field}.t_ms: arrival times must not go back")
+    return {"prompt": as_text(sample.get("prompt"), f"{field}.prompt")[:SAMPLE_PROMPT_CHARS], "text": pieces,
+            "t_ms": times, "tokens": tokens, "output_tokens": sum(tokens),
+            "ttft_ms": real(sample.get("ttft_ms"), f"{field}.ttft_ms", 0.0, MAX_MS),
+            "e2e_ms": real(sample.get("e2e_ms"), f"{field}.e2e_ms", 0.0, MAX_MS),
+            "start_wall_s": real(sample.get("start_wall_s"), f"{field}.start_wall_s", 0.0, MAX_EPOCH_S)}
 """Largest result file read (a detailed ``vllm bench serve`` result of 100k requests is ~100 MB)."""
 
 
@@ -272,7 +296,8 @@ def _tunebench(data: Mapping[str, Any], source: str, name: str | None) -> Import
                                                                                           f"{field}.params"),
             started_at=real(lv.get("started_at"), f"{field}.started_at", 0.0, MAX_EPOCH_S),
             finished_at=real(lv.get("finished_at"), f"{field}.finished_at", 0.0, MAX_EPOCH_S),
-            summary=summary_map(lv.get("summary"), f"{field}.summary")))
+            summary=summary_map(lv.get("summary"), f"{field}.summary"),
+            sample=level_sample(lv.get("sample"), f"{field}.sample")))
     status = as_text(run.get("status"), "run.status", "completed")
     status = "interrupted" if status == "running" else status  # its recorder is not coming back
     if status not in FINAL_STATUSES:

@@ -514,6 +514,7 @@ class CompareView(QWidget):
     baseline_changed = Signal(int)
     export_requested = Signal()
     present_requested = Signal()
+    race_requested = Signal()
 
     def __init__(self, with_store: Callable[[Callable[[RunStore], Any]], Any] | None = None,
                  parent: QWidget | None = None) -> None:
@@ -533,6 +534,10 @@ class CompareView(QWidget):
         self.present_button = QPushButton("Present before/after")
         self.present_button.setToolTip("The baseline and the first other run, side by side in presentation mode")
         self.present_button.setEnabled(False)
+        self.race_button = QPushButton("Race")
+        self.race_button.setToolTip("The baseline and the first other run replay one request each, side by side, "
+                                    "at the pace they measured (presentation mode)")
+        self.race_button.setEnabled(False)
         self.export_button = QPushButton("Export report…")
         self.export_button.setEnabled(False)
         self.all_figures = QCheckBox("All figures")
@@ -541,6 +546,7 @@ class CompareView(QWidget):
         top.addWidget(QLabel("Baseline:"))
         top.addWidget(self.baseline)
         top.addWidget(self.present_button)
+        top.addWidget(self.race_button)
         top.addWidget(self.export_button)
         layout.addLayout(top)
         self.card = HeadlineCard()
@@ -608,6 +614,7 @@ class CompareView(QWidget):
         self.baseline.activated.connect(self._baseline_chosen)
         self.export_button.clicked.connect(self.export_requested.emit)
         self.present_button.clicked.connect(self.present_requested.emit)
+        self.race_button.clicked.connect(self.race_requested.emit)
         self.all_figures.toggled.connect(lambda _on: self._fill_metrics())
 
     @staticmethod
@@ -646,6 +653,7 @@ class CompareView(QWidget):
         self.title.setText(f"Comparing {len(runs)} runs against #{runs[comparison.baseline].id}")
         self.export_button.setEnabled(True)
         self.present_button.setEnabled(bool(self.extras.headlines))
+        self.race_button.setEnabled(len(runs) >= 2)
         self.baseline.blockSignals(True)
         self.baseline.clear()
         for run in runs:
@@ -902,6 +910,7 @@ class CompareView(QWidget):
         self.card.setVisible(False)
         self.export_button.setEnabled(False)
         self.present_button.setEnabled(False)
+        self.race_button.setEnabled(False)
 
 
 Callback = Callable[[Any], None]

@@ -42,6 +42,7 @@ from app.gui.theme import DARK, LIGHT
 from app.gui.workers import run_in_worker
 from app.ladder.spec import LadderError, LadderSpec, LadderStepSpec, default_ladder, ladder_of
 from app.ladder.state import LadderState, StepRow, factor_text, limit_text
+from app.race import ladder_pair
 
 COLUMNS = ("step", "status", "change", "out tok/s", "x baseline", "x previous", "total tok/s", "TTFT ms", "ITL ms",
            "% of limit", "engine", "verified")
@@ -135,6 +136,10 @@ class LadderTab(CampaignTab):
         self._add_run_row(left_box, "\u25b6 Start ladder", "startLadder")
         self.open_button, self.compare_button, self.report_button, self.export_button = self._add_stored_box(
             left_box, "Stored ladders:", "Open", "Compare", "Report\u2026", "Export final step\u2026")
+        self.race_button = QPushButton("Race baseline vs final step")
+        self.race_button.setToolTip("The first and the last step that ran replay one request each, side by side, "
+                                    "at the pace they measured (presentation mode)")
+        left_box.addWidget(self.race_button)
         self._add_message(left_box)
         self.chart = StaircaseChart(LIGHT)
         self._add_results(split, self.chart, COLUMNS, [520, 260])
@@ -147,6 +152,7 @@ class LadderTab(CampaignTab):
         self.start_button.clicked.connect(self.start)
         self.open_button.clicked.connect(self.open_stored)
         self.compare_button.clicked.connect(self.compare_stored)
+        self.race_button.clicked.connect(self.race_stored)
         self.report_button.clicked.connect(self.save_report)
         self.export_button.clicked.connect(self.export_final)
         self.steps.currentRowChanged.connect(lambda _r: self._update_buttons())
@@ -245,6 +251,7 @@ class LadderTab(CampaignTab):
             button.setEnabled(have)
         self.export_button.setEnabled(have and chosen is not None and chosen.state.final_row is not None
                                       and bool(chosen.state.final_row.run_ids))
+        self.race_button.setEnabled(chosen is not None and ladder_pair(chosen.state) is not None)
 
     # -- the plan (before starting) ----------------------------------------------------------------
 
@@ -409,6 +416,12 @@ class LadderTab(CampaignTab):
         chosen = self._chosen()
         if chosen is not None:
             self.main.compare_runs(chosen.run_ids)
+
+    def race_stored(self) -> None:
+        chosen = self._chosen()
+        pair = ladder_pair(chosen.state) if chosen is not None else None
+        if pair is not None:
+            self.main.race_runs(*pair)
 
     def _report_target(self) -> tuple[Any, str] | None:
         chosen = self._chosen()

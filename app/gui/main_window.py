@@ -74,6 +74,7 @@ from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
 from app.profiles import Profile
+from app.race import Race
 from app.run_findings import first_sentence, stored_findings, top_change
 from app.runner import RunResult
 from app.store import RunStore
@@ -220,7 +221,8 @@ class MainWindow(QMainWindow):
         escape.activated.connect(self._leave_presentation)
         # L and B switch the presentation's page; enabled only while presenting (they are letters).
         self.page_keys = []
-        for key, page in (("L", self.presentation.show_live), ("B", self.presentation.show_before_after)):
+        for key, page in (("L", self.presentation.show_live), ("B", self.presentation.show_before_after),
+                          ("R", self.race_compared)):
             shortcut = QShortcut(QKeySequence(key), self)
             shortcut.activated.connect(page)
             shortcut.setEnabled(False)
@@ -234,6 +236,7 @@ class MainWindow(QMainWindow):
         self.compare.baseline_changed.connect(lambda rid: self.compare_runs(link.compare_ids, baseline=rid))
         self.compare.export_requested.connect(lambda: self.open_export(run_ids=link.compare_ids, comparison=True))
         self.compare.present_requested.connect(self.present_before_after)
+        self.compare.race_requested.connect(self.race_compared)
         for box in self._capacity_boxes():
             box.prices_changed.connect(self._prices_changed)
         self.tabs.currentChanged.connect(self._tab_changed)
@@ -412,6 +415,24 @@ class MainWindow(QMainWindow):
         top = top_change(why[0]) if why else None
         self.presentation.show_before_after(headlines[0], money[0] if money else "",
                                             first_sentence(top.explanation) if top is not None else "")
+        if not self.presenting:
+            self.toggle_presentation()
+
+    def race_runs(self, a: int, b: int) -> None:
+        """Two stored runs' sample requests replayed side by side in presentation mode (app.race)."""
+        self.store_link.race_runs(a, b)
+
+    def race_compared(self) -> None:
+        """The compared baseline against the first other run, raced."""
+        comparison = self.compare.comparison
+        if comparison is None or len(comparison.runs) < 2:
+            self.show_error("Compare two runs first: the race replays the baseline against the first other run.")
+            return
+        base = comparison.runs[comparison.baseline].id
+        self.race_runs(base, next(r.id for r in comparison.runs if r.id != base))
+
+    def show_race(self, race: Race) -> None:
+        self.presentation.show_race(race)
         if not self.presenting:
             self.toggle_presentation()
 

@@ -1,7 +1,7 @@
 """Presentation mode: dark, full screen, big numbers and large plots, readable from the back of a
-room, fitting a 1024x768 or 1280x720 projector. Two pages: the live run (the same ring buffers as
+room, fitting a 1024x768 or 1280x720 projector. Three pages: the live run (the same ring buffers as
 the desk dashboard), and a before/after view of two runs with the A/B headline
-(:mod:`app.headline`). Each page may read out one finding (:mod:`app.run_findings`): the ended
+(:mod:`app.headline`), and the race of two measured runs (:mod:`app.gui.race_view`). Each page may read out one finding (:mod:`app.run_findings`): the ended
 run's first warning, or why the after run differs from the before."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from PySide6.QtWidgets import QGridLayout, QStackedWidget, QVBoxLayout, QWidget
 from app.gui.dashboard import PlotGrid, TileRow
 from app.gui.discard import discard
 from app.gui.fit_label import FitLabel
+from app.gui.race_view import RaceView
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.theme import DARK, MIN_THEME_PT, Theme, scaled, stylesheet
 from app.headline import Headline
+from app.race import Race
 
 PRESENTATION_PLOTS = ("tokens", "latency", "itl")
 FINDING_COLOUR = "#fbbc04"
@@ -155,7 +157,8 @@ class PresentationView(QWidget):
         self.finding = _label("", 14, FINDING_COLOUR, bold=True)  # the ended run's first warning
         self.finding.setObjectName("presentationFinding")
         self.finding.setVisible(False)
-        self.hint = _label("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after", 11, DARK.muted)
+        self.hint = _label("F11 or Esc: back to the workbench  ·  L: live  ·  B: before/after  ·  R: race", 11,
+                           DARK.muted)
         self.hint.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.tiles = TileRow()
         self.plots = PlotGrid(DARK, columns=3, only=PRESENTATION_PLOTS)
@@ -172,6 +175,8 @@ class PresentationView(QWidget):
         self.pages.addWidget(live)
         self.pages.addWidget(self.before_after)
         self.pages.addWidget(self.empty)
+        self.race = RaceView()  # app.gui.race_view: two measured runs replayed side by side
+        self.pages.addWidget(self.race)
         layout.addWidget(self.title)
         layout.addWidget(self.subtitle)
         layout.addWidget(self.features)
@@ -218,13 +223,22 @@ class PresentationView(QWidget):
 
     @property
     def page(self) -> str:
-        return ("live", "before_after", "empty")[self.pages.currentIndex()]
+        return ("live", "before_after", "empty", "race")[self.pages.currentIndex()]
 
     def show_live(self) -> None:
+        self.race.stop()
         self.pages.setCurrentIndex(0)
         self._apply_heading(*self._live_heading)
 
+    def show_race(self, race: Race) -> None:
+        """The race page, replaying ``race`` from its start."""
+        self.pages.setCurrentIndex(3)
+        self._apply_heading("The race: one prompt each, at its measured pace", f"A: {race.a.name}  \u2192  "
+                            f"B: {race.b.name}", "")
+        self.race.set_race(race)
+
     def show_before_after(self, headline: Headline | None = None, money: str = "", why: str = "") -> None:
+        self.race.stop()
         if headline is not None:
             self.before_after.show_headline(headline, money, why)
         current = self.before_after.headline

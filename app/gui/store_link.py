@@ -20,6 +20,7 @@ from app.gui.history import CompareExtras, compare_with_extras
 from app.gui.host import Errors, Lifetime, Previous, Priced, Settings, Tabs
 from app.gui.store_box import StoreDialog, shown_location
 from app.gui.workers import run_in_worker
+from app.race import Race, race_of
 from app.store import DB_ENV, RunInfo, RunStore
 from db.writes import AUTHOR_ENV, default_author
 
@@ -41,6 +42,7 @@ class StoreHost(Lifetime, Errors, Settings, Priced, Tabs, Previous, Protocol):
     @property
     def compare(self) -> CompareView: ...
     def previous_loaded(self, config: dict[str, Any]) -> None: ...
+    def show_race(self, race: Race) -> None: ...
 
 
 class StoreLink(QObject):
@@ -183,6 +185,11 @@ class StoreLink(QObject):
         prices = self.host.prices()
         run_in_worker(lambda: self.with_store(lambda s: compare_with_extras(s, ids, baseline, prices)),
                       self._compared, self.host.show_error, name="compare", parent=self)
+
+    def race_runs(self, a: int, b: int) -> None:
+        """Two stored runs' sample requests, read in a worker, raced in presentation mode."""
+        run_in_worker(lambda: self.with_store(lambda s: race_of(s, a, b)), self.host.show_race, self.host.show_error,
+                      name="race", parent=self)
 
     def _compared(self, result: tuple[Comparison, CompareExtras]) -> None:
         comparison, extras = result

@@ -66,6 +66,35 @@ def request_id(run: str, level: int, index: int) -> str:
 
 
 OnTokens = Callable[[int], None]
+OnSample = Callable[[dict[str, Any]], None]
+
+SAMPLE_PROMPT_CHARS = 2000
+"""A kept sample's prompt is cut to this many characters: the replay shows its start."""
+SAMPLE_MAX_PIECES = 4096
+"""A kept sample keeps at most this many streamed pieces (its first ones)."""
+
+
+def stream_sample(prompt: str, marks: list[tuple[float, str, int]], rec: RequestRecord) -> dict[str, Any]:
+    """One request as it streamed, as the store keeps it (``levels.sample``): its prompt, the text
+    pieces in the order they arrived, each piece's arrival time in ms since the request was sent
+    (``t_ms``) and the tokens it brought. Secrets are masked as everywhere (``mask_text``) on the
+    whole text; where that changes it, the masked text is cut at the same relative places, so the
+    pieces still arrive at their measured times."""
+    marks = marks[:SAMPLE_MAX_PIECES]
+    pieces = [text for _, text, _ in marks]
+    whole = "".join(pieces)
+    masked = mask_text(whole)
+    if masked != whole:
+        scale, ends, done = len(masked) / max(1, len(whole)), [], 0
+        for piece in pieces:
+            done += len(piece)
+            ends.append(round(done * scale))
+        ends[-1] = len(masked)
+        pieces = [masked[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return {"prompt": mask_text(prompt[:SAMPLE_PROMPT_CHARS]), "text": pieces,
+            "t_ms": [round(t, 3) for t, _, _ in marks], "tokens": [n for _, _, n in marks],
+            "output_tokens": rec.output_tokens, "ttft_ms": rec.ttft_ms, "e2e_ms": rec.e2e_ms,
+            "start_wall_s": rec.start_wall_s}
 
 
 # An idle keep-alive connection is reused for this long at most. The engines' HTTP servers close
@@ -151,14 +180,17 @@ class StreamClient:
 
     async def send(self, conv: Conversation, turn: int, replies: list[str], *, level: int, index: int,
                    level_t0: float, scheduled: float, on_tokens: OnTokens | None = None,
-                   on_first: Callable[[float], None] | None = None, cap_wait_ms: float = 0.0
-                   ) -> tuple[RequestRecord, str]:
+                   on_first: Callable[[float], None] | None = None, cap_wait_ms: float = 0.0,
+                   on_sample: OnSample | None = None) -> tuple[RequestRecord, str]:
         """Send one turn; returns its record and (when ``keep_text``) the reply text.
 
         ``scheduled`` and ``level_t0`` are ``time.perf_counter()`` values; ``on_tokens`` is called
         with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms;
-        ``cap_wait_ms`` is how long it waited for the level's in-flight cap."""
-        body = json.dumps(build_payload(self.opts, conv, turn, replies)).encode()
+        ``cap_wait_ms`` is how long it waited for the level's in-flight cap; ``on_sample`` (for one
+        request of a level: it takes the slower parsing path) gets the request as it streamed
+        (:func:`stream_sample`) when it succeeded."""
+        payload = build_payload(self.opts, conv, turn, replies)
+        body = json.dumps(payload).encode()
         rid = request_id(self.opts.request_ids, level, index) if self.opts.request_ids else None
         headers = self.headers if rid is None else {**self.headers, REQUEST_ID_HEADER: rid}
         t = conv.turns[turn]
@@ -173,6 +205,8 @@ class StreamClient:
             finish_reason=None, ok=False, error=None, error_kind=None, http_status=None, request_id=rid,
             cap_wait_ms=cap_wait_ms)
         state = _StreamState(start, self._chat, self.opts.keep_text, on_tokens, on_first)
+        if on_sample is not None:
+            state.marks = []
         try:
             async with asyncio.timeout(self.opts.request_timeout_s):
                 async with self.session.post(self.url, data=body, headers=headers) as resp:
@@ -209,6 +243,9 @@ class StreamClient:
         if rec.error is not None:  # server text: it may quote a token or the key
             rec.error = mask_text(rec.error)
         state.finish(rec)
+        if on_sample is not None and rec.ok and state.marks:
+            prompt = payload.get("prompt") or "\n".join(m["content"] for m in payload.get("messages") or ())
+            on_sample(stream_sample(str(prompt), state.marks, rec))
         return rec, "".join(state.text)
 
 
@@ -225,7 +262,7 @@ class _StreamState:
 
     __slots__ = ("start", "chat", "keep_text", "on_tokens", "on_first", "tokens", "chunks", "first_t", "last_t",
                  "itl", "done", "error", "error_kind", "text", "finish_reason", "prompt_tokens", "usage_tokens",
-                 "chunk_counted", "answer_t", "answer_at", "reasoning_seen", "usage_reasoning")
+                 "chunk_counted", "answer_t", "answer_at", "reasoning_seen", "usage_reasoning", "marks")
 
     def __init__(self, start: float, chat: bool, keep_text: bool, on_tokens: OnTokens | None,
                  on_first: Callable[[float], None] | None) -> None:
@@ -248,13 +285,15 @@ class _StreamState:
         self.answer_at = 0  # tokens before it: the reasoning, as the deltas split it
         self.reasoning_seen = False
         self.usage_reasoning: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when reported
+        self.marks: list[tuple[float, str, int]] | None = None
+        """When sampled: each token-carrying chunk's (ms since send, text, new tokens)."""
 
     async def consume(self, content: aiohttp.StreamReader) -> None:
         buf = b""
         event_fn, chunk_fn = self._event, self._chunk
         itl_append = self.itl.append
         on_tokens = self.on_tokens
-        hot_ok = not self.keep_text
+        hot_ok = not self.keep_text and self.marks is None
         async for data in content.iter_any():
             now = time.perf_counter()
             if buf:
@@ -376,6 +415,8 @@ class _StreamState:
         else:
             self.chunk_counted = True
             new = 1 if text else 0
+        if self.marks is not None and (new > 0 or text):
+            self.marks.append(((now - self.start) * 1e3, text, max(0, new)))
         if new <= 0:
             return
         if self.answer_t is None:

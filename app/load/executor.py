@@ -22,7 +22,7 @@ import numpy as np
 
 from app.bus import Bus
 from app.events import Progress
-from app.load.client import Cancelled, ClientOptions, StreamClient, make_session
+from app.load.client import Cancelled, ClientOptions, OnSample, StreamClient, make_session
 from app.load.datasets import Conversation, Dataset
 from app.load.metrics import RequestRecord
 from app.load.patterns import LevelPlan, arrival_offsets_s
@@ -163,10 +163,11 @@ def planned_requests(dataset: Dataset, rule: StopRule) -> int | None:
 async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
                     live: LiveStats, on_record: Callable[[RequestRecord], None] | None = None,
                     cancel: CancelFlag | None = None, seed: int = 0, index_offset: int = 0,
-                    keep_records: bool = True) -> LevelOutcome:
+                    keep_records: bool = True, on_sample: OnSample | None = None) -> LevelOutcome:
     """Run one level to its stop rule; never raises for a failing server (errors are records).
     Each record goes to ``on_record`` as it completes; ``keep_records=False`` (the client process)
-    keeps none in the outcome, so a long level holds no per-request objects."""
+    keeps none in the outcome, so a long level holds no per-request objects. ``on_sample`` gets
+    one request of the level as it streamed, if it succeeds (``app.load.client.stream_sample``)."""
     convs = dataset.conversations
     total = planned_conversations(dataset, rule)
     live.start_level(plan.index, planned_requests(dataset, rule))
@@ -178,6 +179,9 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
     t0 = time.perf_counter()
     deadline = t0 + rule.duration_s if rule.duration_s is not None else None
     limit = plan.concurrency or (len(convs) if plan.mode == "open" else 1)
+    # The sample is the first request sent once the first wave is in flight (the last one when the
+    # level sends fewer): a level's first requests all prefill at once, which no later one meets.
+    sample_index = index_offset + max(0, min(limit, total - 1) if total is not None else limit)
 
     def halt(reason: str) -> None:
         if not stop.is_set():
@@ -219,10 +223,12 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                 in_flight[0] += 1
                 live.in_flight = in_flight[0]
                 in_flight[1] = max(in_flight[1], in_flight[0])
+                index = next(request_index)
                 try:
-                    rec, text = await client.send(conv, turn, replies, level=plan.index, index=next(request_index),
+                    rec, text = await client.send(conv, turn, replies, level=plan.index, index=index,
                                                   level_t0=t0, scheduled=scheduled, on_tokens=live.on_tokens,
-                                                  on_first=live.on_first, cap_wait_ms=cap_wait_ms)
+                                                  on_first=live.on_first, cap_wait_ms=cap_wait_ms,
+                                                  on_sample=on_sample if index == sample_index else None)
                 except Cancelled as exc:
                     record(exc.record)
                     return

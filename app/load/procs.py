@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.load.client import ClientOptions
+from app.load.client import ClientOptions, OnSample
 from app.load.datasets import Dataset
 from app.load.executor import (
     TICK_S,
@@ -130,6 +130,8 @@ class Job:
     t_start: float | None
     cpus: tuple[int, ...] | None
     nice: int | None
+    sample: bool = False
+    """Report one request of the share as it streamed (a ``sample`` message)."""
 
 
 def exit_when_orphaned(parent_pid: int, poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
@@ -173,10 +175,13 @@ async def _run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelO
             flush()
             results.put(("progress", k, (live.tokens, live.in_flight)))
 
+    def on_sample(sample: dict[str, Any]) -> None:
+        results.put(("sample", k, sample))
+
     reporter = asyncio.create_task(report())
     try:
         return await run_level(job.plan, job.dataset, job.opts, job.rule, live=live, cancel=cancel, seed=job.seed,
-                               on_record=on_record, keep_records=False)
+                               on_record=on_record, keep_records=False, on_sample=on_sample if job.sample else None)
     finally:
         reporter.cancel()
         flush()
@@ -357,11 +362,13 @@ class ClientPool:
 
     def run_level(self, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
                   live: LiveStats, cancel: CancelFlag, seed: int,
-                  on_record: Callable[[RequestRecord], None] | None = None, index_offset: int = 0) -> LevelOutcome:
+                  on_record: Callable[[RequestRecord], None] | None = None, index_offset: int = 0,
+                  on_sample: OnSample | None = None) -> LevelOutcome:
         """One level, split over the workers from a common start time; each record reaches
         ``on_record`` within ~0.1 s of completing. With one worker, records keep the index the
         client gave them (the order they were sent); with several, the order they arrive here.
-        Peak concurrency is the sum of the workers' peaks (an upper bound)."""
+        Peak concurrency is the sum of the workers' peaks (an upper bound). ``on_sample`` gets the
+        sample request of the first worker (``run_level``)."""
         self.start()
         self._wait_ready(cancel)
         n = self.workers
@@ -372,7 +379,8 @@ class ClientPool:
         for k in range(n):
             sub, share, sub_rule = split_plan(plan, dataset, rule, n, k)
             own = replace(opts, request_ids=f"{opts.request_ids}-w{k}") if n > 1 and opts.request_ids else opts
-            jobs.append(Job(sub, share, own, sub_rule, seed + k, t_start, self.cpus, self.nice))
+            jobs.append(Job(sub, share, own, sub_rule, seed + k, t_start, self.cpus, self.nice,
+                            sample=on_sample is not None and k == 0))
         self._dispatch(jobs)
         live.start_level(plan.index, planned_requests(dataset, rule))
         base_tokens = live.tokens
@@ -407,6 +415,8 @@ class ClientPool:
             elif kind == "done":
                 done[k] = payload
                 pending.discard(k)
+            elif kind == "sample" and on_sample is not None:
+                on_sample(payload)
             elif kind == "note" and self.on_note is not None:
                 self.on_note(str(payload))
             elif kind == "started":
