@@ -82,6 +82,10 @@ def launch_engine(
         report = check_config(config)
         if report.errors:
             raise UserError("; ".join(f"{i.field}: {i.message}" for i in report.errors))
+    if config.features.disaggregation.enabled and config.features.disaggregation.role is None:
+        raise UserError("disaggregated prefill/decode runs as a group of engines behind a router, which a run does "
+                        "not launch yet: export it (tunebench export PROFILE --format bash), start it, then measure "
+                        "it with tunebench run --endpoint URL")
     engine = EngineProcess(config.engine, _with_quality_flags(config), get_adapter(config.engine.kind),
                            on_log=on_log, on_phase=on_phase, on_exit=on_exit)
     try:

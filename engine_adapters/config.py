@@ -139,6 +139,32 @@ class SpeculativeConfig(StrictModel):
         return self
 
 
+KvConnector = Literal["nixl", "mooncake", "lmcache"]
+"""How KV moves from a prefill engine to a decode engine (NIXL, Mooncake, LMCache); each adapter
+names the engine's own connector or transfer backend for it."""
+PdRole = Literal["prefill", "decode"]
+
+
+class DisaggregationConfig(StrictModel):
+    """Disaggregated prefill/decode: prompts are prefilled on one pool of engines, their KV moved
+    by ``connector`` to a second pool that decodes, behind a router. Off while ``connector`` is None."""
+
+    connector: KvConnector | None = None
+    prefill_instances: int = Field(1, ge=1, le=MAX_PARALLEL, description="Engines in the prefill pool.")
+    decode_instances: int = Field(1, ge=1, le=MAX_PARALLEL, description="Engines in the decode pool.")
+    prefill_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_PARALLEL, description="GPUs per prefill engine (tensor parallel); None: tensor_parallel_size.")
+    decode_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_PARALLEL, description="GPUs per decode engine (tensor parallel); None: tensor_parallel_size.")
+    kv_buffer_device: Literal["auto", "cpu"] = Field(
+        "auto", description="Where the connector stages KV: 'cpu' for engines without a GPU (vLLM's CPU build).")
+    role: PdRole | None = Field(None, description="Set on each pool's engine by the launch, never by hand.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.connector is not None
+
+
 class Features(StrictModel):
     """The acceleration features a user toggles. ``None`` means "engine default".
 
@@ -172,7 +198,25 @@ class Features(StrictModel):
     reasoning_parser: ReasoningParser | None = Field(
         None, description="The engine's parser that streams a reasoning model's thinking apart from its answer "
                           "(vLLM and SGLang --reasoning-parser: qwen3, deepseek_r1, ...).")
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+    expert_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL,
+                                      description="GPUs a MoE's routed experts are spread over, whole (1: off).")
+    eplb: bool = Field(False, description="Expert-parallel load balancing: hot experts replicated and moved.")
     extra_args: list[ArgStr] = Field(default_factory=list)
+
+    def pool_tensor_parallel_size(self, role: PdRole) -> int:
+        """GPUs per tensor-parallel group of one engine of a P/D pool."""
+        d = self.disaggregation
+        own = d.prefill_tensor_parallel_size if role == "prefill" else d.decode_tensor_parallel_size
+        return own or self.tensor_parallel_size
+
+    def pool_instances(self, role: PdRole) -> int:
+        d = self.disaggregation
+        return d.prefill_instances if role == "prefill" else d.decode_instances
+
+    def pool_gpu_count(self, role: PdRole) -> int:
+        """GPUs a P/D pool uses: its engines x their tensor x pipeline parallel."""
+        return self.pool_instances(role) * self.pool_tensor_parallel_size(role) * self.pipeline_parallel_size
 
     @property
     def gpus_per_replica(self) -> int:
@@ -182,5 +226,9 @@ class Features(StrictModel):
     @property
     def gpu_count(self) -> int:
         """GPUs the configuration uses in all: every data-parallel replica's TP x PP. The one
-        definition the planner, tuner, ladder, validation and exports count with."""
+        definition the planner, tuner, ladder, validation and exports count with. Disaggregated
+        (and not one pool's engine): both pools."""
+        d = self.disaggregation
+        if d.enabled and d.role is None:
+            return self.pool_gpu_count("prefill") + self.pool_gpu_count("decode")
         return self.gpus_per_replica * self.data_parallel_size

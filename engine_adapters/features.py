@@ -186,6 +186,47 @@ FEATURES: tuple[FeatureInfo, ...] = (
         "GPU memory", engines=("vllm",),
     ),
     FeatureInfo(
+        "disaggregation.connector", "Disaggregated prefill/decode", Family.SCALE_AND_LIMITS,
+        "Prefill (compute-bound) and decode (memory-bound) run on separate pools of engines, joined by "
+        "a router; the connector moves each prompt's KV cache from a prefill engine to a decode engine. "
+        "Long prompts no longer stall other requests' next token, and each pool is sized to its own "
+        "bottleneck.",
+        "prefill/decode interference", engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "disaggregation.prefill_instances", "Prefill engines", Family.SCALE_AND_LIMITS,
+        "Engines in the prefill pool: with the decode pool, the P:D ratio the prompt and output "
+        "lengths call for.",
+        "prefill throughput", engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "disaggregation.decode_instances", "Decode engines", Family.SCALE_AND_LIMITS,
+        "Engines in the decode pool: each holds its requests' KV and decodes them in one batch.",
+        "requests in flight", engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "disaggregation.prefill_tensor_parallel_size", "Prefill tensor parallel size", Family.SCALE_AND_LIMITS,
+        "GPUs per prefill engine: more cut each prompt's time to first token.",
+        "prefill latency", (Capability.CUDA_GPU, Capability.MULTI_GPU), engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "disaggregation.decode_tensor_parallel_size", "Decode tensor parallel size", Family.SCALE_AND_LIMITS,
+        "GPUs per decode engine: more bandwidth per step and more KV memory for a larger batch.",
+        "bytes moved per GPU", (Capability.CUDA_GPU, Capability.MULTI_GPU), engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "expert_parallel_size", "Expert parallel size", Family.SCALE_AND_LIMITS,
+        "A mixture-of-experts model's routed experts are spread whole over GPUs instead of sliced: "
+        "each GPU reads only its experts per step, and tokens travel to their experts by all-to-all.",
+        "bytes moved per GPU", (Capability.CUDA_GPU, Capability.MULTI_GPU), engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
+        "eplb", "Expert load balancing (EPLB)", Family.SCALE_AND_LIMITS,
+        "With expert parallelism, hot experts are replicated and moved so no GPU waits on the "
+        "busiest one.",
+        "load imbalance", (Capability.CUDA_GPU, Capability.MULTI_GPU), engines=("vllm", "sglang"),
+    ),
+    FeatureInfo(
         "reasoning_parser", "Reasoning parser", Family.SCALE_AND_LIMITS,
         "A reasoning model thinks before it answers; the engine's parser streams the thinking apart "
         "from the answer, so the time to the first answer token (TTFAT) and each phase's tokens can be "

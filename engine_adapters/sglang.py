@@ -55,6 +55,7 @@ from engine_adapters.command_line import (
 )
 from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
+from engine_adapters.disaggregation import POOL_SIZES, disaggregation_issues, expert_parallel_issues
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_python
 from engine_adapters.spec import (
@@ -171,8 +172,27 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("cuda_graphs", lambda f: [] if f.cuda_graphs else ["--disable-cuda-graph"]),
     value_flag("tensor_parallel_size", "--tp-size", unset=1), value_flag("pipeline_parallel_size", "--pp-size", unset=1),
     value_flag("reasoning_parser", "--reasoning-parser"),
+    FlagRule("disaggregation.connector", lambda f: _disaggregation_flags(f)),
+    # The group's sizes: each pool engine gets its tensor parallel size (engine_adapters.disaggregation).
+    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in POOL_SIZES),
+    value_flag("expert_parallel_size", "--ep-size", unset=1),
+    FlagRule("eplb", lambda f: ["--enable-eplb"] if f.eplb else []),
 )
 """``chunked_prefill`` has no rule of its own: it shapes ``max_num_batched_tokens``'s flags."""
+
+def _disaggregation_flags(features: Features) -> list[str]:
+    """One pool engine's mode and transfer backend (tunebench's connector names are SGLang's
+    backend names; one it lacks is refused by the recorded help's choices)."""
+    d = features.disaggregation
+    if d.connector is None or d.role is None:
+        return []
+    return ["--disaggregation-mode", d.role, "--disaggregation-transfer-backend", d.connector]
+
+
+ROUTER_MODULE = "sglang_router.launch_router"
+ROUTER_LAUNCHER = LAUNCHER.replace(repr(MODULE), repr(ROUTER_MODULE))
+"""The router started as the server is: its key (for the workers) from the environment into argv."""
+
 
 PHASE_PATTERNS = phase_patterns(
     (Phase.READY, (r"The server is fired up and ready to roll",)),
@@ -308,11 +328,36 @@ class SglangAdapter(CommandLineAdapter):
                                           "(host memory); LMCache is its own integration (--enable-lmcache): use "
                                           "backend 'native' or pass it in extra_args"))
         issues += kv_offload_size_issue(features)
+        issues += disaggregation_issues(features, hardware, cpu_build=False, display_name=self.display_name)
+        issues += expert_parallel_issues(engine, features)
         util = features.gpu_memory_utilization
         if util is not None and not 0 < util < 1:
             issues.append(ValidationIssue("gpu_memory_utilization", f"must be in (0, 1) (SGLang's --mem-fraction-static: "
                                           f"the share for weights and KV cache), got {util}"))
         return issues + fp8_weights_issue(features, hardware)
+
+    # -- disaggregated prefill/decode: sglang-router joins the pools -----------------------------
+
+    router_api_key_env = API_KEY_ENV
+
+    def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
+                    decode_urls: Sequence[str], port: int, *, portable: bool = False) -> list[str]:
+        """sglang-router in P/D mode: each prefill engine with its bootstrap port (SGLang's
+        documented interface; not run here)."""
+        python = PORTABLE_PYTHON if portable or engine.runtime.kind != "python" else resolve_python(engine)
+        argv = [str(python), "-c", ROUTER_LAUNCHER, "--pd-disaggregation"]
+        for url, bootstrap_port in prefill:
+            argv += ["--prefill", url, str(bootstrap_port)]
+        for url in decode_urls:
+            argv += ["--decode", url]
+        return argv + ["--host", engine.host, "--port", str(port)]
+
+    def pool_args(self, features: Features, side_port: int) -> list[str]:
+        """A prefill engine's bootstrap server, where decode engines fetch its KV's whereabouts."""
+        return ["--disaggregation-bootstrap-port", str(side_port)] if features.disaggregation.role == "prefill" else []
+
+    def pool_env(self, features: Features, side_port: int) -> dict[str, str]:
+        return {}
 
     # -- verification ---------------------------------------------------------------------------
 

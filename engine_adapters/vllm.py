@@ -40,6 +40,12 @@ from engine_adapters.command_line import (
 )
 from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
+from engine_adapters.disaggregation import (
+    POOL_ROLES,
+    POOL_SIZES,
+    disaggregation_issues,
+    expert_parallel_issues,
+)
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, managed_runtime, resolve_executable, resolve_python
 from engine_adapters.spec import (
@@ -83,6 +89,32 @@ def speculative_config_json(features: Features) -> str | None:
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
+CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "lmcache": "LMCacheConnectorV1"}
+"""tunebench's connector -> vLLM's ``kv_connector`` class (registered in its connector factory)."""
+ROUTER_CONNECTORS = frozenset({"nixl", "mooncake"})
+"""The connectors vllm-router 0.1.17 joins pools for (its ``--kv-connector`` choices, less MoRI-IO)."""
+ROUTER_MODULE = "vllm_router.launch_router"
+ROUTER_API_KEY_ENV = "OPENAI_API_KEY"
+"""vllm-router sends ``Authorization: Bearer $OPENAI_API_KEY`` to the engines (read in its binary)."""
+NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
+"""NIXL's UCX transport on one machine: TCP over loopback (shared memory fails to start here;
+UCX's default lost the first request's handshake, docs/engines.md)."""
+FACTORY_FILE = "vllm/distributed/kv_transfer/kv_connector/factory.py"
+
+
+def kv_transfer_config_json(features: Features) -> str | None:
+    """One pool engine's ``--kv-transfer-config``; None outside a P/D pool. NIXL pairs run as
+    ``kv_both`` (as measured here), the others as producer (prefill) and consumer (decode)."""
+    d = features.disaggregation
+    if d.connector is None or d.role is None:
+        return None
+    role = "kv_both" if d.connector == "nixl" else {"prefill": "kv_producer", "decode": "kv_consumer"}[d.role]
+    body: dict[str, object] = {"kv_connector": CONNECTORS[d.connector], "kv_role": role}
+    if d.kv_buffer_device != "auto":
+        body["kv_buffer_device"] = d.kv_buffer_device
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
 FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS[f.weights_dtype])),
     value_flag("kv_cache_dtype", "--kv-cache-dtype", unset="auto"),
@@ -102,6 +134,13 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     # nodes > 1 for a local launch, so no flag is ever rendered for it.
     FlagRule("nodes", lambda f: []),
     value_flag("reasoning_parser", "--reasoning-parser"),
+    FlagRule("disaggregation.connector",
+             lambda f: [] if (s := kv_transfer_config_json(f)) is None else ["--kv-transfer-config", s]),
+    # The group's sizes: each pool engine gets its tensor parallel size (engine_adapters.disaggregation).
+    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in POOL_SIZES),
+    # vLLM's expert-parallel size is its tensor x data parallel size: validate checks they agree.
+    FlagRule("expert_parallel_size", lambda f: ["--enable-expert-parallel"] if f.expert_parallel_size > 1 else []),
+    FlagRule("eplb", lambda f: ["--enable-eplb"] if f.eplb else []),
 )
 
 PHASE_PATTERNS = phase_patterns(
@@ -322,11 +361,13 @@ class VllmAdapter(CommandLineAdapter):
                                 f"must be at least max_model_len ({features.max_model_len})"))
         parallel = features.gpu_count
         if (hardware is not None and parallel > 1 and not cpu_build and features.nodes == 1
-                and parallel > len(hardware.gpus)):
+                and not features.disaggregation.enabled and parallel > len(hardware.gpus)):
             add(ValidationIssue("tensor_parallel_size", f"tensor x pipeline{' x data' * (features.data_parallel_size > 1)}"
                                                         f" parallel size {parallel} needs {parallel} GPUs; "
                                                         f"{len(hardware.gpus)} visible"))
         issues += _multi_node_issues(engine, features)
+        issues += disaggregation_issues(features, hardware, cpu_build=cpu_build, display_name=self.display_name)
+        issues += self._connector_issues(engine, features) + self._expert_parallel_issues(engine, features)
         if hardware is not None and not cpu_build:
             if not hardware.has_gpu:
                 add(ValidationIssue("engine.runtime", "this vLLM build needs an NVIDIA GPU and none is visible "
@@ -335,6 +376,65 @@ class VllmAdapter(CommandLineAdapter):
         if cpu_build:
             issues += _cpu_build_issues(features, hardware)
         return issues
+
+    def _connector_issues(self, engine: EngineConfig, features: Features) -> list[ValidationIssue]:
+        """A connector the router cannot join, or that the installed vLLM does not register."""
+        connector = features.disaggregation.connector
+        if connector is None:
+            return []
+        if connector not in ROUTER_CONNECTORS:
+            return [ValidationIssue("disaggregation.connector",
+                                    f"vllm-router joins P/D pools over {' or '.join(sorted(ROUTER_CONNECTORS))} only, "
+                                    f"not {connector}")]
+        registered = installed_connectors(engine)
+        if registered is not None and CONNECTORS[connector] not in registered:
+            return [ValidationIssue("disaggregation.connector",
+                                    f"this vLLM has no {CONNECTORS[connector]} (its connectors: "
+                                    f"{', '.join(sorted(registered)) or 'none'})")]
+        return []
+
+    def _expert_parallel_issues(self, engine: EngineConfig, features: Features) -> list[ValidationIssue]:
+        issues = expert_parallel_issues(engine, features)
+        ep = features.expert_parallel_size
+        roles = [r for r in POOL_ROLES if features.disaggregation.role in (None, r)] \
+            if features.disaggregation.enabled else [None]
+        for role in roles:
+            tp = features.tensor_parallel_size if role is None else features.pool_tensor_parallel_size(role)
+            spread = tp * (features.data_parallel_size if role is None else 1)
+            if ep > 1 and ep != spread:
+                where = f" of a {role} engine" if role else ""
+                issues.append(ValidationIssue("expert_parallel_size",
+                                              f"vLLM spreads the experts over the tensor x data parallel GPUs{where} "
+                                              f"({spread}): set expert_parallel_size to {spread}"))
+                break
+        return issues
+
+    # -- disaggregated prefill/decode: vllm-router joins the pools -------------------------------
+
+    router_api_key_env = ROUTER_API_KEY_ENV
+
+    def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
+                    decode_urls: Sequence[str], port: int, *, portable: bool = False) -> list[str]:
+        """vllm-router in P/D mode; its metrics on the next port (it has no path on its API port)."""
+        python = "python3" if portable or engine.runtime.kind not in ("managed", "python") else resolve_python(engine)
+        connector = features.disaggregation.connector or "nixl"
+        argv = [str(python), "-m", ROUTER_MODULE, "--host", engine.host, "--port", str(port),
+                "--vllm-pd-disaggregation"]
+        for url, _ in prefill:  # NIXL needs no bootstrap port: its side channel is in the KV params
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+        return argv + ["--kv-connector", connector, "--prometheus-host", engine.host,
+                       "--prometheus-port", str(port + 1)]
+
+    def pool_args(self, features: Features, side_port: int) -> list[str]:
+        return []
+
+    def pool_env(self, features: Features, side_port: int) -> dict[str, str]:
+        """NIXL's side channel on loopback at a port of the engine's own, and UCX over TCP."""
+        if features.disaggregation.connector != "nixl":
+            return {}
+        return {**NIXL_ENV, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port)}
 
     # -- verification: vLLM echoes its arguments ------------------------------------------------
 
@@ -484,6 +584,24 @@ def _multi_node_issues(engine: EngineConfig, features: Features) -> list[Validat
             "distributed_executor_backend", "the ray backend needs the ray package where vLLM runs "
                                             "(pip install ray), which this runtime lacks", "warning"))
     return issues
+
+
+def installed_connectors(engine: EngineConfig) -> frozenset[str] | None:
+    """The KV connectors the installed vLLM registers (read from its connector factory: a file
+    lookup, no process); None where it cannot be told (an executable, a container, no such file)."""
+    if engine.runtime.kind not in ("managed", "python"):
+        return None
+    try:
+        python = resolve_python(engine)
+    except RuntimeErrorMessage:
+        return None
+    if python is None:
+        return None
+    venv = Path(python).parent.parent
+    factory = next(iter(venv.glob(f"lib/python3*/site-packages/{FACTORY_FILE}")), None)
+    if factory is None:
+        return None
+    return frozenset(re.findall(r"register_connector\(\s*[\"'](\w+)[\"']", factory.read_text(errors="replace")))
 
 
 def _has_ray(engine: EngineConfig) -> bool | None:

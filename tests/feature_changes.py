@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine_adapters.config import Features, SpeculativeConfig
+from engine_adapters.config import DisaggregationConfig, Features, SpeculativeConfig
 
 
 def every_feature_changed(extra_args: list[str], own: Mapping[str, Features] | None = None) -> dict[str, Features]:
@@ -32,6 +32,11 @@ def every_feature_changed(extra_args: list[str], own: Mapping[str, Features] | N
         "data_parallel_size": Features(data_parallel_size=2),
         "distributed_executor_backend": Features(distributed_executor_backend="ray"), "nodes": Features(nodes=2),
         "reasoning_parser": Features(reasoning_parser="qwen3"),
+        # A pool engine's features (the group sets the role); the sizes alone, with P/D off, are refused.
+        "disaggregation.connector": Features(disaggregation=DisaggregationConfig(connector="nixl", role="prefill")),
+        **{f"disaggregation.{name}": Features(disaggregation=DisaggregationConfig(**{name: 2})) for name in (
+            "prefill_instances", "decode_instances", "prefill_tensor_parallel_size", "decode_tensor_parallel_size")},
+        "expert_parallel_size": Features(expert_parallel_size=2), "eplb": Features(eplb=True),
     }
     unknown = set(own or {}) - set(table)
     if unknown:

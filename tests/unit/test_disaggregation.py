@@ -1,0 +1,245 @@
+"""Disaggregated prefill/decode and expert parallelism as a configuration: each pool engine's
+flags (against vLLM 0.32's and SGLang 0.5.23's recorded help), the router's argv (against
+vllm-router 0.1.17's recorded help), the refusals before launch, each in one line, and the
+group's launch and stop on stand-in processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.config import RunConfig
+from app.engines import check_config, launch_engine
+from app.errors import UserError
+from engine_adapters.config import DisaggregationConfig, EngineConfig, Features, RuntimeConfig
+from engine_adapters.disaggregation import expert_count, has_router, pool_features
+from engine_adapters.hardware import GpuInfo, HardwareInfo
+from engine_adapters.launcher import group_members
+from engine_adapters.pd_group import DisaggregatedGroup
+from engine_adapters.registry import get_adapter
+from engine_adapters.sglang import ADAPTER as SGLANG
+from engine_adapters.vllm import ADAPTER as VLLM
+from engine_adapters.vllm import VllmAdapter, parse_help
+
+DATA = Path(__file__).parents[1] / "data"
+VLLM_FLAGS = parse_help((DATA / "vllm-0.32.0-help.txt").read_text(), "0.32.0")
+SGLANG_HELP = (DATA / "sglang" / "sglang-0.5.23-help.txt").read_text()
+ROUTER_HELP = (DATA / "vllm-router" / "vllm-router-0.1.17-help.txt").read_text()
+NIXL = DisaggregationConfig(connector="nixl", prefill_instances=1, decode_instances=2, decode_tensor_parallel_size=2)
+HUB = EngineConfig(model="Qwen/Qwen3-8B", runtime=RuntimeConfig(kind="executable", executable="vllm"))
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    return [t for t in argv if t.startswith("--")]
+
+
+def gpus(n: int) -> HardwareInfo:
+    return HardwareInfo(gpus=[GpuInfo(index=i, name="H100", memory_total_bytes=80 * 2**30) for i in range(n)])
+
+
+def errors(adapter: object, engine: EngineConfig, features: Features, hardware: HardwareInfo | None) -> list[str]:
+    issues = adapter.validate(engine, features, None, hardware)  # type: ignore[attr-defined]
+    return [f"{i.field}: {i.message}" for i in issues if i.severity == "error"]
+
+
+# --- the configuration ------------------------------------------------------------------------------
+
+def test_both_pools_count_in_the_gpus_and_each_engine_gets_its_pool_size() -> None:
+    f = Features(tensor_parallel_size=4, disaggregation=NIXL)
+    assert (f.pool_gpu_count("prefill"), f.pool_gpu_count("decode"), f.gpu_count) == (4, 4, 8)
+    prefill, decode = pool_features(f, "prefill"), pool_features(f, "decode")
+    assert (prefill.tensor_parallel_size, decode.tensor_parallel_size) == (4, 2)
+    assert (prefill.disaggregation.role, decode.disaggregation.role) == ("prefill", "decode")
+    assert decode.gpu_count == 2  # one engine of the pool
+
+
+def test_vllm_pool_engine_gets_its_kv_transfer_config_and_flags_exist_in_0_32() -> None:
+    f = Features(disaggregation=NIXL.model_copy(update={"kv_buffer_device": "cpu"}), expert_parallel_size=2,
+                 eplb=True, tensor_parallel_size=2)
+    argv = [t for toks in VLLM.feature_flags(pool_features(f, "decode")).values() for t in toks]
+    at = argv.index("--kv-transfer-config")
+    assert json.loads(argv[at + 1]) == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+    assert "--enable-expert-parallel" in argv and "--enable-eplb" in argv
+    assert [flag for flag in flags_of(argv) if not VLLM_FLAGS.has(flag)] == []
+    # a single engine outside a pool renders no connector
+    assert "--kv-transfer-config" not in [t for toks in VLLM.feature_flags(f).values() for t in toks]
+    mooncake = pool_features(Features(disaggregation=DisaggregationConfig(connector="mooncake")), "prefill")
+    assert json.loads(VLLM.feature_flags(mooncake)["disaggregation.connector"][1])["kv_role"] == "kv_producer"
+
+
+def test_vllm_router_argv_uses_only_vllm_router_flags_and_no_secret() -> None:
+    f = Features(disaggregation=NIXL)
+    argv = VLLM.router_argv(HUB, f, [("http://127.0.0.1:9001", 5601)],
+                            ["http://127.0.0.1:9002", "http://127.0.0.1:9003"], 9000)
+    assert argv[:3] == ["python3", "-m", "vllm_router.launch_router"]
+    tail = " ".join(argv[3:])
+    assert tail == ("--host 127.0.0.1 --port 9000 --vllm-pd-disaggregation --prefill http://127.0.0.1:9001 "
+                    "--decode http://127.0.0.1:9002 --decode http://127.0.0.1:9003 --kv-connector nixl "
+                    "--prometheus-host 127.0.0.1 --prometheus-port 9001")
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", ROUTER_HELP))
+    assert [flag for flag in flags_of(argv) if flag not in known] == []
+    assert "--api-key" not in argv  # the key travels in the router's environment
+
+
+def test_sglang_pool_engines_and_router_use_the_recorded_interface() -> None:
+    f = Features(disaggregation=DisaggregationConfig(connector="nixl"), expert_parallel_size=4, eplb=True)
+    prefill = pool_features(f, "prefill")
+    argv = [t for toks in SGLANG.feature_flags(prefill).values() for t in toks] + SGLANG.pool_args(prefill, 8998)
+    assert " ".join(argv).count("--disaggregation-mode prefill --disaggregation-transfer-backend nixl") == 1
+    assert "--disaggregation-bootstrap-port" in argv and "--ep-size" in argv and "--enable-eplb" in argv
+    assert [flag for flag in flags_of(argv) if flag not in SGLANG_HELP] == []
+    assert SGLANG.pool_args(pool_features(f, "decode"), 8999) == []
+    router = SGLANG.router_argv(HUB, f, [("http://127.0.0.1:30000", 8998)], ["http://127.0.0.1:30001"], 8000)
+    assert router[3:] == ["--pd-disaggregation", "--prefill", "http://127.0.0.1:30000", "8998",
+                          "--decode", "http://127.0.0.1:30001", "--host", "127.0.0.1", "--port", "8000"]
+    assert has_router(VLLM) and has_router(SGLANG) and not has_router(get_adapter("llamacpp"))
+
+
+# --- bad input: one line, nothing launched --------------------------------------------------------
+
+def test_a_pool_larger_than_the_cluster_is_one_line() -> None:
+    f = Features(tensor_parallel_size=4, disaggregation=NIXL.model_copy(update={"prefill_instances": 2}))
+    lines = errors(VLLM, HUB.model_copy(update={"runtime": RuntimeConfig(kind="docker")}), f, gpus(8))
+    assert lines == ["disaggregation.prefill_instances: the P/D pools need 12 GPUs (prefill 2 x TP 4 + decode 2 x TP 2); "
+                     "8 visible: shrink the pools, or export a multi-node recipe (--format ray or k8s-multinode)"]
+    assert errors(VLLM, HUB.model_copy(update={"runtime": RuntimeConfig(kind="docker")}), f, gpus(12)) == []
+
+
+def test_ep_on_a_dense_model_and_eplb_without_ep_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    dense = EngineConfig(model=str(tmp_path), runtime=RuntimeConfig(kind="docker"))
+    lines = errors(VLLM, dense, Features(expert_parallel_size=2, tensor_parallel_size=2), gpus(2))
+    assert lines == [f"expert_parallel_size: expert parallelism needs a mixture-of-experts model; {tmp_path} is dense "
+                     "(its config.json names no routed experts)"]
+    assert errors(SGLANG, dense, Features(eplb=True), gpus(1)) == [
+        "eplb: expert load balancing needs expert parallelism: set expert_parallel_size"]
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts": 128, "num_experts_per_tok": 8}))
+    assert errors(VLLM, dense, Features(expert_parallel_size=2, tensor_parallel_size=2), gpus(2)) == []
+    assert errors(VLLM, dense, Features(expert_parallel_size=4, tensor_parallel_size=2), gpus(2)) == [
+        "expert_parallel_size: vLLM spreads the experts over the tensor x data parallel GPUs (2): set "
+        "expert_parallel_size to 2"]
+    assert expert_count({"text_config": {"n_routed_experts": 256}}) == 256 and expert_count({}) is None
+
+
+def _fake_venv(tmp_path: Path, connectors: list[str]) -> EngineConfig:
+    """A venv whose vLLM registers ``connectors`` (its factory file only)."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "vllm/distributed/kv_transfer/kv_connector"
+    site.mkdir(parents=True)
+    (site / "factory.py").write_text("".join(f'KVConnectorFactory.register_connector(\n    "{c}",\n    "m", "{c}")\n'
+                                             for c in connectors))
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    return EngineConfig(model="Qwen/Qwen3-8B", runtime=RuntimeConfig(kind="python", python=str(python)))
+
+
+def test_a_connector_this_engine_version_lacks_is_refused(tmp_path: Path) -> None:
+    engine = _fake_venv(tmp_path, ["ExampleConnector", "NixlConnector"])
+    mooncake = Features(disaggregation=DisaggregationConfig(connector="mooncake"))
+    assert errors(VLLM, engine, mooncake, gpus(2)) == [
+        "disaggregation.connector: this vLLM has no MooncakeConnector (its connectors: ExampleConnector, NixlConnector)"]
+    assert errors(VLLM, engine, Features(disaggregation=DisaggregationConfig(connector="nixl")), gpus(2)) == []
+    assert errors(VLLM, engine, Features(disaggregation=DisaggregationConfig(connector="lmcache")), gpus(2)) == [
+        "disaggregation.connector: vllm-router joins P/D pools over mooncake or nixl only, not lmcache"]
+    # SGLang: the recorded help's choices of --disaggregation-transfer-backend have no lmcache
+    from engine_adapters.sglang import parse_help as sglang_help
+
+    flags = sglang_help(SGLANG_HELP, "0.5.23")
+    lmcache = pool_features(Features(disaggregation=DisaggregationConfig(connector="lmcache")), "decode")
+    issues = SGLANG.version_issues(lmcache, flags)
+    assert len(issues) == 1 and "lmcache" in issues[0].message and "0.5.23" in issues[0].message
+
+
+def test_pool_sizes_with_p_d_off_do_nothing_and_are_refused() -> None:
+    f = Features(disaggregation=DisaggregationConfig(decode_instances=3))
+    assert errors(VLLM, HUB, f, None) == [
+        "disaggregation.decode_instances: has no effect: disaggregated prefill/decode is off (set disaggregation.connector)"]
+
+
+def test_bad_input_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[object] = []
+    monkeypatch.setattr("app.engines.EngineProcess.start", lambda self: started.append(self))
+    monkeypatch.setattr("app.engines.probe_hardware", lambda: gpus(4))
+    config = RunConfig(engine=HUB.model_copy(update={"runtime": RuntimeConfig(kind="docker")}),
+                       features=Features(tensor_parallel_size=4, disaggregation=NIXL))
+    assert [i.field for i in check_config(config, discover_flags=False).errors] == ["disaggregation.prefill_instances"]
+    with pytest.raises(UserError, match="the P/D pools need 8 GPUs"):
+        launch_engine(config)
+    assert started == []
+
+
+# --- the group: three process groups, one stop ------------------------------------------------------
+
+STAND_IN = textwrap.dedent('''
+    import http.server, json, os, sys
+    role, port, record = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    with open(record, "a") as out:
+        out.write(json.dumps({"role": role, "pgid": os.getpgid(0), "argv": sys.argv[4:],
+                              "key": os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                              "side": os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT"),
+                              "ucx": os.environ.get("UCX_TLS")}) + "\\n")
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        def log_message(self, *a): pass
+    print("Application startup complete.", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+''')
+
+
+class StandInAdapter(VllmAdapter):
+    """vLLM's P/D knowledge with stand-in engines and router that record what they were given."""
+
+    def __init__(self, script: Path, record: Path) -> None:
+        self.script, self.record = script, record
+
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
+        pool = [t for toks in self.feature_flags(features).values() for t in toks] + list(features.extra_args)
+        return [sys.executable, str(self.script), str(features.disaggregation.role), str(port), str(self.record), *pool]
+
+    def router_argv(self, engine: EngineConfig, features: Features, prefill: list[tuple[str, int]],  # type: ignore[override]
+                    decode_urls: list[str], port: int, *, portable: bool = False) -> list[str]:
+        real = super().router_argv(engine, features, prefill, decode_urls, port, portable=True)
+        return [sys.executable, str(self.script), "router", str(port), str(self.record), *real[3:]]
+
+
+def test_group_starts_both_pools_then_the_router_and_one_stop_ends_all(tmp_path: Path) -> None:
+    script, record = tmp_path / "stand_in.py", tmp_path / "record.jsonl"
+    script.write_text(STAND_IN)
+    features = Features(disaggregation=DisaggregationConfig(connector="nixl", decode_instances=2,
+                                                            kv_buffer_device="cpu"))
+    group = DisaggregatedGroup(EngineConfig(require_api_key=True), features, StandInAdapter(script, record))
+    try:
+        group.start()
+        group.wait_ready(timeout_s=60)
+        seen = [json.loads(line) for line in record.read_text().splitlines()]
+        assert sorted(s["role"] for s in seen) == ["decode", "decode", "prefill", "router"]
+        pgids = {s["pgid"] for s in seen}
+        assert len(pgids) == 4 and os.getpgid(0) not in pgids  # each in a process group of its own
+        assert {s["key"] for s in seen} == {group.api_key} and group.api_key  # one key, from the environment
+        engines = [s for s in seen if s["role"] != "router"]
+        assert len({s["side"] for s in engines}) == 3 and {s["ucx"] for s in engines} == {"tcp,self"}
+        router = next(s for s in seen if s["role"] == "router")["argv"]
+        assert router.count("--decode") == 2 and router[router.index("--prefill") + 1] == group.pool("prefill")[0].base_url
+        assert all(group.api_key not in " ".join(s["argv"]) for s in seen)
+        assert group.base_url.startswith("http://127.0.0.1:")
+    finally:
+        done = group.stop(grace_s=(2.0, 2.0, 2.0))
+    assert [line.split(":")[0] for line in done] == ["router", "prefill 0", "decode 0", "decode 1"]
+    assert all(group_members(pgid) == [] for pgid in pgids)
+
+
+def test_a_valid_p_d_configuration_is_not_launched_as_one_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until a run launches the group, a P/D configuration is never started as a plain engine."""
+    started: list[object] = []
+    monkeypatch.setattr("app.engines.EngineProcess.start", lambda self: started.append(self))
+    config = RunConfig(engine=HUB, features=Features(disaggregation=DisaggregationConfig(connector="nixl")))
+    with pytest.raises(UserError, match="export it"):
+        launch_engine(config, force=True)
+    assert started == []
