@@ -33,9 +33,10 @@ class DisaggregatedEngine(Protocol):
     """Where the router reads the key it presents to the pools' engines."""
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
-                    decode_urls: Sequence[str], port: int, *, portable: bool = False) -> list[str]:
-        """The router's argv: it listens on ``port`` and joins the pools' engines (``prefill``: each
-        prefill engine's URL and side port)."""
+                    decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,
+                    portable: bool = False) -> list[str]:
+        """The router's argv: it listens on ``port`` (its metrics on ``metrics_port`` where it has
+        them) and joins the pools' engines (``prefill``: each prefill engine's URL and side port)."""
         ...
 
     def pool_env(self, features: Features, side_port: int) -> dict[str, str]:

@@ -46,6 +46,7 @@ class DisaggregatedGroup:
     members: list[PoolMember] = field(default_factory=list)
     router: subprocess.Popen[str] | None = None
     router_port: int = 0
+    router_metrics_port: int = 0
     router_log: list[str] = field(default_factory=list)
     api_key: str | None = None
 
@@ -100,8 +101,9 @@ class DisaggregatedGroup:
     def _start_router(self) -> None:
         self.router_port = self.engine.port or free_port(self.engine.host)
         prefill = [(m.process.base_url, m.side_port) for m in self.members if m.role == "prefill"]
+        self.router_metrics_port = free_port(self.engine.host)
         argv = self.pd.router_argv(self.engine, self.features, prefill, [p.base_url for p in self.pool("decode")],
-                                   self.router_port)
+                                   self.router_port, metrics_port=self.router_metrics_port)
         env = {**os.environ, **self.engine.runtime.env, "PYTHONUNBUFFERED": "1"}
         if self.api_key:  # through the environment, never argv
             remember_secret(self.api_key)

@@ -341,7 +341,8 @@ class SglangAdapter(CommandLineAdapter):
     router_api_key_env = API_KEY_ENV
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
-                    decode_urls: Sequence[str], port: int, *, portable: bool = False) -> list[str]:
+                    decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,
+                    portable: bool = False) -> list[str]:
         """sglang-router in P/D mode: each prefill engine with its bootstrap port (SGLang's
         documented interface; not run here)."""
         python = PORTABLE_PYTHON if portable or engine.runtime.kind != "python" else resolve_python(engine)

@@ -414,8 +414,10 @@ class VllmAdapter(CommandLineAdapter):
     router_api_key_env = ROUTER_API_KEY_ENV
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
-                    decode_urls: Sequence[str], port: int, *, portable: bool = False) -> list[str]:
-        """vllm-router in P/D mode; its metrics on the next port (it has no path on its API port)."""
+                    decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,
+                    portable: bool = False) -> list[str]:
+        """vllm-router in P/D mode; its metrics on ``metrics_port`` (it has no path on its API
+        port; default the next port)."""
         python = "python3" if portable or engine.runtime.kind not in ("managed", "python") else resolve_python(engine)
         connector = features.disaggregation.connector or "nixl"
         argv = [str(python), "-m", ROUTER_MODULE, "--host", engine.host, "--port", str(port),
@@ -425,7 +427,7 @@ class VllmAdapter(CommandLineAdapter):
         for url in decode_urls:
             argv += ["--decode", url]
         return argv + ["--kv-connector", connector, "--prometheus-host", engine.host,
-                       "--prometheus-port", str(port + 1)]
+                       "--prometheus-port", str(metrics_port or port + 1)]
 
     def pool_args(self, features: Features, side_port: int) -> list[str]:
         return []

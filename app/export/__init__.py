@@ -46,7 +46,7 @@ from app.export.report import render_report, report_comparison
 from app.store import RunStore
 
 FORMATS: tuple[str, ...] = (*SCRIPT_FORMATS, *DATA_FORMATS)
-SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "ray": ".sh", "k8s-multinode": ".yaml",
+SUFFIXES = {"bash": ".sh", "docker": ".sh", "compose": ".yaml", "k8s": ".yaml", "ray": ".sh", "k8s-multinode": ".yaml", "llm-d": ".yaml",
             "html": ".html", "json": ".json", "csv": ".csv"}
 
 __all__ = [

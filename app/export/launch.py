@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 
 from app.config import RunConfig
 from app.errors import UserError
+from app.export.disaggregated import render_pd
 from app.export.quoting import slug, templates
 from app.profiles import ProfileError, load_profile
 from app.store import RunDetail
@@ -41,10 +43,10 @@ from engine_adapters.runtimes import (
 from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj
 from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
 
-ScriptFormat = Literal["bash", "docker", "compose", "k8s", "ray", "k8s-multinode"]
+ScriptFormat = Literal["bash", "docker", "compose", "k8s", "ray", "k8s-multinode", "llm-d"]
 SINGLE_NODE_FORMATS: tuple[str, ...] = ("bash", "docker", "compose", "k8s")
 """Launch formats for one machine (what a ladder's or a tune's single winner exports to)."""
-SCRIPT_FORMATS: tuple[str, ...] = (*SINGLE_NODE_FORMATS, "ray", "k8s-multinode")
+SCRIPT_FORMATS: tuple[str, ...] = (*SINGLE_NODE_FORMATS, "ray", "k8s-multinode", "llm-d")
 MULTI_NODE_FORMATS = frozenset({"ray", "k8s-multinode"})
 """vLLM across machines: a Ray cluster from one script run on every node, or a LeaderWorkerSet."""
 EXECUTABLE_FORMATS = frozenset({"bash", "docker", "ray"})
@@ -446,6 +448,11 @@ def render_launch(spec: LaunchSpec, fmt: str, *, replicas: int = 1, replicas_com
         raise UserError(f"a replica count is for --format k8s, not --format {fmt}")
     if fmt not in SCRIPT_FORMATS:
         raise UserError(f"unknown launch format '{fmt}' (choose from {', '.join(SCRIPT_FORMATS)})")
+    if spec.config.features.disaggregation.enabled:
+        return render_pd(spec, fmt, sys.modules[__name__])
+    if fmt == "llm-d":
+        raise UserError("an llm-d values file describes disaggregated prefill/decode pools: set "
+                        "disaggregation.connector, or export --format k8s")
     nodes = spec.config.features.nodes
     if nodes > 1 and fmt not in MULTI_NODE_FORMATS:
         raise UserError(f"this configuration spans {nodes} nodes: export --format ray or k8s-multinode "

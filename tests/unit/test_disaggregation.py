@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -203,9 +204,11 @@ class StandInAdapter(VllmAdapter):
         pool = [t for toks in self.feature_flags(features).values() for t in toks] + list(features.extra_args)
         return [sys.executable, str(self.script), str(features.disaggregation.role), str(port), str(self.record), *pool]
 
-    def router_argv(self, engine: EngineConfig, features: Features, prefill: list[tuple[str, int]],  # type: ignore[override]
-                    decode_urls: list[str], port: int, *, portable: bool = False) -> list[str]:
-        real = super().router_argv(engine, features, prefill, decode_urls, port, portable=True)
+    def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
+                    decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,
+                    portable: bool = False) -> list[str]:
+        real = super().router_argv(engine, features, prefill, decode_urls, port, metrics_port=metrics_port,
+                                   portable=True)
         return [sys.executable, str(self.script), "router", str(port), str(self.record), *real[3:]]
 
 
