@@ -131,6 +131,13 @@ def run_deployment(run: RunDetail, gpu: str | None = None, gpus_per_replica: int
     used = listed[:features.gpu_count]
     if len(set(used)) > 1:
         notes.append(f"the machine has several GPU models ({', '.join(sorted(set(used)))}): priced as {used[0]}")
+    if features.disaggregation.enabled:  # both pools, measured together through their router
+        d = features.disaggregation
+        counted = (f"disaggregated: prefill {d.prefill_instances} x {features.pool_gpu_count('prefill') // d.prefill_instances}"
+                   f" + decode {d.decode_instances} x {features.pool_gpu_count('decode') // d.decode_instances} = "
+                   f"{features.gpu_count} GPUs")
+        return Deployment("gpu", listed[0] if listed else str(gpu), features.gpu_count, 1, len(listed) or None,
+                          counted, tuple(notes))
     counted = (f"TP {features.tensor_parallel_size} x PP {features.pipeline_parallel_size} = "
                f"{features.gpus_per_replica} GPU{'s' if features.gpus_per_replica > 1 else ''} per replica"
                + (f", {dp} data-parallel replicas measured together" if dp > 1 else ""))
