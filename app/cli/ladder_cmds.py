@@ -174,6 +174,11 @@ def format_ladder_table(state: LadderState, costs: Mapping[int, RunCost] | None 
             notes.append(f"{where}: quality n/a: {r.quality['error']}")
     if with_quality:
         notes.append(quality_legend(state))
+    if len({r.gpus for r in state.rows if r.ran}) > 1:  # steps on different GPU counts: per GPU too
+        notes.append("per GPU: " + "; ".join(
+            f"{r.index + 1}. {r.gpus} GPU{'s' * (r.gpus != 1)}, {_num(r.output_tok_per_s_per_gpu)} out tok/s per GPU"
+            + (f" ({factor_text(r.per_gpu_factor_baseline)} vs baseline)" if r.per_gpu_factor_baseline else "")
+            for r in state.rows if r.ran and r.gpus))
     if any(r.ceiling_tok_per_s for r in state.rows):
         notes.append(f"limit: output tok/s against the decode ceiling at the batch the engine ran"
                      f"{' (' + state.planned_for + ')' if state.planned_for else ''}")

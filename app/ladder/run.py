@@ -287,6 +287,7 @@ class Ladder:
         row.changes = [SettingChange(setting=k, label=setting_label(k), before=a, after=b) for k, a, b in diff]
         row.change = describe_change(diff) if index else "the starting point"
         row.concurrency = config.load.concurrency if config.load.pattern.closed_loop else None
+        row.gpus = config.features.gpu_count
         row.engine_restart = ran_before is None or engine_key(ran_before) != engine_key(config)
         row.config = mask_obj(config.model_dump(mode="json", exclude_none=True))
         row.reference_tok_per_s, row.reference_label = self._reference(index, config)

@@ -262,6 +262,25 @@ def default_ladder(config: RunConfig) -> LadderSpec:
     ])
 
 
+def scale_out_steps(config: RunConfig, *, prefill_instances: int = 1, decode_instances: int = 1,
+                    expert_parallel_size: int | None = None) -> list[LadderStepSpec]:
+    """The steps a ladder may end with, past one engine: "+ disaggregated prefill/decode" (NIXL,
+    the pools' sizes), then "+ EP" for a mixture-of-experts model (its routed experts spread over
+    ``expert_parallel_size`` GPUs). Each step's GPUs count in the staircase, which compares per
+    GPU as well as in total."""
+    steps = [LadderStepSpec(
+        name="+ disaggregated prefill/decode",
+        note="prefill and decode on separate engines, the KV moved between them: no prompt stalls a decode step",
+        features={"disaggregation": {"connector": "nixl", "prefill_instances": prefill_instances,
+                                     "decode_instances": decode_instances}})]
+    if expert_parallel_size:
+        steps.append(LadderStepSpec(
+            name="+ EP", note="the routed experts spread whole over the GPUs: each reads only its own per step",
+            features={"expert_parallel_size": expert_parallel_size,
+                      "tensor_parallel_size": max(config.features.tensor_parallel_size, expert_parallel_size)}))
+    return steps
+
+
 def ladder_of(spec: LadderSpec | None, config: RunConfig) -> tuple[LadderSpec, bool]:
     """A profile's ladder, or the default order over its run (second value: whether it is the
     default)."""

@@ -76,6 +76,10 @@ class StepRow(BaseModel):
     factor_previous: float | None = None
     total_factor_baseline: float | None = None
     total_factor_previous: float | None = None
+    gpus: int | None = None
+    """GPUs the step's configuration uses (``Features.gpu_count``: both pools of a P/D step)."""
+    per_gpu_factor_baseline: float | None = None
+    """Output tok/s per GPU against the baseline's: a step that adds GPUs gains in total, maybe not per GPU."""
     loss: bool = False
     """Slower than the previous step that ran: shown as a loss, not hidden."""
     ceiling_tok_per_s: float | None = None
@@ -100,6 +104,10 @@ class StepRow(BaseModel):
     @property
     def ran(self) -> bool:
         return self.status == "completed" and self.output_tok_per_s is not None
+
+    @property
+    def output_tok_per_s_per_gpu(self) -> float | None:
+        return None if self.output_tok_per_s is None or not self.gpus else self.output_tok_per_s / self.gpus
 
 
 class LadderState(CampaignStateBase):
@@ -165,6 +173,7 @@ def compute_factors(rows: list[StepRow]) -> None:
     previous: StepRow | None = None
     for row in rows:
         row.factor_baseline = row.factor_previous = row.total_factor_baseline = row.total_factor_previous = None
+        row.per_gpu_factor_baseline = None
         row.loss = False
         if not row.ran:
             continue
@@ -172,6 +181,7 @@ def compute_factors(rows: list[StepRow]) -> None:
             baseline = row
         row.factor_baseline = _ratio(row.output_tok_per_s, baseline.output_tok_per_s)
         row.total_factor_baseline = _ratio(row.total_tok_per_s, baseline.total_tok_per_s)
+        row.per_gpu_factor_baseline = _ratio(row.output_tok_per_s_per_gpu, baseline.output_tok_per_s_per_gpu)
         if row.built_on is not None and not (0 <= row.built_on < len(rows) and rows[row.built_on].ran):
             previous = row
             continue
