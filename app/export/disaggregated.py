@@ -18,7 +18,7 @@ import yaml
 
 from app.errors import UserError
 from app.export.quoting import comment_text, slug
-from engine_adapters.config import Features, PdRole
+from engine_adapters.config import DEMO_MODEL, Features, PdRole
 from engine_adapters.disaggregation import POOL_ROLES, pool_features
 from engine_adapters.registry import get_adapter
 from engine_adapters.vllm import NIXL_ENV, ROUTER_API_KEY_ENV
@@ -91,9 +91,10 @@ class _Pd:
                  f"P/D packages beside the engine: pip install --no-deps {NIXL_PACKAGES} (NIXL), "
                  f"pip install {ROUTER_PACKAGES} (the router)",
                  f"Model: {h['model']}; clients ask for model: {self.served}",
-                 f"Connector: {d.connector}; prefill pool: {d.prefill_instances} engine(s) x "
-                 f"{self.pool_gpus('prefill')} GPU(s); decode pool: {d.decode_instances} engine(s) x "
-                 f"{self.pool_gpus('decode')} GPU(s); {f.gpu_count} GPUs in all",
+                 f"Connector: {d.connector}; prefill pool: {d.prefill_instances} engine(s)"
+                 + ("" if self.cpu else f" x {self.pool_gpus('prefill')} GPU(s)")
+                 + f"; decode pool: {d.decode_instances} engine(s)"
+                 + ("" if self.cpu else f" x {self.pool_gpus('decode')} GPU(s); {f.gpu_count} GPUs in all"),
                  *[f"Feature: {n}" for n in self.notes], *h["measured_binding"], *extra,
                  "Secrets are read from the environment and never written here: " + (" ".join(self.secrets) or "(none)")]
         return ["# " + comment_text(line) for line in lines]
@@ -283,12 +284,17 @@ class _Pd:
                                     **({} if self.cpu else {"resources": {"limits": {"nvidia.com/gpu": gpus},
                                                                           "requests": {"nvidia.com/gpu": gpus}}}),
                                     "mountModelVolume": True}]}
+        model = self.spec.config.engine.model
+        local = model == DEMO_MODEL or model.startswith((".", "/", "~"))
+        uri = f"pvc://model/{self.served}" if local else f"hf://{model}"
         values = {"multinode": False,
-                  "modelArtifacts": {"uri": f"hf://{self.model}", "name": self.served},
+                  "modelArtifacts": {"uri": uri, "name": self.served},
                   "routing": {"modelName": self.served, "servicePort": self.port,
                               "proxy": {"enabled": True, "connector": connector}},
                   "decode": pool("decode"), "prefill": pool("prefill")}
         head = self.comment_lines([
+            *(["The model is a local folder here: copy it to a volume and point modelArtifacts.uri at it "
+               "(pvc://<claim>/<path>)"] if local else []),
             "llm-d ModelService values: helm install MODEL llm-d-modelservice/llm-d-modelservice -f this-file "
             "(https://github.com/llm-d-incubation/llm-d-modelservice); the secrets come from "
             f"the Secret {self.slug}-secrets."])
