@@ -4,8 +4,12 @@ script's header."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from app.cli import main
 from app.config import RunConfig
 from app.cost.arithmetic import CostFigure
 from app.cost.runs import RunCost
@@ -14,6 +18,7 @@ from app.export.launch import LaunchSpec, render_launch
 from app.quality.outputs import output_pair, side_by_side, token_ids_text
 from app.quality.probe import Output, QualityFigures
 from app.quality.text import quality_kept
+from app.store import RunStore
 
 FLOOR = {"agreement": {"outputs": 8, "token_share": 1.0, "exact_match": 1.0, "diverged": 0},
          "kld": {"positions": 128, "mean": 0.0004, "error": 0.0001, "median": 0.0, "p90": 0.001, "p99": 0.002,
@@ -127,3 +132,27 @@ def test_side_by_side_pairs_the_shared_prompts_or_says_why_not() -> None:
     assert "other prompts" in side_by_side(before, capture([("z", [1])]), {}, decode=_decode)[1]
     ids, note = side_by_side(before, after, {"engine": {"model": "/nowhere/model"}})
     assert ids[1].before_token == token_ids_text([4]) == "\u27e84\u27e9" and note.endswith("token ids shown")
+
+
+def test_cli_compare_says_each_runs_quality_kept_and_puts_it_beside_the_price(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    with RunStore(db) as store:
+        ids = []
+        for name in ("bf16", "q4_0", "no probe"):
+            run_id = store.create_run(name=name, engine_kind="llamacpp", model="tunebench:demo", started_at=1.9e9,
+                                      config={"name": name})
+            store.finish_run(run_id, "completed")
+            ids.append(run_id)
+        store.update_run(ids[0], quality={**_figures(1.0, 0.0, within=None), "reference": {"kind": "self"}})
+        store.update_run(ids[1], quality={**_figures(0.625, 0.31, within=False),
+                                          "reference": {"kind": "run", "run_id": ids[0], "label": "bf16"}})
+    assert main(["compare", *map(str, ids), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert f"  #{ids[0]} (base): quality: the reference itself (100.0% of tokens identical on a repeat)" in out
+    assert f"  #{ids[1]}: quality kept: 62.5% of tokens identical to #{ids[0]} bf16, mean KLD 0.31 \u00b1 0.0003" in out
+    assert f"  #{ids[2]}: no quality probe" in out
+    header = next(line for line in out.splitlines() if line.startswith("RUN"))
+    assert "QUALITY KEPT" in header
+    row = next(line for line in out.splitlines() if line.startswith(f"#{ids[1]} ") and "n/a" in line)
+    assert row.split()[3] == "62.5%"  # the cost table: n/a, n/a, then the quality kept
