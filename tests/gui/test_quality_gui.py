@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt
 
 from app.config import RunConfig
 from app.events import QualityMeasured
+from app.export.report import render_report
 from app.gui.main_window import MainWindow
 from app.gui.quality_view import DIVERGENCE_COLOUR
 from app.gui.theme import DARK
@@ -101,6 +102,8 @@ def test_compare_says_the_quality_kept_and_shows_the_two_outputs(qtbot, probed) 
     assert outputs.note.text().startswith("2 of 3 outputs identical")
     shown = outputs.table.toHtml()
     assert DIVERGENCE_COLOUR in shown and "differs from token" in shown
+    report = render_report(window.compare.comparison)
+    assert '<div class="quality">quality kept: 87.5% of tokens identical to' in report
     window.present_before_after()
     quality = window.presentation.before_after.quality
     assert quality.isVisibleTo(window) and quality.text().startswith("quality kept: 87.5% of tokens identical")

@@ -13,6 +13,7 @@ from pytestqt.exceptions import TimeoutError as WaitTimeout
 
 from app.events import Progress
 from app.gui.main_window import MainWindow
+from app.gui.theme import DARK
 from app.headline import Headline, HeadlineFigure
 from app.quality.text import quality_kept
 from tests.gui.text_fit import cut_labels, cut_plot_texts, logical_sizes
@@ -90,7 +91,8 @@ def test_the_before_after_view_never_cuts_a_figure(qtbot, window: MainWindow, tm
     window.showNormal()
     window.presentation.show_before_after(headline, "$0.000123 \u2192 $0.000002 per 1M output tokens (98% less)")
     assert window.presentation.page == "before_after"
-    assert window.presentation.before_after.quality.text().endswith("; within the noise floor")
+    quality = window.presentation.before_after.quality
+    assert quality.text().endswith("; within the noise floor") and DARK.muted in quality.styleSheet()  # greyed
     _fits_at_every_size(qtbot, window, lambda: cut_labels(window.presentation), tmp_path, "before-after")
 
 
