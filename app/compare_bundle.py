@@ -15,6 +15,7 @@ from app.cost.runs import RunCost
 from app.cost.totals import priced_at_goodput
 from app.distributions import RunDistributions, Sweep, load_start_offsets, run_distributions, sweeps
 from app.headline import Headline, headlines, money_lines
+from app.quality.outputs import OutputPair, side_by_side
 from app.run_findings import compared_findings
 from app.store import RunStore
 from engine_adapters.registry import engine_terms_for
@@ -40,6 +41,11 @@ class CompareExtras:
     """Per run, its own findings (``app.run_findings``; read from the store, so empty without one)."""
     why: list[list[Finding]] = field(default_factory=list)
     """Per headline, why its run differs from the baseline: the ``changed_*`` findings against it."""
+    outputs: list[OutputPair] = field(default_factory=list)
+    """The baseline's and the first other run's outputs of the same prompts (the quality probe's),
+    split at their first divergence (``app.quality.outputs``)."""
+    outputs_note: str = ""
+    """How to read them, or why there are none."""
 
 
 def compare_extras(comparison: Comparison, store: RunStore | None = None,
@@ -55,8 +61,20 @@ def compare_extras(comparison: Comparison, store: RunStore | None = None,
         costs, good_slo_text = priced_at_goodput(store, comparison, costs)
         findings, why = compared_findings(store, comparison)
     distributions = run_distributions(store, comparison) if store is not None else []
+    outputs, outputs_note = compared_outputs(comparison)
     return CompareExtras(headlines(comparison), distributions, sweeps(comparison), load_start_offsets(comparison),
-                         costs, lines, good_slo_text, findings, why)
+                         costs, lines, good_slo_text, findings, why, outputs, outputs_note)
+
+
+def compared_outputs(comparison: Comparison) -> tuple[list[OutputPair], str]:
+    """The A/B of outputs: the baseline against the first other run, on the prompts both probed."""
+    base = comparison.baseline
+    other = next((i for i in range(len(comparison.runs)) if i != base), None)
+    if other is None:
+        return [], ""
+    labels = comparison.labels()
+    runs = comparison.runs
+    return side_by_side(runs[base].quality, runs[other].quality, runs[other].config, labels[base], labels[other])
 
 
 def compare_with_extras(store: RunStore, ids: Sequence[int], baseline: int | None = None,

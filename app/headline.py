@@ -19,6 +19,7 @@ from app.analysis.compare import Comparison
 from app.cost import PriceTable, RunCost, before_after_cost_text, compared_costs
 from app.labels import describe_change
 from app.labels import engine_defaults as declared_defaults
+from app.quality.text import QualityKept, quality_kept
 
 HEADLINE_KEYS: tuple[str, ...] = ("ttft_ms_p50", "output_tok_per_s", "itl_ms_p50")
 """The figures a headline shows, before a flagged client figure gives way to the engine's own."""
@@ -66,6 +67,8 @@ class Headline:
     figures: list[HeadlineFigure] = field(default_factory=list)
     lead: HeadlineFigure | None = None
     """The figure that moved most (judged better or worse); None when none did."""
+    quality: QualityKept | None = None
+    """The after run's quality against its reference (``app.quality.text``); None without a probe."""
 
     def sentence(self) -> str:
         """The one line a presenter reads out."""
@@ -133,7 +136,16 @@ def headline(comparison: Comparison, column: int, *, keys: Sequence[str] = HEADL
         kind = comparison.runs[base].engine_kind or "vllm"
         engine_defaults = declared_defaults(kind)
     change = describe_change(comparison.config_diff, base, column, engine_defaults=engine_defaults)
-    return Headline(labels[base], labels[column], change, figures, lead)
+    return Headline(labels[base], labels[column], change, figures, lead, compared_quality(comparison, column))
+
+
+def compared_quality(comparison: Comparison, column: int) -> QualityKept | None:
+    """Column ``column``'s quality in words; its reference named as the comparison names it when
+    the reference is one of the compared runs (``#12 fp16``)."""
+    run = comparison.runs[column]
+    reference_id = ((run.quality or {}).get("reference") or {}).get("run_id")
+    named = {r.id: label for r, label in zip(comparison.runs, comparison.labels(), strict=True)}
+    return quality_kept(run.quality, named.get(reference_id) if reference_id is not None else None)
 
 
 def headlines(comparison: Comparison, *, engine_defaults: Mapping[str, Any] | None = None) -> list[Headline]:
@@ -152,7 +164,9 @@ def money_line(comparison: Comparison, column: int, costs: Sequence[RunCost]) ->
     change = headline(comparison, column).change or f"{labels[base]} \u2192 {labels[column]}"
     row = comparison.metric("output_tok_per_s")
     tok_per_s = list(row.values) if row is not None else [None] * len(comparison.runs)
-    return before_after_cost_text(change, costs[base], costs[column], tok_per_s[base], tok_per_s[column])
+    kept = compared_quality(comparison, column)
+    return before_after_cost_text(change, costs[base], costs[column], tok_per_s[base], tok_per_s[column],
+                                  quality=kept.short if kept is not None else "")
 
 
 def money_lines(comparison: Comparison, prices: PriceTable) -> tuple[list[RunCost], list[str]]:

@@ -31,6 +31,7 @@ from app.events import (
     Notice,
     PhaseChanged,
     Progress,
+    QualityMeasured,
     RequestDone,
     RequestsDone,
     RunFinished,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 LIVE_SOURCES = (CLIENT_SOURCE, "engine")
 """Sources whose latest values the tiles read (the client's rolling figures, the engine's own)."""
 LIVE_KINDS = (Sample, RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
-              RunFinished, TelemetrySupport, Notice)
+              QualityMeasured, RunFinished, TelemetrySupport, Notice)
 """What a live run folds, and so what the window's bus subscription takes: request records are
 the store's business, campaigns the campaign tabs'."""
 LOG_TAIL_LINES = 2000
@@ -74,6 +75,7 @@ class LiveRun:
         self.level_finished: Listeners[LevelFinished] = Listeners()
         self.support_changed: Listeners[TelemetrySupport | None] = Listeners()
         self.noticed: Listeners[Notice] = Listeners()
+        self.quality_measured: Listeners[QualityMeasured] = Listeners()
         self.finished: Listeners[RunFinished] = Listeners()
         self.logged: Listeners[list[str]] = Listeners()
         self.config: RunConfig | None = None
@@ -99,6 +101,8 @@ class LiveRun:
         self.notices: list[str] = []
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.outcome: RunFinished | None = None
+        self.quality: QualityMeasured | None = None
+        """The quality probe's figures, once it ended (after the last level)."""
         self.nodes: dict[str, str] = {}
         """Run id -> the cluster node it runs on (its ``node:`` tag): the trials of a campaign on a
         cluster run side by side, and each one's lines say where they come from."""
@@ -176,6 +180,9 @@ class LiveRun:
             case Notice() as notice:
                 self.notices.append(notice.message)
                 self.noticed.emit(notice)
+            case QualityMeasured() as quality:
+                self.quality = quality
+                self.quality_measured.emit(quality)
             case RunFinished() as outcome:
                 self.outcome = outcome
                 self.finished.emit(outcome)

@@ -44,10 +44,12 @@ from app.errors import UserError
 from app.events import NOTE_PREFIX
 from app.export import DATA_FORMATS, SCRIPT_FORMATS, STDOUT, Target, export, import_results
 from app.export.files import check_target
+from app.headline import compared_quality
 from app.money import short_text
 from app.profiles import ProfileError, resolve_profile
 from app.quality.probe import quality_cell, shown_quality
 from app.quality.task_accuracy import Z_95, compare_task_accuracy, comparison_lines
+from app.quality.text import quality_kept
 from app.store import RunInfo, RunStore, StoreError, StoreMissing
 from db.models import RUN_STATUSES
 from engine_adapters.registry import engine_terms_for
@@ -387,6 +389,18 @@ def _print_comparison(c: Comparison) -> None:
         print(f"\n{len(c.series)} telemetry series aligned at {c.bin_s:g} s (see --json or an html export)")
 
 
+def _print_quality(c: Comparison) -> None:
+    """Each probed run's quality against its reference, in the words every face uses
+    (``app.quality.text``); nothing when no run was probed."""
+    kept = [compared_quality(c, i) for i in range(len(c.runs))]
+    if not any(kept):
+        return
+    print("\nquality (the probe against each run's reference; 'within the noise floor': nothing measurably lost):")
+    for i, (run, said) in enumerate(zip(c.runs, kept, strict=True)):
+        label = f"#{run.id}" + (" (base)" if i == c.baseline else "")
+        print(safe(f"  {label}: {said.text if said is not None else 'no quality probe'}"))
+
+
 def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable, good_slo_text: str = "") -> None:
     """$ per 1M tokens per run and the factor against the baseline in words (lower is better)."""
     labels = [f"#{r.id}" + (" (base)" if i == c.baseline else "") for i, r in enumerate(c.runs)]
@@ -395,9 +409,12 @@ def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable, good_s
           "GPU-hour / (tok/s x 3600) x 1e6):")
     rows = []
     good = any(cost.good_output is not None for cost in costs)
+    kept = [quality_kept(run.quality) for run in c.runs]  # beside the price: what it kept of the reference
+    quality = [[k.figure if k is not None else "-"] for k in kept] if any(k and k.measured for k in kept) \
+        else [[] for _ in kept]
     for i, cost in enumerate(costs):
         if cost.output.usd is None:
-            rows.append([labels[i], "n/a", "n/a", *(["n/a"] if good else []), "-"])
+            rows.append([labels[i], "n/a", "n/a", *(["n/a"] if good else []), *quality[i], "-"])
             continue
         factor = "" if i == c.baseline else cost_factor_text(base, cost)
         good_cells = []
@@ -405,8 +422,9 @@ def _print_costs(c: Comparison, costs: list[RunCost], prices: PriceTable, good_s
             good_usd = cost.good_output.usd if cost.good_output is not None else None
             good_cells = [usd_text(good_usd) if good_usd is not None else "n/a"]
         rows.append([labels[i], usd_text(cost.output.usd) + (f" ({factor})" if factor else ""),
-                     usd_text(cost.total.usd), *good_cells, cost.price_text()])
-    _table(rows, ["RUN", "$/1M OUTPUT TOKENS", "$/1M TOTAL TOKENS", *(["$/1M GOOD OUTPUT"] if good else []), "PRICE"])
+                     usd_text(cost.total.usd), *good_cells, *quality[i], cost.price_text()])
+    _table(rows, ["RUN", "$/1M OUTPUT TOKENS", "$/1M TOTAL TOKENS", *(["$/1M GOOD OUTPUT"] if good else []),
+                  *(["QUALITY KEPT"] if quality[0] else []), "PRICE"])
     for label, cost in zip(labels, costs, strict=True):
         if cost.reason:  # below the table, so a long reason does not widen it
             print(safe(f"{label}: cost: n/a ({cost.reason})"))
@@ -453,6 +471,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         _print_comparison(comparison)
+        _print_quality(comparison)
         if accuracy:
             print(f"\ntask accuracy (lm-eval; beyond noise: |a - b| > {Z_95} x sqrt(se_a^2 + se_b^2)):")
             labels = [f"#{r.id}" + (" (base)" if i == comparison.baseline else "") for i, r in enumerate(comparison.runs)]

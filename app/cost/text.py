@@ -143,9 +143,10 @@ def sources_text(costs: Iterable[RunCost]) -> str:
 
 
 def before_after_cost_text(change: str, base: RunCost, other: RunCost, base_tok_per_s: float | None,
-                           other_tok_per_s: float | None) -> str:
+                           other_tok_per_s: float | None, quality: str = "") -> str:
     """The before/after line in money: ``prefix caching off -> on: 2.4x the throughput per GPU,
-    $1.84 -> $0.77 per 1M output tokens (default price, as of 2026-12)``; or why there is no cost."""
+    $1.84 -> $0.77 per 1M output tokens (default price, as of 2026-12)``; or why there is no cost.
+    ``quality`` (``quality kept 99.6%``, ``app.quality.text``) goes beside the price."""
     missing = [c for c in (base, other) if c.output.usd is None]
     if missing:
         return f"{change}: cost n/a (" + "; ".join(f"#{c.run_id}: {c.output.reason}" for c in missing) + ")"
@@ -153,4 +154,4 @@ def before_after_cost_text(change: str, base: RunCost, other: RunCost, base_tok_
     units = base.unit if base.unit == other.unit else "GPU or core"
     throughput = f"{per_unit:.1f}x the throughput per {units}, " if per_unit is not None else ""
     return (f"{change}: {throughput}{usd_text(base.output.usd)} \u2192 {usd_text(other.output.usd)} per 1M output "
-            f"tokens ({sources_text((base, other))})")
+            f"tokens ({sources_text((base, other))})" + (f", {quality}" if quality else ""))

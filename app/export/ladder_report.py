@@ -132,7 +132,8 @@ def launch_script(row: StepRow, fmt: str = "bash", engine_version: str | None = 
     runtime = config.engine.runtime
     if version is None and runtime.kind == "managed" and runtime.managed in MANAGED_RUNTIMES:
         version = MANAGED_RUNTIMES[runtime.managed].version
-    return render_launch(LaunchSpec(config, f"step {row.index + 1} '{row.name}' of a tunebench ladder", version), fmt)
+    return render_launch(LaunchSpec(config, f"step {row.index + 1} '{row.name}' of a tunebench ladder", version,
+                                    quality=row.quality), fmt)
 
 
 def render_ladder_report(state: LadderState, *, title: str | None = None,

@@ -28,6 +28,7 @@ from app.errors import UserError
 from app.export.disaggregated import render_pd
 from app.export.quoting import slug, templates
 from app.profiles import ProfileError, load_profile
+from app.quality.text import quality_kept
 from app.store import RunDetail
 from engine_adapters.base import BESIDE_SCRIPT
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
@@ -40,7 +41,7 @@ from engine_adapters.runtimes import (
     is_cpu_build,
     runtime_env,
 )
-from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj
+from engine_adapters.secrets import MASK, is_secret_name, mask_argv, mask_env, mask_obj, mask_text
 from engine_adapters.vllm import CPU_IMAGE, GPU_IMAGE
 
 ScriptFormat = Literal["bash", "docker", "compose", "k8s", "ray", "k8s-multinode", "llm-d"]
@@ -71,6 +72,9 @@ class LaunchSpec:
     """The environment tunebench gave the measured engine (a stored run's ``env``): what the
     script cannot carry to another machine, such as the cores a CPU engine was bound to, is named
     in its header."""
+    quality: dict[str, Any] | None = None
+    """The quality measured for this configuration (a run's, a ladder step's or a tune
+    candidate's ``quality``): named in the header (``app.quality.text``)."""
 
 
 def spec_from_run(run: RunDetail) -> LaunchSpec:
@@ -82,7 +86,8 @@ def spec_from_run(run: RunDetail) -> LaunchSpec:
     except ValidationError as exc:
         raise UserError(f"run {run.id}: its stored configuration is not valid any more: "
                         f"{exc.errors()[0]['msg']}") from None
-    return LaunchSpec(config, f"run {run.id} ({run.name}, {run.status})", run.engine_version, dict(run.env or {}))
+    return LaunchSpec(config, f"run {run.id} ({run.name}, {run.status})", run.engine_version, dict(run.env or {}),
+                      run.quality)
 
 
 def spec_from_profile(path: str | Path) -> LaunchSpec:
@@ -271,8 +276,19 @@ def _header(spec: LaunchSpec, launch: _Launch, docker: bool) -> dict[str, Any]:
         "engine_version": spec.engine_version or "unknown (not recorded)", "runtime": engine.runtime.kind,
         "model": engine.model, "served_model_name": launch.engine.served_model_name or engine.model,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "install_hint": install,
-        "measured_binding": measured_binding(spec, launch),
+        "measured_binding": measured_binding(spec, launch), "quality": quality_lines(spec.quality),
     }
+
+
+def quality_lines(figures: dict[str, Any] | None) -> list[str]:
+    """The header's word on the quality measured for this configuration (none where no probe
+    ran); masked like every other line of the header, an error line may quote an engine's reply."""
+    kept = quality_kept(figures)
+    if kept is None:
+        return []
+    measured = f" ({figures.get('prompts')} prompts x {figures.get('output_tokens')} tokens)" \
+        if figures and kept.measured else ""
+    return [f"Quality measured for this configuration{measured}: {mask_text(kept.text)}"]
 
 
 def _split_docker(argv: list[str], image: str) -> tuple[list[str], list[str]]:

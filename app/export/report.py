@@ -247,6 +247,8 @@ def _roofline_charts(comparison: Comparison) -> tuple[list[dict[str, str]], list
 def _headline_items(items: Sequence[Headline]) -> list[dict[str, object]]:
     """The A/B headline of each compared run (``app.headline``), for the card at the top."""
     return [{"sentence": h.sentence(),
+             "quality": h.quality.text if h.quality is not None else "",
+             "quality_greyed": h.quality is not None and h.quality.greyed,
              "figures": [{"text": f.values_text(), "change": f.factor if f.verdict != "same"
                           else "no significant difference", "verdict": f.verdict, "note": f.note}
                          for f in h.figures]} for h in items]

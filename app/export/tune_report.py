@@ -114,7 +114,9 @@ def pick_launch_script(state: TuneState, fmt: str = "bash", engine_version: str 
     if version is None and runtime.kind == "managed" and runtime.managed in MANAGED_RUNTIMES:
         version = MANAGED_RUNTIMES[runtime.managed].version
     source = f"the pick of tunebench tune {state.tune_id} ({state.pick.label} at {state.pick.load_label}, SLO {state.slo})"
-    return render_launch(LaunchSpec(config, source, version), fmt)
+    candidate = next((c for c in state.candidates if c.index == state.pick.candidate), None)
+    quality = candidate.quality if candidate is not None else None
+    return render_launch(LaunchSpec(config, source, version, quality=quality), fmt)
 
 
 # --- the chart ---------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from app.cost import RunCost, live_cost, usd_text
 from app.gui.discard import discard
 from app.gui.fit_label import FitLabel
 from app.gui.live import StartupView
+from app.gui.quality_view import QUALITY_TILE, show_quality, waiting_for_quality
 from app.gui.roofline import RooflinePanel, style_plot
 from app.gui.series import (
     TILES,
@@ -152,6 +153,9 @@ class TileRow(QWidget):
         self.cost_tile = Tile(COST_TILE)
         row.addWidget(self.cost_tile)
         self.cost_tile.show("–", COST_TILE.label, "once the run starts", COST_TILE_TIP)
+        self.quality_tile = Tile(QUALITY_TILE)  # beside the price: what the run kept (app.gui.quality_view)
+        self.quality_tile.setVisible(False)
+        row.addWidget(self.quality_tile)
         outer.addLayout(row)
         self.plan: Plan | None = None
         self.plan_note = "no plan yet"
@@ -258,8 +262,16 @@ class TileRow(QWidget):
         """The run's cost per 1M output tokens (``value``: ``$0.77``, or ``n/a`` with ``why``)."""
         self.cost_tile.show(value, COST_TILE.label, sub, f"{why}\n{COST_TILE_TIP}" if why else COST_TILE_TIP)
 
+    def show_quality(self, shown: Mapping[str, Any] | None, *, waiting: bool = False) -> None:
+        """The quality tile: the probe's figures, or (``waiting``) that they come after the load."""
+        if waiting:
+            waiting_for_quality(self.quality_tile)
+        else:
+            show_quality(self.quality_tile, shown)
+
     def live(self, header: str = "") -> None:
         """Back to live figures (a new run)."""
+        self.show_quality(None)
         self.mode = "live"
         self.flagged = {}
         self.set_header(header)

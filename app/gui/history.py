@@ -53,6 +53,7 @@ from app.distributions import aligned, load_start_offsets
 from app.gui.capacity_box import CapacityBox
 from app.gui.discard import discard
 from app.gui.findings_panel import FindingsPanel
+from app.gui.quality_view import OutputsView
 from app.gui.series import series_label
 from app.gui.theme import LIGHT
 from app.headline import Headline
@@ -458,6 +459,12 @@ class HeadlineCard(QFrame):
                 cost.setWordWrap(True)
                 cost.setStyleSheet(f"color: {LIGHT.accent}; font-weight: 600;")
                 labels.append(cost)
+            if headline.quality is not None:  # greyed when within the reference's noise floor
+                kept = _plain_label(headline.quality.text)
+                kept.setObjectName("headlineQuality")
+                kept.setWordWrap(True)
+                kept.setStyleSheet(f"color: {LIGHT.muted if headline.quality.greyed else LIGHT.foreground};")
+                labels.append(kept)
             for text, finding in why_lines(why[i]) if i < len(why) else ():
                 line = _plain_label(text if finding is None else "\u2192 " + text)
                 line.setObjectName("headlineWhy")
@@ -607,6 +614,8 @@ class CompareView(QWidget):
             self.capacity = CapacityBox(with_store)
             cost_box.addWidget(self.capacity, 1)
         self.charts.addTab(cost_page, "Cost and capacity")
+        self.outputs = OutputsView()  # the A/B of outputs (app.gui.quality_view)
+        self.charts.addTab(self.outputs, "Outputs side by side")
         split.addWidget(self.charts)
         split.setSizes([300, 300])
         layout.addWidget(split, 1)
@@ -662,6 +671,9 @@ class CompareView(QWidget):
         self.baseline.blockSignals(False)
         self.card.show_headlines(self.extras.headlines, self.extras.money_lines, self.extras.why)
         self._fill_costs()
+        others = [label for i, label in enumerate(labels) if i != comparison.baseline]
+        self.outputs.show_pairs(self.extras.outputs, self.extras.outputs_note, labels[comparison.baseline],
+                                others[0] if others else "")
         headers = [label.replace(" ", "\n", 1) for label in labels]  # "#12" over the name: narrow columns
 
         self.diff.clear()
@@ -905,6 +917,7 @@ class CompareView(QWidget):
         self.sweep.clear()
         self.cost_table.setRowCount(0)
         self.cost_note.setText("")
+        self.outputs.clear()
         if self.capacity is not None:
             self.capacity.set_runs([])
         self.card.setVisible(False)

@@ -27,6 +27,7 @@ from app.events import (
     Notice,
     PhaseChanged,
     Progress,
+    QualityMeasured,
     RunFinished,
     RunStarted,
     TelemetrySupport,
@@ -113,6 +114,7 @@ class LiveTab(QWidget):
         live.level_finished.connect(self._level_finished)
         live.support_changed.connect(lambda _support: self.apply_support())
         live.noticed.connect(self._noticed)
+        live.quality_measured.connect(self._quality_measured)
         live.finished.connect(self._finished)
         live.logged.connect(self.log_view.append)
 
@@ -143,6 +145,13 @@ class LiveTab(QWidget):
         self.live_findings.begin(started)
         self._live_title = f"run {started.name} so far"
         self._live_timer.start()
+        # The desk's tiles only: a projector at 1024x768 and 150% has no room for a ninth tile
+        # above its plots (the before/after view says the quality kept).
+        quality = started.config.quality
+        self.dashboard.tiles.show_quality(None, waiting=quality is not None and quality.enabled)
+
+    def _quality_measured(self, measured: QualityMeasured) -> None:
+        self.dashboard.tiles.show_quality(measured.quality)
 
     def _phase_changed(self, phase: PhaseChanged) -> None:
         detail = self.live.on_node(phase.run_id, phase.detail)

@@ -95,6 +95,10 @@ class BeforeAfterView(QWidget):
         self.money = _label("", 22, DARK.accent, bold=True)
         self.money.setObjectName("beforeAfterMoney")
         layout.addWidget(self.money)
+        self.quality = _label("", 18, DARK.foreground, bold=True)  # greyed within the noise floor
+        self.quality.setObjectName("beforeAfterQuality")
+        self.quality.setVisible(False)
+        layout.addWidget(self.quality)
         self.note = _label("", 13, DARK.muted)
         layout.addWidget(self.note)
         layout.addStretch(1)
@@ -115,6 +119,10 @@ class BeforeAfterView(QWidget):
         self.money.setVisible(bool(money))
         self.why.setText(why)
         self.why.setVisible(bool(why))
+        kept = headline.quality
+        self.quality.setText(kept.text if kept is not None else "")
+        self.quality.colour = DARK.muted if kept is None or kept.greyed else DARK.foreground
+        self.quality.setVisible(kept is not None)
         lead = headline.lead
         self.sentence.setText(lead.text() if lead is not None else "No clear difference in the headline figures")
         while self.grid.count():

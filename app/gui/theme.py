@@ -61,6 +61,7 @@ def stylesheet(theme: Theme) -> str:
             f"QFrame#tile {{ background: {theme.panel}; border-radius: 10px; }}"
             f"QLabel#tileValue {{ font-size: {theme.tile_value_pt}pt; font-weight: 600; color: {theme.foreground}; "
             f"background: transparent; }}"
+            f"QLabel#tileValue[greyed=\"true\"] {{ color: {theme.muted}; }}"
             f"QLabel#tileLabel {{ font-size: {theme.tile_label_pt}pt; color: {theme.muted}; background: transparent; }}"
             f"QLabel#tileSub {{ font-size: {theme.tile_sub_pt}pt; color: {theme.muted}; background: transparent; }}"
             f"QLabel#tileHeader {{ font-size: {theme.header_pt}pt; color: {theme.muted}; font-weight: 600; }}"

@@ -13,13 +13,23 @@ from pytestqt.exceptions import TimeoutError as WaitTimeout
 
 from app.events import Progress
 from app.gui.main_window import MainWindow
+from app.gui.theme import DARK
 from app.headline import Headline, HeadlineFigure
+from app.quality.text import quality_kept
 from tests.gui.text_fit import cut_labels, cut_plot_texts, logical_sizes
 
 SIX_DIGITS = 123456.7
 LONGEST_SUMMARY = {"output_tok_per_s": SIX_DIGITS, "ttft_ms_p50": 38.5, "engine_ttft_ms_mean": 31.7,
                    "itl_ms_p50": 2.42, "engine_itl_ms_mean": 3.21, "requests_completed": 400000,
                    "requests_failed": 0}
+
+
+LONGEST_QUALITY = {"measured": True, "within_noise": True,
+                   "reference": {"kind": "ladder baseline", "label": "step 1 (baseline with a long name)"},
+                   "agreement": {"token_share": 0.996}, "kld": {"mean": 0.00123, "error": 0.0003,
+                                                                 "positions_with_tail": 4},
+                   "accuracy": {"task": "demo_repeat", "value": 0.94, "stderr": 0.021, "reference_value": 0.95}}
+"""The probe's longest words: a long reference name, a KLD lower bound, accuracy, within noise."""
 
 
 def _longest_figures(window: MainWindow) -> None:
@@ -38,6 +48,7 @@ def _longest_figures(window: MainWindow) -> None:
         row.limit_tile.show("100%", "% of limit", "of 127,641 at batch 256.0")
         row.show_cost("$0.000123", "8 GPU x 2.49 $/GPU-h (default price, as of 2026-12)")
         plots.panels["tokens"].set_ceiling(2_764_100.0)
+    window.dashboard.tiles.show_quality(LONGEST_QUALITY)  # the desk's row only (a projector has no room)
     window.dashboard.show_plots()
 
 
@@ -75,11 +86,13 @@ def test_the_before_after_view_never_cuts_a_figure(qtbot, window: MainWindow, tm
                HeadlineFigure("ttft_ms_p50", "TTFT p50", "ms", 121.0, 173.0, "121", "173", "", "unreliable",
                               note="the client was starved: its timings are not the engine's")]
     headline = Headline("prefix caching off (run 12, 2026-12-04 21:40)", "prefix caching on (run 13, 2026-12-04 21:45)",
-                        "prefix caching off \u2192 on", figures, figures[0])
+                        "prefix caching off \u2192 on", figures, figures[0], quality_kept(LONGEST_QUALITY))
     qtbot.keyClick(window, Qt.Key.Key_F11)
     window.showNormal()
     window.presentation.show_before_after(headline, "$0.000123 \u2192 $0.000002 per 1M output tokens (98% less)")
     assert window.presentation.page == "before_after"
+    quality = window.presentation.before_after.quality
+    assert quality.text().endswith("; within the noise floor") and DARK.muted in quality.styleSheet()  # greyed
     _fits_at_every_size(qtbot, window, lambda: cut_labels(window.presentation), tmp_path, "before-after")
 
 
