@@ -19,8 +19,14 @@ cut down to what the demo model has:
   engines see the same prompt tokens.
 - The chat template travels as ``tokenizer.chat_template``.
 
+**Quantization.** ``quantize_file`` writes a 16-bit GGUF's layer matrices in one of llama.cpp's
+block types (``q8_0``, ``q4_0``: the ``gguf`` package quantizes them, not the K-quants), keeping
+the norms, the embedding and the output head as they are and copying the metadata with the new
+file type: what ``weights_dtype`` serves on llama.cpp.
+
 Run as a script by the llama.cpp runtime's interpreter, which has ``gguf`` and ``numpy``:
-``python llamacpp_gguf.py SRC_DIR OUT.gguf``. It imports nothing from tunebench (the engine's venv
+``python llamacpp_gguf.py SRC_DIR OUT.gguf``, or ``python llamacpp_gguf.py --quantize SRC.gguf
+OUT.gguf q4_0``. It imports nothing from tunebench (the engine's venv
 does not have it), and its output is deterministic: the same model gives the same bytes.
 """
 

@@ -101,6 +101,8 @@ def ensure_quantized_gguf(source: Path, weights_dtype: str, python: str | None,
     """``source`` (a 16-bit GGUF) with its weights in ``weights_dtype``, quantized with ``python``
     (an interpreter that has ``gguf``) when it is not cached yet. Written under a temporary name
     and renamed, so a torn or concurrent quantization never leaves a partial file in its place."""
+    if not source.is_file():
+        raise RuntimeErrorMessage(f"model file not found: {source}")
     target = quantized_gguf_path(source, weights_dtype)
     if target.is_file():
         return target

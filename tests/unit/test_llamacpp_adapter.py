@@ -37,8 +37,14 @@ from engine_adapters.llamacpp_gguf import (
     permute_heads,
     vocab_from_tokenizer,
 )
-from engine_adapters.llamacpp_runtime import gguf_demo_dir, gguf_demo_path, quantized_gguf_path
+from engine_adapters.llamacpp_runtime import (
+    ensure_quantized_gguf,
+    gguf_demo_dir,
+    gguf_demo_path,
+    quantized_gguf_path,
+)
 from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import RuntimeErrorMessage
 from tests.feature_changes import every_feature_changed
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -297,6 +303,10 @@ def test_quantized_files_are_cached_beside_the_demo_gguf_or_by_the_sources_ident
     assert quantized_gguf_path(source, "q8_0") != first  # an edited source is quantized again
     with pytest.raises(ValueError, match="not a GGUF weight type"):
         quantized_gguf_path(source, "fp8")
+    with pytest.raises(RuntimeErrorMessage, match="model file not found"):
+        ensure_quantized_gguf(tmp_path / "gone.gguf", "q8_0", None)
+    with pytest.raises(RuntimeErrorMessage, match="llamacpp-cpu runtime"):  # nothing to quantize with
+        ensure_quantized_gguf(source, "q8_0", None)
 
 
 # --- flags of the installed version -------------------------------------------------------------
