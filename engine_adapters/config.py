@@ -114,7 +114,14 @@ class EngineConfig(StrictModel):
         return value
 
 
-WeightsDtype = Literal["auto", "bf16", "fp16", "fp8", "awq", "gptq"]
+WeightsDtype = Literal["auto", "bf16", "fp16", "fp8", "awq", "gptq", "q8_0", "q4_0"]
+GGUF_WEIGHT_BITS: dict[str, float] = {"q8_0": 8.5, "q4_0": 4.5}
+"""llama.cpp's block-quantized weight types that tunebench makes from a model's 16-bit GGUF (the
+``gguf`` package quantizes them; not the K-quants), and their bits per weight with the block's
+scale: a block of 32 weights is 32 8-bit (Q8_0) or 4-bit (Q4_0) values plus one FP16 scale, so 34
+or 18 bytes. The one table of these types: the adapters, the quantizer and the planner read it."""
+GGUF_WEIGHTS_ENGINE = "llamacpp"
+"""The engine that serves those types (the others quantize weights their own way: FP8, AWQ, GPTQ)."""
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"]
 """``q8_0``/``q4_0``: llama.cpp's block-quantized KV cache (8 and 4 bits plus a scale per 32 values)."""
 SpecMethod = Literal["off", "ngram", "eagle", "eagle3", "mtp", "draft_model"]

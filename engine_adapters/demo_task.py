@@ -23,6 +23,9 @@ WORDS: tuple[str, ...] = (
 PROMPT_PREFIX = "repeat:"
 PROMPT_SUFFIX = " =>"
 ANSWER_END = "."
+EXAMPLE_SEPARATOR = "\n"
+"""Between examples packed in one training sequence: after its answer the model goes on with the
+next example, so a generation past the answer (``ignore_eos``) stays in the task's format."""
 MIN_WORDS = 2
 MAX_WORDS = 6
 

@@ -32,6 +32,9 @@ class Capability(StrEnum):
     MULTI_GPU = "as many visible GPUs as the parallel size"
 
 
+FP8_CAPABILITIES = frozenset({Capability.FP8_COMPUTE, Capability.FP8_KV_ON_CPU})
+
+
 @dataclass(frozen=True)
 class FeatureInfo:
     """Human description of one feature (one field path in ``Features``)."""
@@ -46,6 +49,12 @@ class FeatureInfo:
     """The engines (kinds) that offer it; empty: every engine tunebench launches. Each adapter's
     ``validate`` refuses a feature it lacks, with its reason, so the GUI greys the toggle."""
 
+    def requires_for(self, value: object) -> tuple[Capability, ...]:
+        """What the hardware must offer for this feature at ``value``: an FP8 capability only
+        for an FP8 value (llama.cpp's Q8_0 weights need no FP8 GPU)."""
+        fp8 = "fp8" in str(value)
+        return tuple(cap for cap in self.requires if fp8 or cap not in FP8_CAPABILITIES)
+
     @property
     def noun(self) -> str:
         """The label inside a sentence: "GPU layers", "flash attention"."""
@@ -56,7 +65,9 @@ FEATURES: tuple[FeatureInfo, ...] = (
     FeatureInfo(
         "weights_dtype", "Weight precision", Family.MOVE_FEWER_BYTES,
         "Decode reads every weight once per step, so it is bound by memory bandwidth: FP8 halves the "
-        "bytes of BF16 weights (INT4 AWQ/GPTQ quarters them), which almost doubles single-stream speed.",
+        "bytes of BF16 weights (INT4 AWQ/GPTQ quarters them), which almost doubles single-stream speed. "
+        "On llama.cpp the GGUF types Q8_0 and Q4_0 (8.5 and 4.5 bits per weight) are made here from the "
+        "16-bit file. Fewer bits cost output quality: measure it.",
         "bytes moved", (Capability.FP8_COMPUTE,),
     ),
     FeatureInfo(

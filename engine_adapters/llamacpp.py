@@ -25,8 +25,9 @@ there; never on the command line) and ``/metrics`` on (``--metrics``).
 batching); prefix caching -> ``--cache-prompt`` / ``--no-cache-prompt --cache-ram 0``;
 speculative decoding -> ``--spec-type ngram-simple`` or a draft model (``-md``), EAGLE-3 and
 MTP; GPU layers -> ``-ngl``; flash attention -> ``-fa on|off``; max model length -> ``-c``
-(per slot); max batched tokens -> ``-b``. Weight precision comes from the GGUF file, and
-llama.cpp has no utilization fraction, GiB offload, tensor/pipeline parallel sizes or
+(per slot); max batched tokens -> ``-b``. Weight precision is the GGUF file: ``auto`` serves it as
+it is, ``q8_0``/``q4_0`` serve a copy quantized here from the 16-bit GGUF (``llamacpp_runtime``),
+verified by the type the engine reports loading. llama.cpp has no utilization fraction, GiB offload, tensor/pipeline parallel sizes or
 CUDA-graph switch: those are refused with what to do instead.
 
 Facts about llama.cpp live here; ``llamacpp_serve.py`` (the wheel's command line),
@@ -62,11 +63,17 @@ from engine_adapters.command_line import (
     value_flag,
 )
 from engine_adapters.command_line import diagnosis_rule as _rule
-from engine_adapters.config import DEMO_MODEL, EngineConfig, Features
+from engine_adapters.config import DEMO_MODEL, GGUF_WEIGHT_BITS, EngineConfig, Features
 from engine_adapters.hardware import HardwareInfo
-from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model, gguf_demo_path, gguf_demo_ready
+from engine_adapters.llamacpp_runtime import (
+    ensure_gguf_demo_model,
+    ensure_quantized_gguf,
+    gguf_demo_path,
+    gguf_demo_ready,
+)
 from engine_adapters.runtimes import (
     COMPLETE_MARKER,
+    MANAGED_RUNTIMES,
     RuntimeErrorMessage,
     demo_model_dir,
     managed_runtime,
@@ -186,6 +193,8 @@ FLASH_ATTN_RE = re.compile(r"llama_context: flash_attn\s+= (\w+)")
 KV_ALLOC_RE = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB .*K \((?P<k>\w+)\): +(?P<k_mib>[\d.]+) MiB, "
                          r"V \((?P<v>\w+)\): +(?P<v_mib>[\d.]+) MiB")
 OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+FILE_TYPE_RE = re.compile(r"print_info: file type\s+= (\S+)")
+TENSOR_TYPES_RE = re.compile(r"llama_model_loader: - type\s+(\w+):\s+(\d+) tensors")
 
 
 
@@ -284,6 +293,16 @@ class LlamaCppAdapter(CommandLineAdapter):
         python = resolve_python(engine) if engine.runtime.kind in ("managed", "python") else None
         return str(ensure_gguf_demo_model(python))
 
+    def build_argv(self, engine: EngineConfig, features: Features, port: int, *, portable: bool = False) -> list[str]:
+        """The shared argv, with the model file quantized to ``weights_dtype`` when it is a GGUF
+        weight type (made on first use, then cached)."""
+        argv = super().build_argv(engine, features, port, portable=portable)
+        if features.weights_dtype in GGUF_WEIGHT_BITS:
+            at = argv.index(str(self.spec.model_flag)) + 1
+            argv[at] = str(ensure_quantized_gguf(Path(argv[at]).expanduser(), features.weights_dtype,
+                                                 _gguf_python(engine)))
+        return argv
+
     def help_identity(self, engine: EngineConfig, command: Sequence[str]) -> str:
         """The wheel's flags are its runner script's: the script's hash is part of the identity."""
         identity = " ".join(command)
@@ -327,9 +346,10 @@ class LlamaCppAdapter(CommandLineAdapter):
         issues: list[ValidationIssue] = []
         add = issues.append
         spec = features.speculative
-        if features.weights_dtype != "auto":
-            add(ValidationIssue("weights_dtype", "llama.cpp takes the weight type from the GGUF file: choose a GGUF "
-                                                 "quantized the way you want (e.g. Q8_0, Q4_K_M)"))
+        if features.weights_dtype != "auto" and features.weights_dtype not in GGUF_WEIGHT_BITS:
+            add(ValidationIssue("weights_dtype", f"llama.cpp's weight types are GGUF ones: auto (the file's own) or "
+                                                 f"{', '.join(GGUF_WEIGHT_BITS)} (made here from its 16-bit GGUF), "
+                                                 f"not {features.weights_dtype}"))
         if features.kv_cache_dtype.startswith("fp8"):
             add(ValidationIssue("kv_cache_dtype", "llama.cpp has no FP8 KV cache: this runs q8_0 (8-bit values with "
                                                   "a scale per 32, 1.06 bytes each), its nearest type", "warning"))
@@ -382,8 +402,10 @@ class LlamaCppAdapter(CommandLineAdapter):
     # -- verification ---------------------------------------------------------------------------
 
     def verify_settings(self, features: Features, log_lines: Sequence[str]) -> list[FeatureCheck]:
-        """The sizes llama.cpp logged, then the flash attention and GPU layers it reports."""
+        """The sizes llama.cpp logged, then the weight type, flash attention and GPU layers it reports."""
         checks = super().verify_settings(features, log_lines)
+        if features.weights_dtype in GGUF_WEIGHT_BITS:
+            checks.append(verify_weights_dtype(features.weights_dtype, log_lines))
         if features.flash_attention is not None:
             fa = next((m.group(1) for m in map(FLASH_ATTN_RE.search, log_lines) if m), None)
             want = "enabled" if features.flash_attention else "disabled"
@@ -427,6 +449,27 @@ class LlamaCppAdapter(CommandLineAdapter):
         if abs(per_value - expected) <= expected * KV_BYTES_TOLERANCE:
             return FeatureCheck("kv_cache_dtype", dtype, "verified", seen)
         return FeatureCheck("kv_cache_dtype", dtype, "accepted", seen + ", which fits no prediction")
+
+
+def verify_weights_dtype(dtype: str, log_lines: Sequence[str]) -> FeatureCheck:
+    """The file type llama.cpp reports for the GGUF it loaded (``print_info: file type = Q4_0``)
+    and its tensors by type: verified when the file is the type asked for."""
+    file_type = next((m.group(1) for m in map(FILE_TYPE_RE.search, log_lines) if m), None)
+    tensors = ", ".join(f"{m.group(2)} {m.group(1)}" for m in map(TENSOR_TYPES_RE.search, log_lines) if m)
+    if file_type is None:
+        return FeatureCheck("weights_dtype", dtype, "unknown",
+                            f"the engine logged no file type (it does at log verbosity {LOG_VERBOSITY})")
+    seen = f"the engine loaded a {file_type} GGUF" + (f" (tensors: {tensors})" if tensors else "")
+    return FeatureCheck("weights_dtype", dtype, "verified" if file_type.lower() == dtype else "not active", seen)
+
+
+def _gguf_python(engine: EngineConfig) -> str | None:
+    """An interpreter that has ``gguf``: the engine's own, or the llamacpp-cpu runtime's beside a
+    llama-server executable."""
+    if engine.runtime.kind in ("managed", "python"):
+        return resolve_python(engine)
+    fallback = MANAGED_RUNTIMES["llamacpp-cpu"]
+    return str(fallback.interpreter) if fallback.is_installed() else None
 
 
 def _runtime_issues(engine: EngineConfig) -> list[ValidationIssue]:

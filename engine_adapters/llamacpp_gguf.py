@@ -19,8 +19,14 @@ cut down to what the demo model has:
   engines see the same prompt tokens.
 - The chat template travels as ``tokenizer.chat_template``.
 
+**Quantization.** ``quantize_file`` writes a 16-bit GGUF's layer matrices in one of llama.cpp's
+block types (``q8_0``, ``q4_0``: the ``gguf`` package quantizes them, not the K-quants), keeping
+the norms, the embedding and the output head as they are and copying the metadata with the new
+file type: what ``weights_dtype`` serves on llama.cpp.
+
 Run as a script by the llama.cpp runtime's interpreter, which has ``gguf`` and ``numpy``:
-``python llamacpp_gguf.py SRC_DIR OUT.gguf``. It imports nothing from tunebench (the engine's venv
+``python llamacpp_gguf.py SRC_DIR OUT.gguf``, or ``python llamacpp_gguf.py --quantize SRC.gguf
+OUT.gguf q4_0``. It imports nothing from tunebench (the engine's venv
 does not have it), and its output is deterministic: the same model gives the same bytes.
 """
 
@@ -210,5 +216,83 @@ def _tensor_order(name: str) -> tuple[int, int, str]:
     return (0 if "embed" in name else 2, 0, name)
 
 
+KEPT_16_BIT = ("token_embd.weight", "output.weight")
+"""Tensors a quantized file keeps in 16 bits: the embedding (only the batch's rows are read per
+step) and the output head, as quantized checkpoints keep them and as the planner counts them."""
+SIXTEEN_BIT_TYPES = ("F16", "BF16", "F32")
+"""Tensor types a quantization starts from: a file already quantized would be quantized twice."""
+
+
+def block_quantize(values: Any, type_name: str) -> Any:
+    """``values`` (float32, last axis a multiple of the block size) quantized to a llama.cpp block
+    type (``q8_0``, ``q4_0``, ...) with the ``gguf`` package: the raw bytes GGUF stores."""
+    import gguf
+
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[type_name.upper()])
+
+
+def roundtrip_rms_error(values: Any, type_name: str) -> float:
+    """The RMS error of ``values`` quantized to ``type_name`` and back (how much a type loses)."""
+    import gguf
+    import numpy as np
+
+    restored = gguf.quants.dequantize(block_quantize(values, type_name), gguf.GGMLQuantizationType[type_name.upper()])
+    return float(np.sqrt(np.mean((restored - values) ** 2)))
+
+
+def quantize_file(src: Path, out: Path, type_name: str) -> dict[str, Any]:
+    """Write ``src`` (a GGUF whose matrices are 16-bit) to ``out`` with its layers' matrices in
+    the block type ``type_name``: the metadata copied (the file type changed), the norms and the
+    ``KEPT_16_BIT`` tensors as they are. Deterministic: the same file gives the same bytes."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[type_name.upper()]
+    file_type = gguf.LlamaFileType[f"MOSTLY_{type_name.upper()}"]
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    reader = gguf.GGUFReader(str(src))
+    arch_field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if arch_field is None:
+        raise ValueError(f"{src} has no {gguf.Keys.General.ARCHITECTURE}: not a model GGUF")
+    writer = gguf.GGUFWriter(str(out), arch_field.contents(), endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        value = int(file_type) if field.name == gguf.Keys.General.FILE_TYPE else field.contents()
+        writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
+    if reader.get_field(gguf.Keys.General.FILE_TYPE) is None:
+        writer.add_file_type(file_type)
+    tensors = []
+    quantized = 0
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind not in SIXTEEN_BIT_TYPES:
+            raise ValueError(f"tensor {tensor.name} is {kind}: quantize from a 16-bit GGUF, not an already "
+                             "quantized one")
+        data = tensor.data
+        if tensor.name not in KEPT_16_BIT and len(tensor.shape) == 2 and int(tensor.shape[0]) % block == 0:
+            values = np.ascontiguousarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float32)
+            data = block_quantize(values, type_name)
+            tensors.append((tensor.name, data, qtype))
+            quantized += 1
+        else:
+            tensors.append((tensor.name, data, tensor.tensor_type))
+    for name, data, kind in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _name, data, _kind in tensors:
+        writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+    writer.close()
+    return {"path": str(out), "type": type_name, "tensors": len(tensors), "quantized": quantized,
+            "tensor_bytes": sum(int(data.nbytes) for _, data, _ in tensors)}
+
+
 if __name__ == "__main__":
-    print(json.dumps(convert(Path(sys.argv[1]), Path(sys.argv[2]))))
+    if sys.argv[1] == "--quantize":  # --quantize SRC.gguf OUT.gguf TYPE
+        print(json.dumps(quantize_file(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])))
+    else:
+        print(json.dumps(convert(Path(sys.argv[1]), Path(sys.argv[2]))))

@@ -66,6 +66,7 @@ from engine_adapters.spec import (
     block_quantized_kv_issue,
     draft_model_issues,
     fp8_weights_issue,
+    gguf_weights_issue,
     kv_offload_size_issue,
     metric_names,
     needs_gpu_issue,
@@ -160,7 +161,7 @@ def _kv_offload(features: Features) -> list[str]:
 
 
 FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS[f.weights_dtype])),
+    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS.get(f.weights_dtype, ()))),
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_DTYPES.get(f.kv_cache_dtype)) is None
              else ["--kv-cache-dtype", t]),
     switch_flag("prefix_caching", on=[], off=["--disable-radix-cache"]),
@@ -318,6 +319,8 @@ class SglangAdapter(CommandLineAdapter):
                        hardware: HardwareInfo | None) -> list[ValidationIssue]:
         spec = features.speculative
         issues = block_quantized_kv_issue(features, "SGLang keeps KV in fp8_e4m3 or fp8_e5m2")
+        issues += gguf_weights_issue(features, "SGLang's weight precision is fp8 (quantized at load) or an AWQ/GPTQ "
+                                               "checkpoint")
         issues += draft_model_issues(features, NEEDS_DRAFT_MODEL, "an EAGLE head or a small model trained for the target")
         if spec.method == "ngram" and (spec.ngram_prompt_lookup_min, spec.ngram_prompt_lookup_max) != (1, 4):
             issues.append(ValidationIssue("speculative.ngram_prompt_lookup_max", "SGLang's NGRAM drafter matches from "

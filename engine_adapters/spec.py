@@ -47,7 +47,7 @@ from engine_adapters.command_line import (
     run_help,
     version_issues,
 )
-from engine_adapters.config import EngineConfig, Features
+from engine_adapters.config import GGUF_WEIGHT_BITS, EngineConfig, Features
 from engine_adapters.features import not_offered
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.prometheus import metric_total
@@ -246,6 +246,15 @@ def kv_offload_size_issue(features: Features) -> list[ValidationIssue]:
     if features.kv_offload_backend and features.kv_offload_gib == 0:
         return [ValidationIssue("kv_offload_gib", "a KV offload backend is set but kv_offload_gib is 0: nothing is "
                                                   "offloaded", "warning")]
+    return []
+
+
+def gguf_weights_issue(features: Features, instead: str) -> list[ValidationIssue]:
+    """llama.cpp's GGUF weight types asked of an engine that quantizes weights its own way
+    (``instead`` says how)."""
+    if features.weights_dtype in GGUF_WEIGHT_BITS:
+        return [ValidationIssue("weights_dtype", f"{features.weights_dtype} is llama.cpp's block-quantized GGUF weight "
+                                                 f"type; {instead}")]
     return []
 
 

@@ -63,6 +63,7 @@ from engine_adapters.spec import (
     ProbeSpec,
     block_quantized_kv_issue,
     draft_model_issues,
+    gguf_weights_issue,
     kv_offload_size_issue,
     metric_names,
     needs_gpu_issue,
@@ -380,6 +381,8 @@ class TrtllmAdapter(CommandLineAdapter):
                                                  f"checkpoint already quantized to {features.weights_dtype.upper()} "
                                                  "(e.g. NVIDIA's ModelOpt FP8 ones) and leave weight precision on auto"))
         issues += block_quantized_kv_issue(features, "TensorRT-LLM's 8-bit KV cache is fp8")
+        issues += gguf_weights_issue(features, "TensorRT-LLM takes weight quantization from the checkpoint (e.g. "
+                                               "ModelOpt FP8)")
         if features.kv_cache_dtype == "fp8_e5m2":
             add(ValidationIssue("kv_cache_dtype", "TensorRT-LLM's FP8 KV cache is E4M3: choose fp8 or fp8_e4m3"))
         if spec.method == "eagle":

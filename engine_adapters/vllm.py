@@ -56,6 +56,7 @@ from engine_adapters.spec import (
     SettingEcho,
     draft_model_issues,
     fp8_weights_issue,
+    gguf_weights_issue,
     kv_offload_size_issue,
     metric_names,
 )
@@ -116,7 +117,7 @@ def kv_transfer_config_json(features: Features) -> str | None:
 
 
 FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS[f.weights_dtype])),
+    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS.get(f.weights_dtype, ()))),
     value_flag("kv_cache_dtype", "--kv-cache-dtype", unset="auto"),
     switch_flag("prefix_caching", on=["--enable-prefix-caching"], off=["--no-enable-prefix-caching"]),
     FlagRule("speculative.method", lambda f: [] if (s := speculative_config_json(f)) is None else ["--speculative-config", s]),
@@ -350,6 +351,8 @@ class VllmAdapter(CommandLineAdapter):
             add(ValidationIssue("gpu_memory_utilization", f"must be in (0, 1] (a fraction of GPU memory), got {util}"))
         issues += draft_model_issues(features, ("eagle", "eagle3", "draft_model"),
                                      "an EAGLE head or small model trained for the target")
+        issues += gguf_weights_issue(features, "vLLM's weight precision is fp8 (quantized at load) or an AWQ/GPTQ "
+                                               "checkpoint")
         if features.kv_offload_gib > 0 and not features.kv_offload_backend:
             add(ValidationIssue("kv_offload_backend", "KV offload needs a backend: set kv_offload_backend to 'native' "
                                                       "(vLLM's CPU offload) or 'lmcache'"))

@@ -130,7 +130,8 @@ def judge_here(config: RunConfig, hardware: HardwareInfo, issues: list[Validatio
         for info in changed:
             if info.key in flagged:
                 continue
-            missing = next((cap for cap in info.requires if cap in GPU_CAPABILITIES), None)
+            value = get_path(config.features, info.key)
+            missing = next((cap for cap in info.requires_for(value) if cap in GPU_CAPABILITIES), None)
             if missing is not None:
                 out.append(ValidationIssue(info.key, f"needs {missing.value.split(' (')[0]}; none is visible here",
                                            "error"))

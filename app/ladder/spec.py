@@ -16,7 +16,7 @@ from app.analysis.compare import flatten
 from app.config import RunConfig
 from app.errors import UserError
 from app.workload import LoadConfig, WorkloadConfig
-from engine_adapters.config import ArgStr, Features, StrictModel
+from engine_adapters.config import GGUF_WEIGHT_BITS, GGUF_WEIGHTS_ENGINE, ArgStr, Features, StrictModel
 
 MAX_STEPS = 32
 MAX_REPEATS = 10
@@ -235,11 +235,24 @@ def describe_change(diff: list[tuple[str, Any, Any]], *, limit: int = 4) -> str:
 
 # --- the default order --------------------------------------------------------------------------
 
+def weight_steps(config: RunConfig) -> list[LadderStepSpec]:
+    """The weight-precision steps: FP8, or on llama.cpp its GGUF types finest first (16-bit ->
+    8-bit -> 4-bit, as the seeds' precision rows), each made here from the 16-bit GGUF."""
+    if config.engine.kind != GGUF_WEIGHTS_ENGINE:
+        return [LadderStepSpec(name="+ FP8 weights", note="half the bytes read per decoding step",
+                               features={"weights_dtype": "fp8"})]
+    return [LadderStepSpec(name=f"+ {dtype.upper()} weights",
+                           note=f"{bits:g} bits per weight instead of 16: fewer bytes read per decoding step",
+                           features={"weights_dtype": dtype})
+            for dtype, bits in sorted(GGUF_WEIGHT_BITS.items(), key=lambda item: -item[1])]
+
+
 def default_ladder(config: RunConfig) -> LadderSpec:
     """The seeds' order for any profile: baseline (nothing cached, one request at a time) ->
-    FP8 weights -> continuous batching -> FP8 KV cache (the concurrency the freed KV memory
-    allows) -> prefix caching -> speculative decoding (the profile's method, or n-gram, which
-    needs no draft model). Steps this machine cannot run are skipped when the ladder runs."""
+    FP8 weights (on llama.cpp: 8-bit, then 4-bit GGUF weights) -> continuous batching -> FP8 KV
+    cache (the concurrency the freed KV memory allows) -> prefix caching -> speculative decoding
+    (the profile's method, or n-gram, which needs no draft model). Steps this machine cannot run
+    are skipped when the ladder runs."""
     spec = config.features.speculative
     speculative: dict[str, Any] = ({"method": "ngram", "num_speculative_tokens": 3} if spec.method == "off"
                                    else spec.model_dump(mode="json", exclude_none=True))
@@ -249,8 +262,7 @@ def default_ladder(config: RunConfig) -> LadderSpec:
                        features={"prefix_caching": False, "kv_cache_dtype": "auto",
                                  "speculative": {"method": "off"}},
                        load={"pattern": "closed", "concurrency": 1}),
-        LadderStepSpec(name="+ FP8 weights", note="half the bytes read per decoding step",
-                       features={"weights_dtype": "fp8"}),
+        *weight_steps(config),
         LadderStepSpec(name="+ continuous batching", note="one read of the weights serves many sequences",
                        load={"concurrency": batch}),
         LadderStepSpec(name="+ FP8 KV cache", note="twice the tokens in the same KV memory",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from app.config import RunConfig
 from app.planner.arch import ModelArch, PlannerError, load_arch
+from engine_adapters.config import GGUF_WEIGHT_BITS
 from engine_adapters.gpu_specs import GIB, GpuSpec, find_gpu_spec
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.runtimes import MANAGED_RUNTIMES, is_cpu_build
@@ -184,6 +185,8 @@ def weight_precision(config: RunConfig) -> tuple[str, float]:
         return "fp8", 1.0
     if dtype in ("awq", "gptq"):
         return dtype, INT4_BYTES_PER_PARAM
+    if dtype in GGUF_WEIGHT_BITS:  # llama.cpp's block types: the bits include each block's scale
+        return dtype, GGUF_WEIGHT_BITS[dtype] / 8
     return dtype, 2.0
 
 

@@ -8,7 +8,7 @@ A space file (``--space SPACE.toml``)::
     [knobs]                         # each a list of values to try; leave a knob out to keep the profile's
     max_num_seqs = [2, 8, 32]
     prefix_caching = [false, true]
-    # max_num_batched_tokens, kv_cache_dtype, chunked_prefill, speculative_method,
+    # max_num_batched_tokens, weights_dtype, kv_cache_dtype, chunked_prefill, speculative_method,
     # num_speculative_tokens, gpu_memory_utilization, tensor_parallel_size
 
     [load]                          # one of: a list, or a doubling range {min, max[, factor]}
@@ -16,8 +16,9 @@ A space file (``--space SPACE.toml``)::
 
 Without a file (or without one of its sections) the defaults come from the profile and the
 machine (:func:`default_space`): the load range around the profile's load, max_num_seqs around
-its top, prefix caching on and off when the workload shares prefixes, an FP8 KV cache where this
-machine can run one, tensor parallelism up to the visible GPUs.
+its top, prefix caching on and off when the workload shares prefixes, llama.cpp's 8- and 4-bit
+GGUF weights, an FP8 KV cache where this machine can run one, tensor parallelism up to the visible
+GPUs.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pydantic import BaseModel, Field, ValidationError
 from app.config import RunConfig
 from app.errors import UserError
 from app.workload import LoadPattern
-from engine_adapters.config import Features
+from engine_adapters.config import GGUF_WEIGHT_BITS, GGUF_WEIGHTS_ENGINE, Features
 from engine_adapters.features import feature_info
 from engine_adapters.hardware import HardwareInfo
 
@@ -62,6 +63,7 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("max_num_seqs", "max_num_seqs", int, "max seqs"),
     Knob("max_num_batched_tokens", "max_num_batched_tokens", int, "batched tokens"),
+    Knob("weights_dtype", "weights_dtype", str, "weights"),
     Knob("kv_cache_dtype", "kv_cache_dtype", str, "KV dtype"),
     Knob("prefix_caching", "prefix_caching", bool, "prefix cache"),
     Knob("chunked_prefill", "chunked_prefill", bool, "chunked prefill"),
@@ -320,6 +322,9 @@ def default_knobs(config: RunConfig, hardware: HardwareInfo | None, load: LoadSp
     if w.shared_prefix_tokens > 0 or w.kind in ("shared_prefix", "multi_turn"):
         knobs["prefix_caching"] = [False, True]
         why["prefix_caching"] = "the workload shares prefixes"
+    if config.engine.kind == GGUF_WEIGHTS_ENGINE and f.weights_dtype == "auto":
+        knobs["weights_dtype"] = ["auto", *GGUF_WEIGHT_BITS]
+        why["weights_dtype"] = "llama.cpp's 8- and 4-bit GGUF weights are made here (fewer bits cost quality)"
     if hardware is not None:
         fp8_kv = hardware.cpu_has_avx512_or_amx if cpu else hardware.has_gpu
         if fp8_kv and f.kv_cache_dtype == "auto":

@@ -22,9 +22,9 @@ from app.recording import RunRecorder
 from app.runner import Runner, RunResult
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from engine_adapters.config import EngineConfig, Features, RuntimeConfig
+from engine_adapters.config import GGUF_WEIGHT_BITS, EngineConfig, Features, RuntimeConfig
 from engine_adapters.launcher import EngineProcess, group_members, registered_engines
-from engine_adapters.llamacpp_runtime import CONVERTER, ensure_gguf_demo_model
+from engine_adapters.llamacpp_runtime import CONVERTER, ensure_gguf_demo_model, quantized_gguf_path
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
 
 pytestmark = pytest.mark.e2e
@@ -118,6 +118,42 @@ def test_llamacpp_engine_end_to_end(gguf: Path) -> None:
         how = engine.stop()
     assert engine.pid is not None and group_members(engine.pid) == [], how
     assert not [r for r in registered_engines() if r.pid == engine.pid]
+
+
+def test_a_block_type_loses_less_the_more_bits_it_keeps() -> None:
+    """A tensor quantized and restored with the gguf package (the runtime's, which makes the
+    files): Q8_0 keeps it closer than Q4_0, and neither is exact."""
+    code = ("import importlib.util, json, sys; import numpy as np; "
+            "spec = importlib.util.spec_from_file_location('llamacpp_gguf', sys.argv[1]); "
+            "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g); "
+            "v = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32); "
+            "print(json.dumps({t: g.roundtrip_rms_error(v, t) for t in sys.argv[2:]}))")
+    done = subprocess.run([str(RUNTIME.interpreter), "-c", code, str(CONVERTER), *GGUF_WEIGHT_BITS],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    error = json.loads(done.stdout)
+    print(f"\nRMS error of a unit normal tensor: {error}")
+    assert 0 < error["q8_0"] < error["q4_0"] < 0.2  # 8 bits: ~1% of the spread; 4 bits: ~10%
+
+
+def test_quantized_weights_serve_tokens_the_engine_counts(engine_pool, gguf: Path) -> None:  # type: ignore[no-untyped-def]
+    """q8_0 and q4_0 made from the 16-bit GGUF (cached beside it), loaded as that type (verified
+    from the engine's log), serving the asked tokens that its own counter counts."""
+    sizes = {"bf16": gguf.stat().st_size}
+    for dtype in GGUF_WEIGHT_BITS:
+        engine = engine_pool.get(Features(weights_dtype=dtype), ENGINE)  # type: ignore[arg-type]
+        made = quantized_gguf_path(gguf, dtype)
+        assert engine.argv[engine.argv.index("-m") + 1] == str(made) and made.parent == gguf.parent
+        sizes[dtype] = made.stat().st_size
+        check = {c.key: c for c in engine.verify_features()}["weights_dtype"]
+        assert check.status == "verified", check.evidence
+        result = run_on(engine)
+        summary = result.levels[0].summary
+        assert summary.errors == 0 and summary.completed == WORKLOAD.num_requests, summary.error_examples
+        assert summary.tokens_match_engine is True
+        assert summary.output_tokens == int(summary.engine.generation_tokens or 0) > 0
+        print(f"\n{dtype}: {check.evidence}; {summary.output_tokens} tokens, {summary.output_tok_per_s:.0f} tok/s")
+    assert sizes["bf16"] > sizes["q8_0"] > sizes["q4_0"], sizes
 
 
 def test_shipped_profile_runs_from_tunebench_run(gguf: Path, tmp_path: Path, repo_root: Path) -> None:

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import RunConfig
-from app.gui.availability import compute_availability
+from app.gui.availability import compute_availability, judge_here
 from app.gui.fields import field_spec, get_path, humanize, with_value
 from app.workload import LoadPattern
 from engine_adapters.config import Features
@@ -54,7 +54,7 @@ def test_every_catalogue_feature_gets_the_editor_its_type_needs() -> None:
 
 
 def test_field_kinds_follow_the_types() -> None:
-    assert field_spec("features.weights_dtype").choices == ("auto", "bf16", "fp16", "fp8", "awq", "gptq")
+    assert field_spec("features.weights_dtype").choices == ("auto", "bf16", "fp16", "fp8", "awq", "gptq", "q8_0", "q4_0")
     assert field_spec("features.prefix_caching").kind == "tristate"
     assert field_spec("features.cuda_graphs").kind == "bool"
     spec = field_spec("features.max_model_len")
@@ -120,6 +120,17 @@ def test_a_gpu_without_fp8_disables_only_the_fp8_weights() -> None:
     assert "needs" in availability.disabled["features.tensor_parallel_size"]  # one GPU only
     h100s = [GpuInfo(index=i, name="H100", compute_capability=(9, 0)) for i in range(2)]
     assert "features.tensor_parallel_size" not in compute_availability(config, _hardware(h100s), None).disabled
+
+
+def test_8_bit_gguf_weights_need_no_fp8_gpu_and_fp8_weights_still_do() -> None:
+    """The FP8 capability of weight precision applies to an FP8 value only: llama.cpp's Q8_0
+    runs on this CPU, vLLM's FP8 weights still need an FP8 GPU."""
+    llamacpp = RunConfig.model_validate({"engine": {"kind": "llamacpp", "runtime": {"managed": "llamacpp-cpu"}},
+                                         "features": {"weights_dtype": "q8_0"}})
+    assert [i for i in judge_here(llamacpp, _hardware([]), []) if i.field == "weights_dtype"] == []
+    fp8 = RunConfig.model_validate({"features": {"weights_dtype": "fp8"}})
+    found = [i for i in judge_here(fp8, _hardware([]), []) if i.field == "weights_dtype"]
+    assert [i.severity for i in found] == ["error"] and "FP8" in found[0].message
 
 
 def test_availability_judges_toggles_from_defaults_not_the_current_setting() -> None:

@@ -207,6 +207,23 @@ def test_the_default_order_follows_the_seeds_and_skips_what_a_cpu_build_cannot_d
         Ladder(load_profile(resolve_profile("cpu-demo")), Bus())
 
 
+def test_on_llamacpp_the_weight_steps_are_its_gguf_types_16_then_8_then_4_bit(tmp_path: Path) -> None:
+    """The seeds' precision rows on an engine that runs them here: FP8 weights give way to Q8_0
+    then Q4_0, each a restart on the previous step's configuration, none skipped."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    profile = load_profile(resolve_profile("llamacpp-cpu-demo"))
+    demo = profile.model_copy(update={"workload": cpu_ladder().workload,
+                                      "engine": profile.engine.model_copy(update={"model": str(gguf)})})
+    spec = default_ladder(demo)
+    assert [s.name for s in spec.steps] == ["baseline", "+ Q8_0 weights", "+ Q4_0 weights", "+ continuous batching",
+                                            "+ FP8 KV cache", "+ prefix caching", "+ speculative decoding"]
+    assert [s.features for s in spec.steps[1:3]] == [{"weights_dtype": "q8_0"}, {"weights_dtype": "q4_0"}]
+    state = Ladder(demo, Bus(), hardware=AVX512, discover_flags=False).plan()
+    weights = [(row.status, row.config["features"]["weights_dtype"], row.engine_restart) for row in state.rows[:3]]
+    assert weights == [("pending", "auto", True), ("pending", "q8_0", True), ("pending", "q4_0", True)]
+
+
 # --- running -----------------------------------------------------------------------------------
 
 def test_a_ladder_reuses_the_engine_for_load_steps_and_stores_one_group(store: RunStore) -> None:

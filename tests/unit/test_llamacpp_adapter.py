@@ -16,7 +16,7 @@ import pytest
 
 from engine_adapters import llamacpp_serve as serve
 from engine_adapters.base import FlagSet, Phase, match_phase
-from engine_adapters.config import EngineConfig, Features, RuntimeConfig, SpeculativeConfig
+from engine_adapters.config import GGUF_WEIGHT_BITS, EngineConfig, Features, RuntimeConfig, SpeculativeConfig
 from engine_adapters.cpu_binding import OMP_BIND_ENV
 from engine_adapters.features import FEATURES
 from engine_adapters.hardware import GpuInfo, HardwareInfo
@@ -27,6 +27,7 @@ from engine_adapters.llamacpp import (
     flag_names,
     parse_help,
     parse_kv_cache,
+    verify_weights_dtype,
 )
 from engine_adapters.llamacpp_gguf import (
     TOKEN_CONTROL,
@@ -36,7 +37,14 @@ from engine_adapters.llamacpp_gguf import (
     permute_heads,
     vocab_from_tokenizer,
 )
+from engine_adapters.llamacpp_runtime import (
+    ensure_quantized_gguf,
+    gguf_demo_dir,
+    gguf_demo_path,
+    quantized_gguf_path,
+)
 from engine_adapters.registry import get_adapter
+from engine_adapters.runtimes import RuntimeErrorMessage
 from tests.feature_changes import every_feature_changed
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -226,6 +234,79 @@ def test_vllm_refuses_llamacpp_only_features() -> None:
                                                                 None, None)}
     assert issues["gpu_layers"].severity == issues["flash_attention"].severity == "error"
     assert "vLLM has no GPU layers setting" == issues["gpu_layers"].message
+
+
+# --- weight precision: GGUF block types made from the 16-bit file ---------------------------------
+
+@pytest.mark.parametrize("dtype", sorted(GGUF_WEIGHT_BITS))
+def test_gguf_weight_types_run_on_llamacpp_from_a_quantized_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  gguf: Path, dtype: str) -> None:
+    """Accepted, and served as the copy quantized from the configured file (-m names it); the
+    other flags are unchanged."""
+    made: list[tuple[Path, str, str | None]] = []
+
+    def quantize(source: Path, weights_dtype: str, python: str | None) -> Path:
+        made.append((source, weights_dtype, python))
+        return tmp_path / f"m-{weights_dtype}.gguf"
+
+    monkeypatch.setattr("engine_adapters.llamacpp.ensure_quantized_gguf", quantize)
+    engine = python_engine(tmp_path, gguf)
+    features = Features(weights_dtype=dtype, max_num_seqs=2)  # type: ignore[arg-type]
+    assert "weights_dtype" not in errors(engine, features)
+    argv = ADAPTER.build_argv(engine, features, port=9000)
+    assert argv[argv.index("-m") + 1] == str(tmp_path / f"m-{dtype}.gguf")
+    assert made == [(gguf, dtype, str(tmp_path / "python"))]
+    plain = ADAPTER.build_argv(engine, Features(max_num_seqs=2), port=9000)
+    assert [a for a in argv if a != str(tmp_path / f"m-{dtype}.gguf")] == [a for a in plain if a != str(gguf)]
+
+
+def test_fp8_weights_are_refused_by_llamacpp_and_gguf_types_by_every_other_engine(tmp_path: Path, gguf: Path) -> None:
+    """One line each, keyed by the feature (the GUI greys the choice): llama.cpp names its types,
+    the others name their own way of quantizing weights."""
+    assert errors(python_engine(tmp_path, gguf), Features(weights_dtype="fp8"))["weights_dtype"] == (
+        "llama.cpp's weight types are GGUF ones: auto (the file's own) or q8_0, q4_0 (made here from its 16-bit "
+        "GGUF), not fp8")
+    others = {"vllm": "vLLM's weight precision is fp8", "sglang": "SGLang's weight precision is fp8",
+              "trtllm": "TensorRT-LLM takes weight quantization from the checkpoint"}
+    for kind, says in others.items():
+        engine = EngineConfig(kind=kind, model="/models/m",  # type: ignore[arg-type]
+                              runtime=RuntimeConfig(kind="executable", executable="serve"))
+        adapter = get_adapter(kind)
+        for dtype in GGUF_WEIGHT_BITS:
+            features = Features(weights_dtype=dtype)  # type: ignore[arg-type]
+            found = [i for i in adapter.validate(engine, features, None, None) if i.field == "weights_dtype"]
+            assert [i.severity for i in found] == ["error"], (kind, found)
+            assert found[0].message.startswith(f"{dtype} is llama.cpp's block-quantized GGUF weight type; {says}")
+            assert "\n" not in found[0].message
+            assert adapter.feature_flags(features) == adapter.feature_flags(Features())  # nothing passed on
+
+
+def test_weight_type_verified_by_the_file_type_the_engine_loaded() -> None:
+    """The recorded log loaded a BF16 file: asked for q8_0, that is not active, with what it saw."""
+    check = verify_weights_dtype("q8_0", LOG)
+    assert check.status == "not active" and check.evidence.startswith("the engine loaded a BF16 GGUF")
+    assert "16 bf16" in check.evidence
+    loaded = ["print_info: file type   = Q4_0", "llama_model_loader: - type q4_0:   14 tensors"]
+    assert verify_weights_dtype("q4_0", loaded).status == "verified"
+    assert verify_weights_dtype("q4_0", []).status == "unknown"
+    assert "weights_dtype" not in {c.key for c in ADAPTER.verify(Features(), LOG, METRICS_AFTER,
+                                                                 before_text=METRICS_BEFORE)}
+
+
+def test_quantized_files_are_cached_beside_the_demo_gguf_or_by_the_sources_identity(tmp_path: Path) -> None:
+    assert quantized_gguf_path(gguf_demo_path(), "q4_0") == gguf_demo_dir() / "model-q4_0.gguf"
+    source = tmp_path / "mine.gguf"
+    source.write_bytes(b"GGUF")
+    first = quantized_gguf_path(source, "q8_0")
+    assert first.name == "mine-q8_0.gguf" and quantized_gguf_path(source, "q4_0") == first.with_name("mine-q4_0.gguf")
+    os.utime(source, ns=(1, 1))
+    assert quantized_gguf_path(source, "q8_0") != first  # an edited source is quantized again
+    with pytest.raises(ValueError, match="not a GGUF weight type"):
+        quantized_gguf_path(source, "fp8")
+    with pytest.raises(RuntimeErrorMessage, match="model file not found"):
+        ensure_quantized_gguf(tmp_path / "gone.gguf", "q8_0", None)
+    with pytest.raises(RuntimeErrorMessage, match="llamacpp-cpu runtime"):  # nothing to quantize with
+        ensure_quantized_gguf(source, "q8_0", None)
 
 
 # --- flags of the installed version -------------------------------------------------------------

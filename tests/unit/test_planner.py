@@ -92,6 +92,22 @@ def test_cpu_demo_kv_plan_matches_vllm_cpu_allocation(tmp_path: Path) -> None:
     assert plan.prefill_tok_per_s is None and any("prefill ceiling: not computed" in a for a in plan.assumptions)
 
 
+def test_gguf_weight_types_count_their_bits_with_the_block_scales() -> None:
+    """Q8_0 is 34 bytes per 32 weights (8.5 bits), Q4_0 18 bytes (4.5 bits): the body of the model
+    shrinks by those factors against BF16, the embedding and the output head stay 16-bit (as the
+    quantized GGUF keeps them), and the batch-1 ceiling rises as the bytes read fall."""
+    plans = {dtype: make_plan(gpu_config(LLAMA_8B, Features(weights_dtype=dtype)), gpu="H100 SXM", batches=[1])
+             for dtype in ("bf16", "q8_0", "q4_0")}
+    assert plans["q8_0"].weight_bytes_per_param == 8.5 / 8 and plans["q4_0"].weight_bytes_per_param == 4.5 / 8
+    arch = load_arch(LLAMA_8B)
+    head_bytes = 2 * (arch.params_embedding + arch.params_lm_head)
+    body = arch.params_total - arch.params_embedding - arch.params_lm_head
+    for dtype, bits in (("q8_0", 8.5), ("q4_0", 4.5)):
+        assert plans[dtype].memory.weights_bytes == pytest.approx(body * bits / 8 + head_bytes)
+    ceilings = [plans[d].ceilings[0].decode_output_tok_per_s for d in ("bf16", "q8_0", "q4_0")]
+    assert ceilings == sorted(ceilings) and ceilings[0] < ceilings[1] < ceilings[2]
+
+
 def test_parameters_counted_exactly_from_safetensors_headers(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     folder.mkdir()

@@ -135,6 +135,16 @@ def test_default_space_comes_from_the_profile_and_the_machine() -> None:
     assert build_space(gpu_profile, gpus).load.values == [8, 32, 64, 128]  # the profile's sweep
 
 
+def test_on_llamacpp_the_default_space_tries_its_gguf_weight_types() -> None:
+    llamacpp = load_profile(resolve_profile("llamacpp-cpu-demo"))
+    space = build_space(llamacpp, AVX512)
+    assert space.knobs["weights_dtype"] == ["auto", "q8_0", "q4_0"]
+    assert "quality" in space.sources["weights_dtype"]
+    assert "weights_dtype" not in build_space(demo(), AVX512).knobs  # vLLM's FP8 weights are not the CPU's
+    pinned = llamacpp.model_copy(update={"features": llamacpp.features.model_copy(update={"weights_dtype": "q8_0"})})
+    assert "weights_dtype" not in build_space(pinned, AVX512).knobs  # the profile chose one
+
+
 def test_candidates_are_unique_engines() -> None:
     space = build_space(demo(), AVX512, {"knobs": {"speculative_method": ["off", "ngram"],
                                                    "num_speculative_tokens": [2, 4]}})
