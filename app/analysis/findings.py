@@ -30,6 +30,7 @@ from app.analysis.metric_catalog import unreliable_figures
 from app.analysis.summary import level_summary_figures
 from app.config import RunConfig
 from db.records import RunDetail, SeriesBlock
+from engine_adapters.config import GGUF_WEIGHT_BITS, GGUF_WEIGHTS_ENGINE
 
 if TYPE_CHECKING:
     from app.planner.live import LimitFigures
@@ -631,8 +632,9 @@ def near_ceiling(ctx: Context) -> list[Finding]:
     change: dict[str, Any] | None = None
     if ctx.on_gpu and ctx.config is not None:
         f = ctx.config.features
-        if f.weights_dtype in ("auto", "bf16", "fp16"):
-            change = ctx.suggest({"features.weights_dtype": "fp8"})
+        if f.weights_dtype in ("auto", "bf16", "fp16"):  # the engine's own 8-bit weights: GGUF Q8_0 on llama.cpp
+            gguf = ctx.config.engine.kind == GGUF_WEIGHTS_ENGINE
+            change = ctx.suggest({"features.weights_dtype": next(iter(GGUF_WEIGHT_BITS)) if gguf else "fp8"})
         if change is None and f.kv_cache_dtype == "auto":
             change = ctx.suggest({"features.kv_cache_dtype": "fp8"})
         if change is None:

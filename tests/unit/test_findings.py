@@ -390,6 +390,10 @@ def test_near_the_bandwidth_ceiling_only_fewer_bytes_help(store: RunStore) -> No
     assert evidence(near, "share of the ceiling") == pytest.approx(85.0, rel=1e-3)
     assert "memory bandwidth itself" in one(found, "ceiling_share").explanation
     assert warnings(found) == []
+    # llama.cpp's 8-bit weights are GGUF Q8_0 (it refuses fp8): the suggestion is one it can run.
+    gguf = llama_config(kind="llamacpp")
+    on_llamacpp = explained(store, Recorded(gguf, output_tok_per_s=0.85 * ceiling(gguf, 8.0)))
+    assert one(on_llamacpp, "near_ceiling").suggestion == {"features.weights_dtype": "q8_0"}
 
 def test_a_level_that_never_held_its_load_asks_for_a_longer_run(store: RunStore) -> None:
     never = one(explained(store, Recorded(llama_config(), steady=False)), "never_steady")
