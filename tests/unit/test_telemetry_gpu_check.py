@@ -17,6 +17,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
 def load_script():  # type: ignore[no-untyped-def]
+    """The script as a module, its folder on the import path as when it runs (it imports repo_path)."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.append(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
