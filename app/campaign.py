@@ -13,7 +13,7 @@ import math
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from app.events import LogLine, PhaseChanged
 from app.executor import EngineSource, Executor, Fleet, Places, Recorder, RunnerLike, Slot
 from app.executor import RemoteSlot as RemoteSlot  # (kept importable from here)
 from app.load.datasets import read_inputs
+from app.quality.probe import Reference
 from app.runner import Runner, RunResult
 from engine_adapters.base import FlagSet, Phase
 from engine_adapters.hardware import HardwareInfo
@@ -40,6 +41,20 @@ StepStatus = Literal["completed", "failed", "cancelled", "skipped"]
 def engine_key(config: RunConfig) -> str:
     """Two configurations can share a running engine when engine and features are equal."""
     return config.engine.model_dump_json() + config.features.model_dump_json()
+
+
+def with_quality_references(factory: Callable[..., RunnerLike],
+                            references: Mapping[str, Reference]) -> Callable[..., RunnerLike]:
+    """``factory``, handing each run the quality reference kept under its name, when there is one
+    (its probe compares the run's outputs with it); ``references`` is read at each run."""
+
+    def make(config: RunConfig, bus: Bus, **kwargs: Any) -> RunnerLike:
+        reference = references.get(config.name)
+        if reference is not None:
+            kwargs["quality_reference"] = reference
+        return factory(config, bus, **kwargs)
+
+    return make
 
 
 class EngineKeeper:

@@ -327,6 +327,13 @@ def _merge(levels: Iterable[tuple[Level, list[Evidence]]]) -> list[Evidence]:
     return [e for _lv, evs in levels for e in evs]
 
 
+def _warning(rule_name: str, hits: list[tuple[Level, list[Evidence]]], change: dict[str, Any] | None,
+             explanation: str, confidence: Confidence = "high") -> list[Finding]:
+    """A rule's one warning, with the evidence of every level it hit."""
+    return [Finding(rule=rule_name, severity="warning", evidence=_merge(hits), confidence=confidence,
+                    suggestion=change, explanation=explanation)]
+
+
 def _feature(ctx: Context, path: str) -> Any:
     """A setting of the run's configuration by its profile key (None without one)."""
     return flatten(ctx.config.model_dump(mode="json")).get(path) if ctx.config is not None else None
@@ -368,13 +375,12 @@ def kv_bound(ctx: Context) -> list[Finding]:
             change = ctx.suggest({"features.gpu_memory_utilization": 0.95})
         else:
             change = ctx.suggest({"features.tensor_parallel_size": 2 * ctx.config.features.tensor_parallel_size})
-    return [Finding(
-        rule="kv_bound", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
-        explanation="The KV cache was full while requests waited or were preempted: the batch is bound by KV-cache "
+    return _warning("kv_bound", hits, change,
+                    "The KV cache was full while requests waited or were preempted: the batch is bound by KV-cache "
                     "memory, not by compute. Each running sequence holds its context in the cache, so no more "
                     "sequences fit; decode reads the weights once per step for a batch smaller than the load "
                     "offers. More room per token helps: an FP8 KV cache (half the bytes per token), a shorter "
-                    "maximum length, more memory for the cache, or more GPUs.")]
+                    "maximum length, more memory for the cache, or more GPUs.")
 
 
 def _expected_reuse(ctx: Context, lv: Level) -> float | None:
@@ -459,11 +465,10 @@ def prefix_cold(ctx: Context) -> list[Finding]:
         change = ctx.suggest({"workload.cache": "warm"})
     if not causes:
         causes.append("the engine evicted the prefix before it was reused (a full KV cache), or does not cache it")
-    return [Finding(
-        rule="prefix_cold", severity="warning", evidence=_merge(hits), confidence=confidence, suggestion=change,
-        explanation="Prefix hits were near 0 though the workload shares prefixes: prefill computed again tokens it "
+    return _warning("prefix_cold", hits, change,
+                    "Prefix hits were near 0 though the workload shares prefixes: prefill computed again tokens it "
                     "could have read from the KV cache (idle reuse left on the table). Likely: " + "; ".join(causes)
-                    + ".")]
+                    + ".", confidence)
 
 
 @rule("spec_low_acceptance", "low speculative acceptance: drafting costs more than it returns",
@@ -485,11 +490,10 @@ def spec_low_acceptance(ctx: Context) -> list[Finding]:
         change = ctx.suggest({"features.speculative.method": "off"})
     else:
         change = ctx.suggest({"features.speculative.num_speculative_tokens": max(1, tokens // 2)})
-    return [Finding(
-        rule="spec_low_acceptance", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
-        explanation="Few drafted tokens were accepted: speculative decoding spends the idle compute of each step "
+    return _warning("spec_low_acceptance", hits, change,
+                    "Few drafted tokens were accepted: speculative decoding spends the idle compute of each step "
                     "verifying drafts the model rejects, and pays for drafting, so it costs about as much as it "
-                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial.")]
+                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial.")
 
 
 @rule("client_limited", "the client was the bottleneck, or the load was not delivered",
@@ -515,11 +519,10 @@ def client_limited(ctx: Context) -> list[Finding]:
     workers = _feature(ctx, "load.workers")
     change = ctx.suggest({"load.workers": min(64, 2 * workers)}) if isinstance(workers, int) else None
     why = "; ".join(reasons) if reasons else "the client fell behind the load it was told to send"
-    return [Finding(
-        rule="client_limited", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
-        explanation="The client, not the engine, set these figures: " + why + ". Throughput and latency here are "
+    return _warning("client_limited", hits, change,
+                    "The client, not the engine, set these figures: " + why + ". Throughput and latency here are "
                     "a limit of the load generator; rerun with more client processes (or on a machine with free "
-                    "cores) before changing the engine.")]
+                    "cores) before changing the engine.")
 
 
 @rule("queueing_ttft", "TTFT dominated by queueing: the load is past the knee",
@@ -542,11 +545,10 @@ def queueing_ttft(ctx: Context) -> list[Finding]:
             change = ctx.suggest({"load.concurrency": load.concurrency // 2})
         elif load.pattern.takes_rate and not load.pattern.unsteady and load.rate_rps:  # a steady open loop
             change = ctx.suggest({"load.rate_rps": round(0.7 * load.rate_rps, 3)})
-    return [Finding(
-        rule="queueing_ttft", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
-        explanation="Most of the time to first token was spent waiting in the engine's queue, not computing: the "
+    return _warning("queueing_ttft", hits, change,
+                    "Most of the time to first token was spent waiting in the engine's queue, not computing: the "
                     "load is past the knee, where more requests only lengthen the queue. Size the deployment with "
-                    "capacity (tunebench capacity) at the load before the knee, or add replicas.")]
+                    "capacity (tunebench capacity) at the load before the knee, or add replicas.")
 
 
 @rule("prefill_bound", "prefill-bound: long prompts take most of the request time (chunked prefill off makes it worse)",
@@ -668,11 +670,10 @@ def never_steady(ctx: Context) -> list[Finding]:
             change = ctx.suggest({"load.duration_s": 2 * ctx.config.load.duration_s})
         else:
             change = ctx.suggest({"workload.num_requests": 2 * ctx.config.workload.num_requests})
-    return [Finding(
-        rule="never_steady", severity="warning", evidence=_merge(hits), confidence="high", suggestion=change,
-        explanation="The load never held its target long enough: the figures average the ramp-up and the drain, "
+    return _warning("never_steady", hits, change,
+                    "The load never held its target long enough: the figures average the ramp-up and the drain, "
                     "when the batch was smaller than asked, so they understate what the engine sustains. Run "
-                    "longer. (" + "; ".join(notes) + ")")]
+                    "longer. (" + "; ".join(notes) + ")")
 
 
 _EXPLAINS_THE_REST = {

@@ -29,6 +29,15 @@ def _export_path(value: str) -> Path:
     return path
 
 
+def _headless_painter(what: str) -> None:
+    """Qt without a display, to paint ``what`` into a file; a missing gui extra is said in one line."""
+    try:
+        from app.gui.race_view import headless_app
+    except ImportError as exc:  # pragma: no cover - the gui extra is missing
+        raise UserError(f"painting {what} needs PySide6 (pip install 'tunebench[gui]'): {exc}") from None
+    headless_app()
+
+
 def race_lines(race: Race) -> list[str]:
     lines = [race.title()]
     for key, side in (("A", race.a), ("B", race.b)):
@@ -46,11 +55,9 @@ def cmd_race(args: argparse.Namespace) -> int:
     if args.export is None:
         print("\n".join(safe(line) for line in race_lines(race)))
         return 0
-    try:
-        from app.gui.race_view import export_race, headless_app
-    except ImportError as exc:  # pragma: no cover - the gui extra is missing
-        raise UserError(f"painting the race needs PySide6 (pip install 'tunebench[gui]'): {exc}") from None
-    headless_app()
+    _headless_painter("the race")
+    from app.gui.race_view import export_race
+
     print(safe(f"{export_race(race, args.export)}: {race.verdict()}"))
     return 0
 
@@ -60,12 +67,9 @@ def cmd_staircase(args: argparse.Namespace) -> int:
 
     with open_store(args) as store:
         state = load_ladder(store, args.ladder).state
-    try:
-        from app.gui.race_view import headless_app
-        from app.gui.staircase_export import export_staircase
-    except ImportError as exc:  # pragma: no cover - the gui extra is missing
-        raise UserError(f"painting the staircase needs PySide6 (pip install 'tunebench[gui]'): {exc}") from None
-    headless_app()
+    _headless_painter("the staircase")
+    from app.gui.staircase_export import export_staircase
+
     print(safe(f"{export_staircase(state, args.export)}: ladder {state.ladder_id}, {len(state.rows)} steps"))
     return 0
 

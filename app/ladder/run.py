@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import unfair_hardware
 from app.bus import Bus
-from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key
+from app.campaign import Campaign, MachineFacts, Step, StepResult, engine_key, with_quality_references
 from app.campaign_state import ClusterOptions
 from app.config import RunConfig
 from app.engines import check_config
@@ -123,17 +123,10 @@ class Ladder:
         self.engines = engines
         self.recorder = recorder
         self.telemetry = telemetry
-        given_factory: Callable[..., RunnerLike] = runner_factory or Runner
-
-        def with_reference(run_config: RunConfig, run_bus: Bus, **kwargs: Any) -> RunnerLike:
-            reference = self._references.get(run_config.name)
-            if reference is not None:
-                kwargs["quality_reference"] = reference
-            return given_factory(run_config, run_bus, **kwargs)
-
-        self.runner_factory: Callable[..., RunnerLike] = with_reference
         self._references: dict[str, Reference] = {}
         """Run name -> the reference its quality probe compares with (the baseline step's outputs)."""
+        self.runner_factory: Callable[..., RunnerLike] = with_quality_references(runner_factory or Runner,
+                                                                                 self._references)
         self._baseline_outputs: Reference | None = None
         self._baseline_index: int | None = None
         self.quality = self._quality_config(config)

@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.bus import Bus
-from app.campaign import Campaign, EngineKeeper, MachineFacts, Step, StepResult, aggregate_figures
+from app.campaign import (
+    Campaign,
+    EngineKeeper,
+    MachineFacts,
+    Step,
+    StepResult,
+    aggregate_figures,
+    with_quality_references,
+)
 from app.config import RunConfig
 from app.engines import check_config
 from app.errors import UserError
@@ -105,15 +113,8 @@ class Tuner:
         self.recorder = recorder
         self.store = store if store is not None else (recorder.store if recorder is not None else None)
         self.engines = engines
-        given_factory: Callable[..., RunnerLike] = runner_factory or Runner
-
-        def with_reference(config: RunConfig, bus: Bus, **kwargs: Any) -> RunnerLike:
-            reference = self._references.get(config.name)
-            if reference is not None:
-                kwargs["quality_reference"] = reference
-            return given_factory(config, bus, **kwargs)
-
-        self.runner_factory: Callable[..., RunnerLike] = with_reference
+        self.runner_factory: Callable[..., RunnerLike] = with_quality_references(runner_factory or Runner,
+                                                                                 self._references)
         self.telemetry = telemetry
         self.plan_gpu = plan_gpu
         self.clock = clock

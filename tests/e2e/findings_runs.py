@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 
 from app.analysis.findings import Finding, explain, load_run
-from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
 from app.planner.stored import level_limits
-from app.recording import RunRecorder
-from app.runner import Runner
 from app.store import RunStore
 from app.workload import LoadConfig, WorkloadConfig
 from engine_adapters.launcher import EngineProcess
+from tests.stored_runs import record_run
 
 HEALTHY_ATTEMPTS = 3
 
@@ -26,15 +24,7 @@ def record(engine: EngineProcess, store: RunStore, workload: WorkloadConfig, loa
     """One run on ``engine`` with telemetry, stored as the recorder stores it; its id."""
     config = config or RunConfig(name=name, engine=engine.engine, features=engine.features, workload=workload,
                                  load=load)
-    bus = Bus()
-    recorder = RunRecorder(bus, store)
-    try:
-        result = Runner(config, bus, engine=engine, telemetry=True).run()
-    finally:
-        recorder.close()
-    assert result.status == "completed", result.reason
-    assert not recorder.errors and recorder.run_id is not None
-    return recorder.run_id
+    return record_run([store], engine, config, telemetry=True)[0]
 
 
 def explained(store: RunStore, run_id: int, against: int | None = None) -> list[Finding]:

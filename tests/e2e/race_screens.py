@@ -11,30 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
 from app.gui.main_window import MainWindow
 from app.profiles import load_profile_file, resolve_profile
-
-
-def wait_until(app: QApplication, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"race_screens: timed out waiting for {what}")
-        app.processEvents()
-        time.sleep(0.02)
-
-
-def pause(app: QApplication, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        app.processEvents()
-        time.sleep(0.02)
+from docs.screenshot_kit import fail, pause, wait_until
 
 
 def shoot(app: QApplication, path: Path) -> str:
@@ -42,7 +25,7 @@ def shoot(app: QApplication, path: Path) -> str:
     pause(app, 0.5)
     screen = app.primaryScreen()
     if not screen.grabWindow(0).save(str(path)):
-        raise SystemExit(f"race_screens: could not write {path}")
+        raise fail(f"could not write {path}")
     return path.name
 
 

@@ -11,17 +11,13 @@ from pathlib import Path
 import pytest
 
 from app.analysis.findings import Finding, explain, load_run
-from app.bus import Bus
-from app.config import RunConfig
 from app.planner.stored import level_limits
-from app.recording import RunRecorder
-from app.runner import Runner
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
-from tests.e2e.findings_runs import explain_says_it, healthy_run
+from tests.e2e.findings_runs import explain_says_it, healthy_run, record
 
 pytestmark = pytest.mark.e2e
 
@@ -40,17 +36,8 @@ def gguf() -> Path:
 
 def _recorded_run(engine_pool, store: RunStore, prefix_caching: bool) -> int:  # type: ignore[no-untyped-def]
     engine = engine_pool.get(Features(prefix_caching=prefix_caching, max_model_len=1024), ENGINE)
-    config = RunConfig(name=f"prefix {'on' if prefix_caching else 'off'}", engine=engine.engine,
-                       features=engine.features, workload=WORKLOAD, load=LoadConfig(concurrency=2))
-    bus = Bus()
-    recorder = RunRecorder(bus, store)
-    try:
-        result = Runner(config, bus, engine=engine, telemetry=True).run()
-    finally:
-        recorder.close()
-    assert result.status == "completed", result.reason
-    assert not recorder.errors and recorder.run_id is not None
-    return recorder.run_id
+    return record(engine, store, WORKLOAD, LoadConfig(concurrency=2),
+                  name=f"prefix {'on' if prefix_caching else 'off'}")
 
 
 def _rules(findings: list[Finding]) -> list[str]:

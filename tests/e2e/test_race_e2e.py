@@ -18,16 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.bus import Bus
 from app.config import RunConfig
 from app.race import FPS, race_of
-from app.recording import RunRecorder
-from app.runner import Runner
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.launcher import EngineProcess
 from tests.fuzz.hostile import cli
 from tests.pg_server import PgServer
+from tests.stored_runs import record_run
 from tests.xvfb import xvfb
 
 pytestmark = pytest.mark.e2e
@@ -49,18 +47,9 @@ class Raced:
 
 
 def _record(stores: list[RunStore], engine: EngineProcess, name: str, concurrency: int) -> list[int]:
-    bus = Bus()
-    recorders = [RunRecorder(bus, store) for store in stores]
     config = RunConfig(name=name, engine=engine.engine, features=engine.features, workload=WORKLOAD,
                        load=LoadConfig(concurrency=concurrency, warmup_requests=0))
-    try:
-        result = Runner(config, bus, engine=engine, telemetry=False).run()
-    finally:
-        for recorder in recorders:
-            recorder.close()
-    assert result.status == "completed", result.reason
-    assert all(r.recorded and not r.errors for r in recorders), [r.errors for r in recorders]
-    return [r.recorded[-1] for r in recorders]
+    return record_run(stores, engine, config, telemetry=False)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,15 @@ from pathlib import Path
 import pytest
 
 from app.analysis.compare import compare_runs
-from app.bus import Bus
 from app.cli import main
 from app.config import RunConfig
-from app.recording import RunRecorder
-from app.runner import Runner
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import Features
 from engine_adapters.launcher import EngineProcess
 from engine_adapters.registry import engine_terms_for
 from tests.pg_server import PgServer
+from tests.stored_runs import record_run
 
 pytestmark = pytest.mark.e2e
 
@@ -29,17 +27,8 @@ LOAD = LoadConfig(concurrency=2, warmup_requests=1)
 
 
 def _run_into_both(stores: list[RunStore], engine: EngineProcess, name: str) -> list[int]:
-    bus = Bus()
-    recorders = [RunRecorder(bus, store) for store in stores]
     config = RunConfig(name=name, engine=engine.engine, features=engine.features, workload=WORKLOAD, load=LOAD)
-    try:
-        result = Runner(config, bus, engine=engine, telemetry=False).run()
-    finally:
-        for recorder in recorders:
-            recorder.close()
-    assert result.status == "completed", result.reason
-    assert all(r.recorded and not r.errors for r in recorders), [r.errors for r in recorders]
-    return [r.recorded[-1] for r in recorders]
+    return record_run(stores, engine, config, telemetry=False)
 
 
 def _without_ids(doc: dict[str, object]) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """What the ladder's and the tuner's stand-ins share (``tests.fakes.ladder``, ``tests.fakes.tuner``):
-an engine source that "launches" by engine flags (``app.campaign.EngineSource``), and a runner
-skeleton that publishes a real run's events (so the real recorder stores them) around the one
-level each face measures its own way."""
+the host their planner sees, an engine source that "launches" by engine flags
+(``app.campaign.EngineSource``), and a runner skeleton that publishes a real run's events (so the
+real recorder stores them) around the one level each face measures its own way."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from app.bus import Bus
 from app.campaign import engine_key
@@ -21,6 +22,25 @@ from app.events import EngineReady, LevelFinished, LevelStarted, RunFinished, Ru
 from app.load.metrics import LevelSummary
 from app.runner import LevelResult, RunResult
 from engine_adapters.base import FeatureCheck
+from engine_adapters.hardware import HardwareInfo
+
+if TYPE_CHECKING:
+    import pytest
+
+AVX512 = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2", "avx512f"], ram_total_bytes=2**34)
+AVX2_ONLY = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2"], ram_total_bytes=2**34)
+HOST_BANDWIDTH_BYTES_PER_S = 1e10
+
+
+def on_known_host(monkeypatch: pytest.MonkeyPatch, campaign_run: ModuleType) -> None:
+    """A host memory bandwidth of 10 GB/s (the planner measures it otherwise) and an AVX-512 CPU
+    without a GPU, as the planner and ``campaign_run`` (the campaign's run module) probe them."""
+    import app.planner.host as host
+    import app.planner.plan as plan
+
+    monkeypatch.setattr(host, "host_bandwidth_bytes_per_s", lambda refresh=False: (HOST_BANDWIDTH_BYTES_PER_S, "test"))
+    monkeypatch.setattr(campaign_run, "probe_hardware", lambda: AVX512)
+    monkeypatch.setattr(plan, "probe_hardware", lambda: AVX512)
 
 
 class FakeEngine:

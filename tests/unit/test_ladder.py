@@ -42,24 +42,17 @@ from db import campaign_store
 from db.models import Campaign
 from engine_adapters.base import ValidationIssue
 from engine_adapters.hardware import HardwareInfo
+from tests.fakes.campaign import AVX2_ONLY, AVX512, on_known_host
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
 from tests.unit.test_export_scripts import shellcheck_bin
-
-AVX512 = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2", "avx512f"], ram_total_bytes=2**34)
-AVX2_ONLY = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2"], ram_total_bytes=2**34)
-BANDWIDTH = 1e10
 
 
 @pytest.fixture(autouse=True)
 def _known_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A host memory bandwidth of 10 GB/s (the planner measures it otherwise) and no GPU here."""
+    """The planner's host (``on_known_host``: no GPU here), no ladder runs yet."""
     import app.ladder.run as run_mod
-    import app.planner.host as host
-    import app.planner.plan as plan
 
-    monkeypatch.setattr(host, "host_bandwidth_bytes_per_s", lambda refresh=False: (BANDWIDTH, "test"))
-    monkeypatch.setattr(run_mod, "probe_hardware", lambda: AVX512)
-    monkeypatch.setattr(plan, "probe_hardware", lambda: AVX512)
+    on_known_host(monkeypatch, run_mod)
     FakeLadderRunner.calls = []
 
 

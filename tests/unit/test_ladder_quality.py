@@ -24,11 +24,10 @@ from app.quality.probe import QualityFigures, Reference
 from app.recording import RunRecorder
 from app.runner import RunResult
 from app.store import RunStore
-from engine_adapters.hardware import HardwareInfo
+from tests.fakes.campaign import AVX512, on_known_host
 from tests.fakes.ladder import FakeEngines, FakeLadderRunner, Script
 from tests.fuzz.hostile import cli
 
-AVX512 = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2", "avx512f"], ram_total_bytes=2**34)
 SCRIPTS = {"baseline": Script(400, 1.2), "batching": Script(1600, 12.0), "FP8 KV": Script(1500, 12.0),
            "prefix": Script(2000, 13.0)}
 
@@ -36,12 +35,8 @@ SCRIPTS = {"baseline": Script(400, 1.2), "batching": Script(1600, 12.0), "FP8 KV
 @pytest.fixture(autouse=True)
 def _known_host(monkeypatch: pytest.MonkeyPatch) -> None:
     import app.ladder.run as run_mod
-    import app.planner.host as host
-    import app.planner.plan as plan
 
-    monkeypatch.setattr(host, "host_bandwidth_bytes_per_s", lambda refresh=False: (1e10, "test"))
-    monkeypatch.setattr(run_mod, "probe_hardware", lambda: AVX512)
-    monkeypatch.setattr(plan, "probe_hardware", lambda: AVX512)
+    on_known_host(monkeypatch, run_mod)
     FakeLadderRunner.calls = []
     ProbingRunner.probes = []
 

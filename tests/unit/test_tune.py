@@ -29,10 +29,9 @@ from app.tuner.state import TuneState, pareto_front, slo_frontier, tpot_floor
 from app.tuner.stored import load_tune, state_of
 from db import tune_store
 from engine_adapters.hardware import GpuInfo, HardwareInfo
+from tests.fakes.campaign import AVX2_ONLY, AVX512, on_known_host
 from tests.fakes.tuner import FakeEngines, FakeTuneRunner, model_figures
 
-AVX512 = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2", "avx512f"], ram_total_bytes=2**34)
-AVX2_ONLY = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2"], ram_total_bytes=2**34)
 SLO = "ttft_ms<=400,tpot_ms<=60"
 SPACE = {"knobs": {"max_num_seqs": [2, 8, 32], "prefix_caching": [False, True]},
          "load": {"concurrency": [2, 8, 16, 32]}}
@@ -40,14 +39,10 @@ SPACE = {"knobs": {"max_num_seqs": [2, 8, 32], "prefix_caching": [False, True]},
 
 @pytest.fixture(autouse=True)
 def _known_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A host memory bandwidth of 10 GB/s (the planner measures it otherwise), this CPU, a fresh fake."""
-    import app.planner.host as host
-    import app.planner.plan as plan
+    """The planner's host (``on_known_host``), a fresh fake."""
     import app.tuner.run as run_mod
 
-    monkeypatch.setattr(host, "host_bandwidth_bytes_per_s", lambda refresh=False: (1e10, "test"))
-    monkeypatch.setattr(run_mod, "probe_hardware", lambda: AVX512)
-    monkeypatch.setattr(plan, "probe_hardware", lambda: AVX512)
+    on_known_host(monkeypatch, run_mod)
     FakeTuneRunner.reset()
 
 

@@ -25,10 +25,9 @@ from app.slo import SloError, parse_run_slo, parse_slo
 from app.tuner.run import Tuner
 from app.tuner.space import build_space
 from app.tuner.state import TuneState
-from engine_adapters.hardware import HardwareInfo
+from tests.fakes.campaign import AVX512, on_known_host
 from tests.fakes.tuner import FakeEngines, FakeTuneRunner
 
-AVX512 = HardwareInfo(cpu_model="Test CPU", cpu_count_logical=2, cpu_flags=["avx2", "avx512f"], ram_total_bytes=2**34)
 SPACE = {"knobs": {"kv_cache_dtype": ["auto", "fp8"], "max_num_seqs": [8]}, "load": {"concurrency": [2, 4]}}
 AGREEMENT = {"auto": 1.0, "fp8": 0.6}
 """What the fake probe measures: the 8-bit cache agrees on 60% of the reference's tokens."""
@@ -36,13 +35,9 @@ AGREEMENT = {"auto": 1.0, "fp8": 0.6}
 
 @pytest.fixture(autouse=True)
 def _known_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.planner.host as host
-    import app.planner.plan as plan
     import app.tuner.run as run_mod
 
-    monkeypatch.setattr(host, "host_bandwidth_bytes_per_s", lambda refresh=False: (1e10, "test"))
-    monkeypatch.setattr(run_mod, "probe_hardware", lambda: AVX512)
-    monkeypatch.setattr(plan, "probe_hardware", lambda: AVX512)
+    on_known_host(monkeypatch, run_mod)
     FakeTuneRunner.reset()
     FakeQualityRunner.probes = []
 
