@@ -12,7 +12,9 @@ How each engine is scored:
   by token string otherwise, and identical strings collide).
 - llama.cpp (its server returns logprobs only for tokens it generates): the positions up to and
   including the first divergence, where both sides saw the same prefix. Its server also leaves out
-  the logprobs of a token that ends inside a UTF-8 character; such positions are not scored.
+  the logprobs of a token that ends inside a UTF-8 character; such positions are not scored. The
+  prompt cache is off: a prompt's prefix reused from an earlier request is computed in another
+  batch shape, so the figures would depend on what the engine served before.
 
 The control is the reference against itself: a run without a reference generates (llama.cpp) or
 scores (vLLM) its own outputs a second time. Identical figures mean KL 0 and 100% agreement; any
@@ -313,7 +315,7 @@ class _LlamacppClient(_Client):
     def generate(self, prompt: str, max_tokens: int) -> Output:
         n_probs = LLAMACPP_WHOLE_VOCABULARY if self.top == WHOLE_VOCABULARY else self.top
         data = self._post("/completion", {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
-                                          "n_probs": n_probs, "return_tokens": True, "cache_prompt": True})
+                                          "n_probs": n_probs, "return_tokens": True, "cache_prompt": False})
         tokens = data.get("tokens")
         probs = data.get("completion_probabilities")
         if not isinstance(tokens, list) or not isinstance(probs, list):
