@@ -1,7 +1,9 @@
 """The quality probe on real engines: the reference against itself agrees 100% with KL 0 (or
 states its noise floor) on vLLM and llama.cpp, a quantized KV cache measures above that floor, the
-figures are stored with the run and shown by ``runs show --json``, and a probe that cannot measure
-is one line while the speed run is still stored."""
+figures are stored with the run and shown by ``runs show --json``, a probe that cannot measure
+is one line while the speed run is still stored; on the trained demo model 4-bit weights cost more
+than 8-bit ones (KLD, agreement, task accuracy within its error), and a tune over weight precision
+with an agreement bound never picks below it and names what it excluded."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import pytest
 from app.bus import Bus
 from app.config import RunConfig
 from app.quality.config import QualityConfig
-from app.quality.probe import Output, Reference, run_probe
+from app.quality.lm_eval_run import DEMO_TASK, TaskEvalRequest, lm_eval_tool, run_task_eval
+from app.quality.probe import Output, QualityFigures, Reference, run_probe
 from app.quality.stored import stored_reference
+from app.quality.task_accuracy import TaskAccuracy, noise_bound
 from app.recording import RunRecorder
 from app.runner import Runner, RunResult
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
-from engine_adapters.config import EngineConfig, Features, RuntimeConfig
+from db import tune_store
+from engine_adapters.config import DEMO_MODEL, EngineConfig, Features, RuntimeConfig
 from engine_adapters.launcher import EngineProcess
 from tests.fuzz.hostile import cli
 
@@ -122,3 +127,134 @@ def test_a_reference_of_another_model_is_one_line_and_the_speed_run_is_stored(en
     assert stored.status == "completed" and stored.n_requests == 3  # the speed run stands
     assert stored.quality is not None and stored.quality["error"] == result.quality.error
     assert missing.problem is not None and missing.problem.startswith("reference run 'no-such-run': ")
+
+
+ORDERING = QualityConfig(prompts=8, output_tokens=32)
+"""Long enough outputs that 8-bit weights keep most tokens and 4-bit weights lose most."""
+ORDERING_LIMIT = 16
+"""Documents of the shipped task per lm-eval pass (its standard error says how much that settles)."""
+
+
+def _accuracy(engine: EngineProcess) -> TaskAccuracy:
+    found = run_task_eval(TaskEvalRequest(tasks=[DEMO_TASK], limit=ORDERING_LIMIT, num_concurrent=4),
+                          base_url=engine.base_url, model=_model(engine), api_key=engine.api_key,
+                          prompt_logprobs=False, engine="llama.cpp", tokenizer=None)
+    assert not found.errors, found.errors
+    return next(a for a in found.results if a.task == DEMO_TASK and a.metric == "exact_match")
+
+
+def test_llamacpp_quality_orders_4_bit_below_8_bit_below_the_reference(engine_pool) -> None:  # type: ignore[no-untyped-def]
+    """On the trained demo model, against the 16-bit reference (whose control is its noise floor):
+    mean KLD orders 4-bit weights > 8-bit weights > the floor, agreement and task accuracy the
+    other way (accuracy within its standard error); the 8-bit KV cache measures above the floor."""
+    if not lm_eval_tool().is_installed():
+        pytest.fail("the lm-eval tool is missing: run `make tools` (tunebench engine install lm-eval)")
+    top = ORDERING.top_logprobs_for(DEMO_MODEL)
+
+    def probe(features: Features, reference: Reference | None,
+              accuracy: bool = True) -> tuple[QualityFigures, TaskAccuracy | None]:
+        engine = engine_pool.get(features, LLAMACPP)
+        figures = run_probe(ORDERING, "llamacpp", engine.base_url, engine.auth_headers(), _model(engine), reference,
+                            top_logprobs=top, model_id=DEMO_MODEL)
+        assert figures.measured and figures.agreement is not None and figures.kld is not None
+        return figures, _accuracy(engine) if accuracy else None
+
+    control, base_accuracy = probe(Features(), None)
+    reference = Reference.of_figures(control.model_dump(mode="json"), "run", run_id=1, label="16-bit")
+    assert reference.problem is None
+    measured = {"16-bit": (control, base_accuracy)}
+    for name, features in (("q8_0", Features(weights_dtype="q8_0")), ("q4_0", Features(weights_dtype="q4_0"))):
+        measured[name] = probe(features, reference)
+    kv8 = probe(Features(kv_cache_dtype="q8_0"), reference, accuracy=False)[0]
+    for name, (figures, accuracy) in [*measured.items(), ("KV cache q8_0", (kv8, None))]:
+        assert figures.agreement is not None and figures.kld is not None
+        print(f"\n{name}: agreement {figures.agreement.token_share:.1%}, exact match {figures.agreement.exact_match:.0%}, "
+              f"mean KLD {figures.kld.mean:.5f} ± {figures.kld.error or 0:.5f} ({figures.kld.positions} positions), "
+              f"probe {figures.wall_s or 0:.1f} s" + (f"; {accuracy.text()}, {accuracy.wall_s or 0:.1f} s" if accuracy else ""))
+    (ref, ref_acc), (q8, q8_acc), (q4, q4_acc) = measured.values()
+    assert ref.agreement is not None and q8.agreement is not None and q4.agreement is not None and kv8.agreement
+    assert ref.kld is not None and q8.kld is not None and q4.kld is not None and kv8.kld is not None
+    floor = ref.noise_floor
+    assert floor is not None and q8.noise_floor == floor == q4.noise_floor == kv8.noise_floor
+    assert ref.agreement.token_share == 1.0 and ref.kld.mean == floor["kld"]["mean"] < CONTROL_KLD_FLOOR
+    floor_kld = floor["kld"]["mean"] + 2 * (floor["kld"]["error"] or 0.0)
+    assert q4.kld.mean > q8.kld.mean > floor_kld and kv8.kld.mean > floor_kld
+    assert q8.within_noise is False and q4.within_noise is False and kv8.within_noise is False
+    assert q4.agreement.token_share <= q8.agreement.token_share <= ref.agreement.token_share
+    assert kv8.agreement.token_share <= ref.agreement.token_share
+    for lower, higher in ((q4_acc, q8_acc), (q8_acc, ref_acc)):
+        assert lower is not None and higher is not None and higher.stderr is not None and lower.stderr is not None
+        assert lower.value <= higher.value + noise_bound(lower.stderr, higher.stderr), (lower.text(), higher.text())
+    assert ref_acc is not None and ref_acc.value >= 0.9, ref_acc  # the trained demo model does its own task
+
+
+TUNE_PROFILE = """
+name = "quality tune e2e"
+
+[engine]
+kind = "llamacpp"
+model = "tunebench:demo"
+
+[engine.runtime]
+kind = "managed"
+managed = "llamacpp-cpu"
+
+[workload]
+kind = "random"
+num_requests = 4
+
+[workload.input_len]
+mean = 32
+
+[workload.output_len]
+mean = 16
+
+[load]
+concurrency = 1
+
+[quality]
+prompts = 8
+output_tokens = 32
+"""
+TUNE_SPACE = """
+[knobs]
+weights_dtype = ["auto", "q8_0", "q4_0"]
+
+[load]
+concurrency = [1]
+"""
+AGREEMENT_BOUND = 0.8
+"""Between what 8-bit weights keep of the demo model's 32-token outputs (over 90%) and what 4-bit
+weights keep (about half): the 4-bit step fails it."""
+TUNE_SLO = f"ttft_ms<=60000,agreement>={AGREEMENT_BOUND}"
+
+
+def test_a_tune_over_weight_precision_never_picks_below_its_agreement_bound(tmp_path: Path) -> None:
+    """llama.cpp's 16-, 8- and 4-bit weights, one load level, a generous latency bound and an
+    agreement bound the 4-bit weights miss: the pick keeps the bound, and the CLI and
+    ``tunes show --json`` name what the quality term excluded (and whether it changed the pick)."""
+    profile, space, db = tmp_path / "tune.toml", tmp_path / "space.toml", tmp_path / "runs.db"
+    profile.write_text(TUNE_PROFILE)
+    space.write_text(TUNE_SPACE)
+    done = cli("tune", str(profile), "--slo", TUNE_SLO, "--space", str(space), "--db", str(db), "--no-telemetry")
+    assert done.code == 0, done.out[-3000:] + done.err[-3000:]
+    with RunStore(db) as store:
+        (tune,) = tune_store.list_tunes(store)
+    shown = json.loads(cli("tunes", "show", str(tune.id), "--db", str(db), "--json").check().out)
+    by_dtype = {c["knobs"].get("weights_dtype", "auto"): c for c in shown["candidates"]}
+    agreement = {d: c["quality"]["agreement"]["token_share"] for d, c in by_dtype.items()}
+    speed = {d: max((t["tok_s_per_gpu"] or 0.0 for t in shown["trials"]
+                     if t["candidate"] == c["index"] and t["status"] == "passed"), default=0.0)
+             for d, c in by_dtype.items()}
+    pick = shown["pick"]
+    print(f"\nagreement {agreement}, tok/s {speed}; pick {pick['label']}; quality {shown['quality']}")
+    assert agreement["q4_0"] < AGREEMENT_BOUND <= agreement["q8_0"] <= agreement["auto"] == 1.0
+    assert pick is not None and agreement[pick["knobs"].get("weights_dtype", "auto")] >= AGREEMENT_BOUND
+    q4 = by_dtype["q4_0"]
+    assert q4["quality_excluded"] == f"agreement {agreement['q4_0']:.4g}, bound >= {AGREEMENT_BOUND:g}"
+    assert shown["quality"]["excluded"] == [q4["label"]]
+    assert f"excluded: {q4['label']}" in done.out
+    fastest = max(speed, key=speed.__getitem__)
+    changed = shown["quality"].get("pick_without_quality")
+    assert (changed == q4["label"]) == (fastest == "q4_0")  # the pick speed alone would have made, said where it differs
+    print(f"fastest: {fastest}; the quality term {'changed' if changed else 'did not change'} the pick")
