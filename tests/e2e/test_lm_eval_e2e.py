@@ -22,7 +22,6 @@ from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import EngineConfig, Features, RuntimeConfig
 from engine_adapters.launcher import EngineProcess
-from engine_adapters.runtimes import DEMO_MODEL_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -137,9 +136,6 @@ def test_compare_says_whether_the_accuracy_difference_is_beyond_noise(evaluated,
     assert json.loads(capsys.readouterr().out)["summary"][SUMMARY_KEY]["results"]
 
 
-@pytest.mark.xfail(DEMO_MODEL_VERSION == "1", strict=True,
-                   reason="demo model v1 has random weights: it cannot repeat words; the trained demo model "
-                          "(a later DEMO_MODEL_VERSION) must pass this, and then this mark no longer applies")
 def test_the_trained_demo_model_scores_high_at_baseline(evaluated) -> None:  # type: ignore[no-untyped-def]
     """Runs against whichever demo model is installed: the trained one must do its own task."""
     for engine in ("vllm", "llamacpp"):
