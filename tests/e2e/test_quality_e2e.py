@@ -32,7 +32,10 @@ pytestmark = pytest.mark.e2e
 
 LLAMACPP = EngineConfig(kind="llamacpp", runtime=RuntimeConfig(managed="llamacpp-cpu"))
 QUALITY = QualityConfig(prompts=3, output_tokens=8)
-CONTROL_KLD_FLOOR = 1e-9
+CONTROL_KLD_FLOOR = 1e-6
+"""vLLM's control: the generated tokens' logprobs (decode) against the same tokens teacher-forced
+(prefill) run other kernels, so float rounding leaves a KL of ~1e-9 mean, ~1e-7 at p99 on the demo
+model (measured): the stated noise floor, far below any precision step's (8-bit KV ~3e-5)."""
 """What the control may show on an engine that is deterministic at batch 1: logprobs are rounded
 to 6 decimals as they arrive, and vLLM scores a prefill where it generated a decode step."""
 
