@@ -591,37 +591,35 @@ def _multi_node_issues(engine: EngineConfig, features: Features) -> list[Validat
     return issues
 
 
+def _site_packages(engine: EngineConfig, relative: str) -> list[Path] | None:
+    """The files at ``relative`` under the site-packages of the engine's Python environment (a
+    directory lookup, no process: validation runs on every edit); None where it cannot be told
+    (an executable, a container, no interpreter)."""
+    if engine.runtime.kind not in ("managed", "python"):
+        return None
+    try:
+        python = resolve_python(engine)
+    except RuntimeErrorMessage:
+        return None
+    if python is None:
+        return None
+    return list(Path(python).parent.parent.glob(f"lib/python3*/site-packages/{relative}"))
+
+
 def installed_connectors(engine: EngineConfig) -> frozenset[str] | None:
     """The KV connectors the installed vLLM registers (read from its connector factory: a file
     lookup, no process); None where it cannot be told (an executable, a container, no such file)."""
-    if engine.runtime.kind not in ("managed", "python"):
+    factories = _site_packages(engine, FACTORY_FILE)
+    if not factories:
         return None
-    try:
-        python = resolve_python(engine)
-    except RuntimeErrorMessage:
-        return None
-    if python is None:
-        return None
-    venv = Path(python).parent.parent
-    factory = next(iter(venv.glob(f"lib/python3*/site-packages/{FACTORY_FILE}")), None)
-    if factory is None:
-        return None
-    return frozenset(re.findall(r"register_connector\(\s*[\"'](\w+)[\"']", factory.read_text(errors="replace")))
+    return frozenset(re.findall(r"register_connector\(\s*[\"'](\w+)[\"']", factories[0].read_text(errors="replace")))
 
 
 def _has_ray(engine: EngineConfig) -> bool | None:
-    """Whether the engine's Python environment has the ``ray`` package (a directory lookup, no
-    process: validation runs on every edit); None where it cannot be told (an executable, a container)."""
-    if engine.runtime.kind not in ("managed", "python"):
-        return None
-    try:
-        python = resolve_python(engine)
-    except RuntimeErrorMessage:
-        return None
-    if python is None:
-        return None
-    venv = Path(python).parent.parent
-    return any(venv.glob("lib/python3*/site-packages/ray/__init__.py"))
+    """Whether the engine's Python environment has the ``ray`` package; None where it cannot be
+    told (an executable, a container)."""
+    found = _site_packages(engine, "ray/__init__.py")
+    return None if found is None else bool(found)
 
 
 ADAPTER = VllmAdapter()

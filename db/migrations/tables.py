@@ -2,9 +2,12 @@
 has them now): ``requests`` and ``request_chunks``, created by revision 0001, packed by 0004 and
 written back by its downgrade; ``tunes`` and ``tune_trials``, created by revision 0005, given a
 writer namespace by 0006, moved into campaigns by 0007 and written back by its downgrade. Each call
-returns new columns, as a table owns its columns."""
+returns new columns, as a table owns its columns. Also the whole of a revision that adds one
+nullable JSON column (:func:`json_column_revision`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from alembic import op
@@ -104,3 +107,18 @@ def tune_trial_columns() -> list[sa.Column]:
         sa.Column("finished_at", sa.Float, nullable=True),
         sa.Column("doc", Json, nullable=False),
     ]
+
+
+def json_column_revision(table: str, column: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The ``upgrade`` and ``downgrade`` of a revision that adds the nullable JSON column ``column``
+    to ``table`` (rows stored before have NULL). The downgrade is ALTER TABLE, not a batch copy:
+    SQLite's copy drops the old table, and with foreign keys on that deletes every row of the
+    tables that cascade from it."""
+
+    def upgrade() -> None:
+        op.add_column(table, sa.Column(column, Json, nullable=True))
+
+    def downgrade() -> None:
+        op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+
+    return upgrade, downgrade

@@ -8,22 +8,9 @@ Revises: 0007
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from alembic import op
-
-from db.dialects import Json
+from db.migrations.tables import json_column_revision
 
 revision = "0008"
 down_revision = "0007"
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    op.add_column("runs", sa.Column("quality", Json, nullable=True))
-
-
-def downgrade() -> None:
-    # ALTER TABLE, not a batch copy: SQLite's copy drops the old ``runs``, and with foreign keys on
-    # that deletes every run's rows in the tables that cascade from it.
-    op.execute("ALTER TABLE runs DROP COLUMN quality")
+upgrade, downgrade = json_column_revision("runs", "quality")

@@ -8,21 +8,9 @@ Revises: 0008
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from alembic import op
-
-from db.dialects import Json
+from db.migrations.tables import json_column_revision
 
 revision = "0009"
 down_revision = "0008"
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    op.add_column("levels", sa.Column("sample", Json, nullable=True))
-
-
-def downgrade() -> None:
-    # ALTER TABLE, not a batch copy (see revision 0006's downgrade).
-    op.execute("ALTER TABLE levels DROP COLUMN sample")
+upgrade, downgrade = json_column_revision("levels", "sample")
