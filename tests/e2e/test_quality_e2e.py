@@ -27,6 +27,7 @@ from db import tune_store
 from engine_adapters.config import DEMO_MODEL, EngineConfig, Features, RuntimeConfig
 from engine_adapters.launcher import EngineProcess
 from tests.fuzz.hostile import cli
+from tests.small_profile import LLAMACPP_DEMO_ENGINE
 
 pytestmark = pytest.mark.e2e
 
@@ -193,15 +194,7 @@ def test_llamacpp_quality_orders_4_bit_below_8_bit_below_the_reference(engine_po
 
 TUNE_PROFILE = """
 name = "quality tune e2e"
-
-[engine]
-kind = "llamacpp"
-model = "tunebench:demo"
-
-[engine.runtime]
-kind = "managed"
-managed = "llamacpp-cpu"
-
+""" + LLAMACPP_DEMO_ENGINE + """
 [workload]
 kind = "random"
 num_requests = 4

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
 import pytest
@@ -145,16 +146,26 @@ def _handed_the_fleet(qtbot: Any, window: MainWindow, handed: dict[str, Any]) ->
     assert handed["on_slot_bus"] == window.follow_slot
 
 
+def _tab_whose_campaign_stops(make_window: Callable[..., MainWindow], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              profile: str, entry: tuple[ModuleType, str],
+                              tab_name: str) -> tuple[MainWindow, Any, dict[str, Any]]:
+    """A window on ``profile`` showing its campaign tab ``tab_name``, whose campaign stops at its
+    entry point ``entry`` (a module and a name: :func:`_stopped_here`); and what the tab handed it."""
+    handed: dict[str, Any] = {}
+    monkeypatch.setattr(*entry, _stopped_here(handed))
+    window = make_window(profile, db_path=tmp_path / "runs.db")
+    tab = getattr(window, tab_name)
+    window.tabs.setCurrentWidget(tab)
+    return window, tab, handed
+
+
 def test_the_ladder_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: ignore[no-untyped-def]
         qtbot, ray_cluster: LocalRayCluster, make_window: Callable[..., MainWindow], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     import app.ladder.run as ladder_run
 
-    handed: dict[str, Any] = {}
-    monkeypatch.setattr(ladder_run, "run_ladder", _stopped_here(handed))
-    window = make_window("cpu-ladder", db_path=tmp_path / "runs.db")
-    tab = window.ladder
-    window.tabs.setCurrentWidget(tab)
+    window, tab, handed = _tab_whose_campaign_stops(make_window, tmp_path, monkeypatch, "cpu-ladder",
+                                                    (ladder_run, "run_ladder"), "ladder")
     qtbot.waitUntil(lambda: tab.start_button.isEnabled(), timeout=60_000)
     window.cluster_box.address_edit.setText(ray_cluster.address)
     tab.start()
@@ -166,11 +177,8 @@ def test_a_tune_on_a_cluster_gets_its_fleet_and_follows_its_slots(  # type: igno
         monkeypatch: pytest.MonkeyPatch) -> None:
     import app.tuner.run as tuner_run
 
-    handed: dict[str, Any] = {}
-    monkeypatch.setattr(tuner_run, "Tuner", _stopped_here(handed))
-    window = make_window("cpu-demo", db_path=tmp_path / "runs.db")
-    tab = window.tune
-    window.tabs.setCurrentWidget(tab)
+    window, tab, handed = _tab_whose_campaign_stops(make_window, tmp_path, monkeypatch, "cpu-demo",
+                                                    (tuner_run, "Tuner"), "tune")
     tab.slo_edit.setText("ttft_ms<=150,tpot_ms<=60")
     window.cluster_box.address_edit.setText(ray_cluster.address)
     qtbot.mouseClick(tab.start_button, Qt.MouseButton.LeftButton)

@@ -18,25 +18,19 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QCheckBox, QComboBox, QMessageBox, QSpinBox
+from PySide6.QtWidgets import QCheckBox, QComboBox, QMessageBox
 
 from app.analysis import metric_catalog as catalog
 from app.gui.dashboard import Dashboard
 from app.gui.export_dialog import ExportDialog
 from app.gui.main_window import MainWindow
 from tests.conftest import engine_available
+from tests.gui.editors import set_spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gui]
 
 ENGINE_START_MS = 400_000
 RUN_MS = 240_000
-
-
-def _spin(window: MainWindow, path: str, value: int) -> None:
-    spin = window.config_panel.editor(path).widget
-    assert isinstance(spin, QSpinBox)
-    spin.setValue(value)
-    assert window.config_panel.editor(path).message_text == "", window.config_panel.editor(path).message_text
 
 
 def _choose(window: MainWindow, path: str, value: str) -> None:
@@ -73,10 +67,10 @@ def test_the_customer_demo(qtbot, make_window: Callable[..., MainWindow], tmp_pa
     # A short shared-prefix workload: prefix caching has something to reuse within each level.
     panel.tabs.setCurrentIndex(1)
     _choose(window, "workload.kind", "shared_prefix")
-    _spin(window, "workload.shared_prefix_tokens", 512)
-    _spin(window, "workload.num_requests", 32)
-    _spin(window, "workload.output_len.mean", 16)
-    _spin(window, "load.concurrency", 4)
+    set_spin(window, "workload.shared_prefix_tokens", 512)
+    set_spin(window, "workload.num_requests", 32)
+    set_spin(window, "workload.output_len.mean", 16)
+    set_spin(window, "load.concurrency", 4)
     window.keep_engine.setChecked(True)
 
     # Run A: prefix caching off. The switch is two-state: one click from "on" is "off".

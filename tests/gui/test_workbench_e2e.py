@@ -13,25 +13,19 @@ from collections.abc import Callable
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QCheckBox, QMessageBox, QSpinBox
+from PySide6.QtWidgets import QCheckBox, QMessageBox
 
 from app.cost import default_prices, run_deployment, usd_text
 from app.gui.main_window import MainWindow
 from tests.conftest import engine_available
 from tests.gui.conftest import close_window
+from tests.gui.editors import set_spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gui]
 
 ENGINE_START_MS = 300_000
 UNREACHED_REQUESTS = 20_000
 """Prompts are built in memory before the load starts: about 6 s for this many here."""
-
-
-def _set_spin(window: MainWindow, path: str, value: int) -> None:
-    spin = window.config_panel.editor(path).widget
-    assert isinstance(spin, QSpinBox)
-    spin.setValue(value)
-    assert window.config_panel.editor(path).message_text == ""
 
 
 def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWindow], monkeypatch) -> None:
@@ -53,9 +47,9 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     qtbot.mouseClick(prefix, Qt.MouseButton.LeftButton, pos=QPoint(8, prefix.height() // 2))
     assert window.state.config.features.prefix_caching is False
     # far more than it reaches before Stop even on a fast machine (3,000 once finished first on CI)
-    _set_spin(window, "workload.num_requests", UNREACHED_REQUESTS)
-    _set_spin(window, "workload.output_len.mean", 32)
-    _set_spin(window, "load.concurrency", 4)
+    set_spin(window, "workload.num_requests", UNREACHED_REQUESTS)
+    set_spin(window, "workload.output_len.mean", 32)
+    set_spin(window, "load.concurrency", 4)
     window.keep_engine.setChecked(True)
     qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
 
@@ -86,7 +80,7 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     assert engine is not None and engine.is_running()
 
     # a second, complete run on the same engine
-    _set_spin(window, "workload.num_requests", 12)
+    set_spin(window, "workload.num_requests", 12)
     qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
     qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not window.running, timeout=120_000)
@@ -160,7 +154,7 @@ def test_workbench_on_the_real_engine(qtbot, make_window: Callable[..., MainWind
     dialog.close()
 
     # close the window in the middle of a third run: it asks, then stops the run and the engine
-    _set_spin(window, "workload.num_requests", UNREACHED_REQUESTS)
+    set_spin(window, "workload.num_requests", UNREACHED_REQUESTS)
     qtbot.waitUntil(lambda: window.config_panel.summary.text().startswith("Configuration OK"), timeout=30_000)
     qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: tiles["done"].text() not in ("–", "0"), timeout=60_000)
