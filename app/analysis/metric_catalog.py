@@ -84,15 +84,15 @@ def _client_latency(base: str, short: str, digits: int, what: str, alt: str | No
 def _catalogue() -> tuple[Metric, ...]:
     out: list[Metric] = [
         Metric("output_tok_per_s", "Output throughput", "tok/s", "higher", "throughput", "tokens",
-               "engine_output_tok_per_s", digits=1,
+               "engine_output_tok_per_s",
                description="output tokens of completed requests / measured duration", short="out tok/s"),
-        Metric("total_tok_per_s", "Total throughput", "tok/s", "higher", "throughput", "tokens", digits=1,
+        Metric("total_tok_per_s", "Total throughput", "tok/s", "higher", "throughput", "tokens",
                description="input + output tokens of completed requests / measured duration"),
         Metric("requests_per_s", "Request throughput", "req/s", "higher", "throughput", digits=2,
                description="completed requests / measured duration", short="req/s"),
         Metric("goodput_rps", "Goodput", "req/s", "higher", "throughput", "client_timing", digits=2,
                description="completed requests meeting every SLO / measured duration", short="goodput/s"),
-        Metric("engine_output_tok_per_s", "Output throughput (engine)", "tok/s", "higher", "engine", digits=1,
+        Metric("engine_output_tok_per_s", "Output throughput (engine)", "tok/s", "higher", "engine",
                description="the engine's generation-token counter over the measured duration",
                short="out tok/s (engine)"),
     ]
@@ -102,48 +102,47 @@ def _catalogue() -> tuple[Metric, ...]:
         out.append(Metric(f"queue_ms_{stat}", f"Client queue {word}", "ms", "lower", "latency", "client_timing",
                           digits=2, description="due -> sent: waiting in the client, apart from TTFT",
                           short=f"queue {word}"))
+    for base, short, digits, what in (  # the engine's own latency histograms, over the measured duration
+            ("ttft_ms", "TTFT", 1, "the engine's own TTFT histogram (no network, no client scheduling)"),
+            ("itl_ms", "ITL", 2, "the engine's own inter-token latency histogram"),
+            ("e2e_ms", "E2E", 1, "the engine's own end-to-end request latency histogram"),
+            ("queue_ms", "Queue", 1, "time requests waited in the engine's scheduler")):
+        out.append(Metric(f"engine_{base}_mean", f"{short} mean (engine)", "ms", "lower", "engine", digits=digits,
+                          description=what))
     out += [
-        Metric("engine_ttft_ms_mean", "TTFT mean (engine)", "ms", "lower", "engine", digits=1,
-               description="the engine's own TTFT histogram (no network, no client scheduling)"),
-        Metric("engine_itl_ms_mean", "ITL mean (engine)", "ms", "lower", "engine", digits=2,
-               description="the engine's own inter-token latency histogram"),
-        Metric("engine_e2e_ms_mean", "E2E mean (engine)", "ms", "lower", "engine", digits=1,
-               description="the engine's own end-to-end request latency histogram"),
-        Metric("engine_queue_ms_mean", "Queue mean (engine)", "ms", "lower", "engine", digits=1,
-               description="time requests waited in the engine's scheduler"),
-        Metric("prefix_cache_hit_rate", "Prefix cache hit rate", "%", "higher", "engine", scale=100.0, digits=1,
+        Metric("prefix_cache_hit_rate", "Prefix cache hit rate", "%", "higher", "engine", scale=100.0,
                description="prefix-cache hits / queries (tokens)", short="cache hit %"),
-        Metric("trace_prefix_reuse", "Prefix reuse the trace implies", "%", "neutral", "run", scale=100.0, digits=1,
+        Metric("trace_prefix_reuse", "Prefix reuse the trace implies", "%", "neutral", "run", scale=100.0,
                description="a replayed trace: prompt tokens in whole blocks whose whole prefix came before, over all "
                            "prompt tokens (a cache that never evicts); read beside the prefix cache hit rate",
                short="trace reuse %"),
-        Metric("spec_acceptance_rate", "Draft acceptance rate", "%", "higher", "engine", scale=100.0, digits=1,
+        Metric("spec_acceptance_rate", "Draft acceptance rate", "%", "higher", "engine", scale=100.0,
                description="accepted / proposed draft tokens", short="spec acc %"),
         Metric("spec_mean_acceptance_length", "Acceptance length", "tokens", "higher", "engine", digits=2,
                description="tokens produced per verification step"),
         # The batch the engine ran: neither good nor bad by itself (it follows the load).
-        Metric("engine_tokens_per_step_mean", "Tokens per step (engine)", "tokens", "neutral", "engine", digits=1,
+        Metric("engine_tokens_per_step_mean", "Tokens per step (engine)", "tokens", "neutral", "engine",
                description="tokens scheduled per engine step, prefill and decode"),
         Metric("preemptions", "Preemptions", "", "lower", "engine", digits=0,
                description="requests the engine evicted for lack of KV cache"),
         Metric("requests_failed", "Failed requests", "", "lower", "errors", digits=0),
-        Metric("error_rate_pct", "Error rate", "%", "lower", "errors", digits=1),
+        Metric("error_rate_pct", "Error rate", "%", "lower", "errors"),
         Metric("requests_cancelled", "Cancelled requests", "", "neutral", "errors", digits=0),
         Metric("requests_total", "Requests", "", "neutral", "run", digits=0),
         Metric("requests_completed", "Completed requests", "", "neutral", "run", digits=0),
         Metric("output_tokens_total", "Output tokens", "tokens", "neutral", "run", digits=0),
         Metric("input_tokens_total", "Input tokens", "tokens", "neutral", "run", digits=0),
-        Metric("duration_s", "Measured duration", "s", "neutral", "run", digits=1,
+        Metric("duration_s", "Measured duration", "s", "neutral", "run",
                description="sum of the levels' durations (level start -> its last request ended)"),
         # Startup depends more on what this machine has cached (page cache, compile cache) than on
         # the configuration: a second start of the same engine is often twice as fast. Coloured,
         # it would call the second run of every A/B "better", so it is shown but never judged.
-        Metric("startup_s", "Engine startup", "s", "neutral", "run", digits=1,
+        Metric("startup_s", "Engine startup", "s", "neutral", "run",
                description="launch -> ready; dominated by this machine's caches"),
         Metric("kv_cache_tokens", "KV cache capacity", "tokens", "higher", "engine", digits=0,
                description="tokens the engine's KV cache can hold"),
         # What the client delivered of the load (app.load.delivery): the proof the figures are the engine's.
-        Metric("send_lag_ms_p99", "Send lag p99", "ms", "lower", "client", digits=1,
+        Metric("send_lag_ms_p99", "Send lag p99", "ms", "lower", "client",
                description="due -> sent, apart from waiting for the in-flight cap: how late the client sent",
                short="send lag p99"),
         Metric("intended_rate_rps", "Rate asked", "req/s", "neutral", "client", digits=2,
@@ -152,19 +151,19 @@ def _catalogue() -> tuple[Metric, ...]:
                description="open loop: the rate the requests really went out at"),
         Metric("intended_concurrency", "Concurrency asked", "", "neutral", "client", digits=0,
                description="closed loop: requests to keep in flight (open loop: the cap)"),
-        Metric("achieved_concurrency", "Concurrency held", "", "neutral", "client", digits=1,
+        Metric("achieved_concurrency", "Concurrency held", "", "neutral", "client",
                description="closed loop: requests in flight, time-averaged while sending at the target"),
         # The level's steady window (app.load.delivery): ramp-up and drain left out.
         Metric("steady_output_tok_per_s", "Output throughput (steady)", "tok/s", "higher", "throughput", "tokens",
-               "engine_output_tok_per_s", digits=1,
+               "engine_output_tok_per_s",
                description="output tokens that arrived inside the steady window / its length",
                short="out tok/s steady"),
         Metric("steady_requests_per_s", "Request throughput (steady)", "req/s", "higher", "throughput", digits=2,
                description="requests completed inside the steady window / its length", short="req/s steady"),
-        Metric("steady_duration_s", "Steady window", "s", "neutral", "run", digits=1,
+        Metric("steady_duration_s", "Steady window", "s", "neutral", "run",
                description="how long the load held its target"),
         # How late the client's loop woke: a measure of the measurement, not of the engine.
-        Metric("client_lag_ms_p99", "Client loop lag p99", "ms", "neutral", "client", digits=1,
+        Metric("client_lag_ms_p99", "Client loop lag p99", "ms", "neutral", "client",
                description="how late the load client's event loop woke (starved client when high)",
                short="lag p99"),
     ]
@@ -180,14 +179,11 @@ def _catalogue() -> tuple[Metric, ...]:
             ("reasoning_itl_ms", "Reasoning ITL", 2, "gap between reasoning tokens, per token"),
             ("answer_itl_ms", "Answer ITL", 2, "gap between answer tokens, per token")):
         out += _client_latency(base, short, digits, what)
-    out += [
-        Metric("reasoning_tokens_total", "Reasoning tokens", "tokens", "neutral", "run", digits=0,
-               description="output tokens of completed requests spent reasoning"),
-        Metric("answer_tokens_total", "Answer tokens", "tokens", "neutral", "run", digits=0,
-               description="output tokens of completed requests that were the answer"),
-        Metric("requests_reasoning_unfinished", "Reasoning unfinished", "", "lower", "errors", digits=0,
-               description="requests that reasoned to max_tokens and never answered"),
-    ]
+    for phase, what in (("reasoning", "spent reasoning"), ("answer", "that were the answer")):
+        out.append(Metric(f"{phase}_tokens_total", f"{phase.capitalize()} tokens", "tokens", "neutral", "run",
+                          digits=0, description=f"output tokens of completed requests {what}"))
+    out.append(Metric("requests_reasoning_unfinished", "Reasoning unfinished", "", "lower", "errors", digits=0,
+                      description="requests that reasoned to max_tokens and never answered"))
     for base, short, digits in (("ttft_ms", "TTFT", 1), ("tpot_ms", "TPOT", 2), ("e2e_ms", "E2E", 1)):
         for stat in ("p50", "p99"):  # over the level's steady window
             out.append(Metric(f"steady_{base}_{stat}", f"{short} {stat} (steady)", "ms", "lower", "latency",
