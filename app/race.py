@@ -29,6 +29,13 @@ TIE_MS = 1.0
 """Finishes closer than this are a tie (the stored times are kept to a microsecond)."""
 
 Winner = Literal["A", "B", "tie"]
+SIDE_TAG = "race:"
+"""A live race's run is tagged with its side (``race:A``): the race knows it by the tag, whatever
+the runs' names and whichever starts first."""
+
+
+def side_tag(key: str) -> str:
+    return SIDE_TAG + key
 
 
 class RaceUnavailable(UserError):
@@ -248,6 +255,10 @@ class _Streaming:
                        failed=self.failed)
 
 
+LIVE_RACE_KINDS = (RunStarted, SampleStreamed, LevelFinished, RunFinished)
+"""The events a live race is fed (a bus subscription's ``kinds``)."""
+
+
 class LiveRace:
     """Two trials running at once, raced on their sample requests as they stream (their
     ``SampleStreamed`` events): :meth:`feed` takes either trial's events (from any thread's drain,
@@ -276,13 +287,15 @@ class LiveRace:
         """One event of either trial; whether it changed the race."""
         p = event.payload
         if isinstance(p, RunStarted):
+            tagged = [k for k in self.sides if side_tag(k) in p.tags]
             free = [k for k, s in self.sides.items() if s.run_id is None]
             # a run started again (its node was lost) takes its unfinished side over
             again = [k for k, s in self.sides.items() if not s.ended and s.name == p.name]
-            key = next((k for k in free if self.sides[k].name == p.name), free[0] if free else next(iter(again), None))
-            if key is None:
+            key = next(iter(tagged), None) or next((k for k in free if self.sides[k].name == p.name),
+                                                   free[0] if free else next(iter(again), None))
+            if key is None or (self.sides[key].ended and not self.sides[key].failed):
                 return False
-            self.sides[key] = _Streaming(self.sides[key].name, run_id=p.run_id)
+            self.sides[key] = _Streaming(p.name or self.sides[key].name, run_id=p.run_id)
             return True
         run_id = getattr(p, "run_id", None)
         side = self._of(run_id) if isinstance(run_id, str) else None

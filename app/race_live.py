@@ -15,6 +15,7 @@ from app.bus import Bus
 from app.campaign import Campaign, CampaignResult, Step
 from app.config import RunConfig
 from app.executor import Fleet, Recorder, RunnerLike
+from app.race import side_tag
 from app.runner import Runner
 
 SIDES = 2
@@ -40,9 +41,11 @@ def run_live_race(config_a: RunConfig, config_b: RunConfig, follow: Callable[[Bu
                   fleet: Fleet | None = None, telemetry: bool = True,
                   runner_factory: Callable[..., RunnerLike] = Runner, **campaign: Any) -> LiveRaceResult:
     """Runs A and B at once, each on an engine of its own (``fleet``: each a trial on the cluster),
-    recorded by ``recorder``'s store; blocks until both ended. A failing side does not stop the
-    other: each is its own race."""
-    steps = [Step(config_a.name, config_a), Step(config_b.name, config_b)]
+    recorded by ``recorder``'s store; blocks until both ended. Each run is tagged with its side
+    (``app.race.side_tag``: a :class:`~app.race.LiveRace` knows it by that). A failing side does not
+    stop the other: each is its own race."""
+    steps = [Step(config.name, config.model_copy(update={"tags": [*config.tags, side_tag(key)]}))
+             for key, config in (("A", config_a), ("B", config_b))]
     outcome = Campaign(steps, Bus(), recorder=recorder, fleet=fleet, telemetry=telemetry, runner_factory=runner_factory,
                        stop_on_failure=False, on_slot_bus=follow, **campaign).run(cancel, max_parallel=SIDES)
     by_index = {s.index: s for s in outcome.steps}

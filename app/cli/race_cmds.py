@@ -19,10 +19,10 @@ from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
-from app.events import LevelFinished, LogLine, RunFinished, RunStarted, SampleStreamed
+from app.events import LogLine
 from app.export.animation import ANIMATION_SUFFIXES, STILL_SUFFIXES
 from app.profiles import ProfileError, load_profile, resolve_profile
-from app.race import LiveRace, Race, race_of
+from app.race import LIVE_RACE_KINDS, LiveRace, Race, race_of
 
 EXPORT_HELP = (f"write it to FILE ({', '.join(ANIMATION_SUFFIXES)}: an animation at 20 fps; "
                f"{', '.join(STILL_SUFFIXES)}: the finish as a still)")
@@ -99,7 +99,7 @@ def cmd_race_live(args: argparse.Namespace) -> int:
     from app.race_live import run_live_race
 
     bus = Bus()
-    sub = bus.subscribe(kinds=(RunStarted, SampleStreamed, LevelFinished, RunFinished, LogLine))
+    sub = bus.subscribe(kinds=(*LIVE_RACE_KINDS, LogLine))
     recorder = open_recorder(bus, args)
     live = LiveRace(configs[0].name, configs[1].name)
     cancel = threading.Event()

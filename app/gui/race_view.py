@@ -109,7 +109,7 @@ def _counter(state: SideState) -> tuple[str, str]:
 
 
 def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state: SideState, scale_ms: float,
-                theme: Theme, unit: float) -> None:
+                theme: Theme, unit: float, live: bool = False) -> None:
     colour = theme.curves[SIDE_COLOURS[key] % len(theme.curves)]
     pad = unit * 0.8
     inner = rect.adjusted(pad, pad, -pad, -pad)
@@ -120,7 +120,9 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     y += head_h
     small_h = unit * 1.6
     _line(painter, QRectF(inner.left(), y, inner.width(), small_h),
-          f"level {side.level_label} · measured {side.measured_text}", unit * 0.8, theme.muted, elide=True)
+          f"level {side.level_label} · " + ("live, running now" if live and not side.ended else "live" if live
+                                             else f"measured {side.measured_text}"),
+          unit * 0.8, theme.muted, elide=True)
     y += small_h
     ttft, rate = _counter(state)
     big_h = unit * 3.0
@@ -191,7 +193,7 @@ def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: flo
         painter.setPen(QPen(QColor(theme.panel).lighter(200), 1.0))
         painter.setBrush(Qt.BrushStyle.NoBrush)
         painter.drawRoundedRect(rect, unit * 0.5, unit * 0.5)
-        _paint_side(painter, rect, key, side, side.state_at(clocks[k]), scale_ms, theme, unit)
+        _paint_side(painter, rect, key, side, side.state_at(clocks[k]), scale_ms, theme, unit, race.live)
     over = race.ended if race.live else t_ms >= race.duration_ms
     running = status or (f"live: A {clocks[0] / 1e3:.2f} s · B {clocks[1] / 1e3:.2f} s" if race.live
                          else f"replaying at the measured pace: {t_ms / 1e3:.2f} s")

@@ -6,6 +6,7 @@ times at a tenth of the pace, and at x1 every token still shows at its stored ti
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
@@ -18,7 +19,7 @@ from app.race import LiveRace, Race, RaceSide
 
 pytestmark = pytest.mark.gui
 
-SAMPLE = {"prompt": "Count", "start_wall_s": 1.9e9, "text": [f" {k}" for k in range(6)],
+SAMPLE: dict[str, Any] = {"prompt": "Count", "start_wall_s": 1.9e9, "text": [f" {k}" for k in range(6)],
           "t_ms": [20.0, 30.0, 40.0, 50.0, 60.0, 70.0], "tokens": [1] * 6}
 
 
@@ -59,6 +60,39 @@ def test_the_view_follows_two_trials_live_then_replays_them_as_measured(qtbot) -
     assert not view.is_live and view.race is not None and not view.race.live
     assert view.race.a == RaceSide.from_sample("one", None, "c=1", SAMPLE, 0.0)
     qtbot.waitUntil(lambda: view.finished, timeout=10_000)
+
+
+def test_the_presentations_race_is_live_while_a_campaign_runs_two_trials_side_by_side(make_window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """As a ladder on a cluster does: the campaign's worker hands each slot's bus to the window
+    (``follow_slot``); R in presentation mode then races its two trials live."""
+    window = make_window()
+    buses = {key: Bus() for key in ("one", "two")}
+    release = threading.Event()
+
+    def work() -> None:
+        for key, bus in buses.items():
+            window.follow_slot(bus)
+            bus.emit(RunStarted(run_id=key, name=key, config=RunConfig(name=key), engine_kind="llamacpp", model="m",
+                                started_wall_s=1.9e9))
+            bus.emit(SampleStreamed(run_id=key, level=0, label="c=1", part=_piece(0)))
+        release.wait(30)
+        for key, bus in buses.items():
+            bus.emit(SampleStreamed(run_id=key, level=0, label="c=1", part=SAMPLE, ended=True))
+
+    window.start_campaign(work, lambda _result: window.run_ended(), lambda _message: window.run_ended(),
+                          threading.Event(), "side-by-side", "Two trials side by side\u2026", window)
+    qtbot.waitUntil(lambda: window.slots_followed == 2, timeout=10_000)
+    window.race_compared()
+    view = window.presentation.race
+    assert window.presenting and window.presentation.page == "race" and view.is_live
+    qtbot.waitUntil(lambda: view.race is not None and len(view.race.a.pieces) == len(view.race.b.pieces) == 1,
+                    timeout=10_000)
+    assert view.race is not None and {view.race.a.name, view.race.b.name} == {"one", "two"} and not view.finished
+    release.set()
+    qtbot.waitUntil(lambda: view.finished, timeout=10_000)
+    qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    assert view.race is not None and view.race.ended and view.replay_button.isEnabled()
+    assert window.slots_followed == 0 and window.side_by_side is not view._events  # the next campaign's are raced
 
 
 def test_a_replay_slowed_x10_walks_the_stored_times_at_a_tenth_of_the_pace(qtbot) -> None:  # type: ignore[no-untyped-def]

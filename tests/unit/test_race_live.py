@@ -10,14 +10,15 @@ from typing import Any
 
 from app.bus import Event
 from app.config import RunConfig
-from app.events import AnyEvent, LevelFinished, RunStarted, SampleStreamed
+from app.events import AnyEvent, LevelFinished, RunFinished, RunStarted, SampleStreamed
 from app.load.client import ClientOptions, merged_pieces
 from app.load.datasets import Conversation, Dataset, Turn
 from app.load.executor import LiveStats, StopRule, run_level
 from app.load.metrics import LevelSummary
 from app.load.patterns import LevelPlan
-from app.race import LiveRace, RaceSide
+from app.race import LiveRace, RaceSide, side_tag
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
+from tests.fuzz.hostile import cli
 
 
 def test_a_sample_streams_its_pieces_before_it_ends_and_they_are_the_stored_ones() -> None:
@@ -51,9 +52,9 @@ def _event(payload: AnyEvent) -> Event:
     return Event(0.0, 0.0, payload)
 
 
-def _started(run_id: str, name: str) -> Event:
-    return _event(RunStarted(run_id=run_id, name=name, config=RunConfig(name=name), engine_kind="llamacpp", model="m",
-                             started_wall_s=1.9e9))
+def _started(run_id: str, name: str, tags: list[str] | None = None) -> Event:
+    return _event(RunStarted(run_id=run_id, name=name, tags=tags or [], config=RunConfig(name=name),
+                             engine_kind="llamacpp", model="m", started_wall_s=1.9e9))
 
 
 SAMPLE_A = {"prompt": "Say it", "start_wall_s": 1.9e9 + 1, "text": ["One", " two", " three"],
@@ -105,3 +106,21 @@ def test_a_side_whose_sample_request_failed_ends_and_says_why() -> None:
     assert live.ended and live.replay() is not None
     race = live.race()
     assert race.b.failed and "B has no sample" in race.verdict()
+
+
+def test_a_live_races_sides_are_known_by_their_tags_whatever_their_names_and_order() -> None:
+    live = LiveRace("same", "same")
+    live.feed(_started("rb", "same", [side_tag("B")]))
+    live.feed(_started("ra", "same", [side_tag("A")]))
+    assert live.sides["A"].run_id == "ra" and live.sides["B"].run_id == "rb"
+    live.feed(_event(RunFinished(run_id="rb", status="interrupted", reason="its node was lost", ended_wall_s=1.9e9)))
+    assert live.sides["B"].failed and live.ended is False
+    assert live.feed(_started("rb2", "same", [side_tag("B")]))  # it runs again elsewhere: the side is its own again
+    assert live.sides["B"].run_id == "rb2" and not live.sides["B"].ended and not live.sides["B"].failed
+
+
+def test_race_live_refuses_a_missing_profile_and_cluster_options_without_it_in_one_line() -> None:
+    said = cli("race", "--live", "no-such-profile", "llamacpp-cpu-demo", "--no-store")
+    assert said.code != 0 and "no-such-profile" in said.err and len(said.err.strip().splitlines()) == 1
+    said = cli("race", "1", "2", "--cluster", "auto")
+    assert said.code != 0 and "--live" in said.err and len(said.err.strip().splitlines()) == 1
