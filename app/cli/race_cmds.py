@@ -62,8 +62,11 @@ def race_lines(race: Race) -> list[str]:
 def cmd_race(args: argparse.Namespace) -> int:
     if args.live:
         return cmd_race_live(args)
-    if args.cluster:
-        raise UserError("--cluster runs a live race's trials (race --live PROFILE_A PROFILE_B --cluster)")
+    given = [flag for flag, value in (("--cluster", args.cluster), ("--parallel", args.parallel),
+                                      ("--skip-bad-nodes", args.skip_bad_nodes), ("--trial-resource", args.trial_resource),
+                                      ("--no-store", args.no_store), ("--no-telemetry", args.no_telemetry)) if value]
+    if given:
+        raise UserError(f"{', '.join(given)}: only for a live race's runs (race --live PROFILE_A PROFILE_B)")
     with open_store(args) as store:
         race = race_of(store, args.a, args.b, args.level)
     if args.export is None:

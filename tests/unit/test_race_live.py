@@ -119,8 +119,9 @@ def test_a_live_races_sides_are_known_by_their_tags_whatever_their_names_and_ord
     assert live.sides["B"].run_id == "rb2" and not live.sides["B"].ended and not live.sides["B"].failed
 
 
-def test_race_live_refuses_a_missing_profile_and_cluster_options_without_it_in_one_line() -> None:
+def test_race_live_refuses_a_missing_profile_and_run_options_without_it_in_one_line() -> None:
     said = cli("race", "--live", "no-such-profile", "llamacpp-cpu-demo", "--no-store")
     assert said.code != 0 and "no-such-profile" in said.err and len(said.err.strip().splitlines()) == 1
-    said = cli("race", "1", "2", "--cluster", "auto")
-    assert said.code != 0 and "--live" in said.err and len(said.err.strip().splitlines()) == 1
+    for flag in ("--cluster", "--no-store"):
+        said = cli("race", "1", "2", flag)
+        assert said.code != 0 and flag in said.err and "--live" in said.err and len(said.err.strip().splitlines()) == 1
