@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from app.errors import UserError
 from app.events import Event, LevelFinished, RunFinished, RunStarted, SampleStreamed
 from app.ladder.state import LadderState
+from app.load.client import merged_pieces
 from db.records import LevelInfo, RunDetail
 
 FPS = 20
@@ -232,7 +233,6 @@ def race_of(store: RunSource, ref_a: int | str, ref_b: int | str, level: str | N
     return Race(sides[0], sides[1])
 
 
-
 @dataclass
 class _Streaming:
     """One side of a live race, as its trial's events arrive."""
@@ -305,12 +305,10 @@ class LiveRace:
             if side.level is not None and p.level != side.level:
                 return False
             side.level, side.label = p.level, p.label
-            if p.ended:
+            if p.ended:  # the sample as stored replaces its pieces
                 side.sample, side.ended = dict(p.part), True
             else:
-                for key, value in p.part.items():
-                    side.sample[key] = side.sample.get(key, []) + list(value) \
-                        if key in ("text", "t_ms", "tokens") else value
+                side.sample = merged_pieces([side.sample, p.part])
             t_ms = side.sample["t_ms"]
             side.anchor = (self.clock(), float(t_ms[-1]) if t_ms else 0.0)
             return True

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.bus import Event
 from app.cli.argtypes import add_run_options, db_parent
+from app.cli.campaign_cmds import EXIT_CANCELLED, EXIT_FAILED
 from app.cli.fleet_cmds import add_cluster_options, open_fleet
 from app.cli.foreground import open_recorder, run_in_foreground
 from app.cli.store_cmds import open_store
@@ -143,13 +144,15 @@ def cmd_race_live(args: argparse.Namespace) -> int:
     for reason in outcome.reasons():
         print(safe(f"tunebench: {reason}"), file=sys.stderr)
     race = live.replay()
-    if recorder is not None and None not in outcome.stored_ids and race is not None:
+    id_a, id_b = outcome.stored_ids
+    if recorder is not None and id_a is not None and id_b is not None and race is not None:
         with open_store(args) as store:
-            race = race_of(store, *(str(i) for i in outcome.stored_ids))
-        print(safe(f"stored as runs {outcome.stored_ids[0]} and {outcome.stored_ids[1]} "
-                   f"(tunebench race {outcome.stored_ids[0]} {outcome.stored_ids[1]} replays it)"))
+            race = race_of(store, id_a, id_b)  # the race as stored: what was shown live
+        print(safe(f"stored as runs {id_a} and {id_b} (tunebench race {id_a} {id_b} replays it)"))
     if race is None:
-        raise UserError("the live race did not finish: " + ("; ".join(outcome.reasons()) or "cancelled"))
+        if cancel.is_set():
+            return EXIT_CANCELLED
+        raise UserError("the live race did not finish: " + ("; ".join(outcome.reasons()) or "its runs ended first"))
     if args.export is None:
         print("\n".join(safe(line) for line in race_lines(race)))
     else:
@@ -157,7 +160,7 @@ def cmd_race_live(args: argparse.Namespace) -> int:
         from app.gui.race_view import export_race
 
         print(safe(f"{export_race(race, args.export)}: {race.verdict()}"))
-    return 0 if outcome.completed else 1
+    return 0 if outcome.completed else EXIT_CANCELLED if cancel.is_set() else EXIT_FAILED
 
 
 def cmd_staircase(args: argparse.Namespace) -> int:

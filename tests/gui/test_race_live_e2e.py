@@ -2,10 +2,13 @@
 time against four) run at once, each in a slot of its own (``app.race_live``), while the race view
 follows both trials' events. Both trials run at the same time, each sample request's pieces
 arrive before its end, both finish, and the stored race of the same two runs replays what was
-shown live: the same pieces at the same times, the same tokens per side."""
+shown live: the same pieces at the same times, the same tokens per side. Then the same from the
+CLI with each side a trial on a Ray cluster (``race --live --cluster``)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,14 +19,16 @@ from app.bus import Bus, Event
 from app.config import RunConfig
 from app.events import RunFinished, RunStarted, SampleStreamed
 from app.gui.race_view import RaceView
+from app.live_run import node_of
 from app.profiles import load_profile, resolve_profile
-from app.race import LiveRace, race_of
+from app.race import LiveRace, race_of, side_tag
 from app.race_live import LiveRaceResult, run_live_race
 from app.recording import RunRecorder
 from app.store import RunStore
 from app.workload import LengthSpec, LoadConfig
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, demo_model_dir, managed_runtime
+from tests.ray_cluster import LocalRayCluster, tiny_profile_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gui]
 
@@ -37,11 +42,15 @@ def _config(base: RunConfig, name: str, sequences: int) -> RunConfig:
         "load": LoadConfig(concurrency=4, warmup_requests=0)})
 
 
-def test_two_llamacpp_trials_race_live_and_the_store_replays_the_same_race(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def _demo_gguf() -> None:
     runtime = managed_runtime("llamacpp-cpu")
     if not runtime.is_installed() or not (demo_model_dir() / COMPLETE_MARKER).is_file():
         pytest.fail("llama.cpp runtime or demo model missing: run `make engine`")
-    ensure_gguf_demo_model(str(runtime.interpreter))
+    ensure_gguf_demo_model(str(runtime.interpreter))  # made once here, not by both sides at once
+
+
+def test_two_llamacpp_trials_race_live_and_the_store_replays_the_same_race(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _demo_gguf()
     base = load_profile(resolve_profile("llamacpp-cpu-demo"))
     config_a, config_b = _config(base, "one sequence at a time", 1), _config(base, "four sequences at once", 4)
     shown = Bus().subscribe(kinds=(RunStarted, SampleStreamed, RunFinished))  # what the view drains
@@ -101,3 +110,34 @@ def test_two_llamacpp_trials_race_live_and_the_store_replays_the_same_race(qtbot
         assert (shown_side.pieces, shown_side.t_ms, shown_side.tokens) == \
             (stored_side.pieces, stored_side.t_ms, stored_side.tokens)  # the same schedule, to the microsecond
     assert stored.schedule() == race.schedule()
+
+
+def test_race_live_on_a_cluster_runs_each_side_as_a_trial_and_stores_the_race(ray_cluster: LocalRayCluster,
+                                                                               tmp_path: Path) -> None:
+    _demo_gguf()
+    profiles = []
+    for name, sequences in (("alone", 1), ("four at once", 4)):
+        path = tmp_path / f"{sequences}.toml"
+        path.write_text(tiny_profile_text(requests=8, warmup_requests=0)
+                        .replace('name = "fleet tiny"', f'name = "{name}"')
+                        .replace("max_num_seqs = 4", f"max_num_seqs = {sequences}"))
+        profiles.append(str(path))
+    db = tmp_path / "runs.db"
+    done = subprocess.run([sys.executable, "-m", "app.cli", "race", "--live", *profiles, "--cluster",
+                           ray_cluster.address, "--parallel", "2", "--no-telemetry", "--db", str(db)],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_MS / 1e3, check=False,
+                          env=ray_cluster.env())
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for key, name in (("A", "alone"), ("B", "four at once")):  # its pieces came back from its node before its end
+        assert lines.index(f"{key} '{name}': sample request streaming") < lines.index(f"{key} '{name}': sample request ended")
+    stored_line = next(line for line in lines if line.startswith("stored as runs "))
+    id_a, id_b = (int(word) for word in stored_line.split()[3:6:2])
+    with RunStore(db) as store:
+        runs = [store.get_run(i) for i in (id_a, id_b)]
+        race = race_of(store, id_a, id_b)
+    assert side_tag("A") in runs[0].tags and side_tag("B") in runs[1].tags
+    assert len({node_of(r.tags) for r in runs} - {None}) == 2  # a trial on each node
+    assert all(r.started_at < min(o.finished_at or 0 for o in runs) for r in runs)  # at the same time
+    assert race.a.total_tokens > 1 and race.b.total_tokens > 1 and lines[-1] == race.verdict()
