@@ -6,7 +6,8 @@ field is a mypy error in every place that uses it, not a silent ``.get()`` retur
 Order of one run (``app.runner``): :class:`RunStarted`, then :class:`PhaseChanged` /
 :class:`LogLine` while the engine starts (held back until ``RunStarted`` went out),
 :class:`EngineReady`, per level :class:`LevelStarted`, :class:`RequestDone` per request and
-:class:`Progress` about twice a second, :class:`LevelFinished`; :class:`QualityMeasured` when the
+:class:`Progress` about twice a second, :class:`SampleStreamed` while the level's sample request
+streams (about ten a second, the last one at its end), :class:`LevelFinished`; :class:`QualityMeasured` when the
 run has a quality probe; finally :class:`RunFinished`.
 The telemetry collector adds :class:`Sample` s (sources ``gpu<i>``, ``host``, ``engine``),
 one :class:`TelemetrySupport` per source and :class:`Notice` s. Client-side live figures are
@@ -236,6 +237,22 @@ class Progress(EventPayload):
         return Sample(CLIENT_SOURCE, t_mono, t_wall, self.series())
 
 
+class SampleStreamed(EventPayload):
+    """The level's sample request while it streams (what a live race shows): its start (prompt and
+    send time), then its pieces as they arrived since the last event, in
+    ``app.load.client.stream_sample``'s shape; the last one (``ended``) carries the whole sample as
+    the store keeps it (``LevelFinished.sample``). Not stored: the sample is, with its level."""
+
+    kind: ClassVar[str] = "sample_streamed"
+    run_id: str
+    level: int
+    label: str
+    part: dict[str, Any]
+    """Secrets masked (``app.load.client``): ``prompt`` and ``start_wall_s`` in the first part only;
+    ``text``, ``t_ms`` (ms since the request was sent) and ``tokens`` per piece."""
+    ended: bool = False
+
+
 class LevelFinished(EventPayload):
     """A load level ended; its figures."""
 
@@ -306,12 +323,12 @@ class CampaignUpdated(EventPayload):
 
 
 AnyEvent = (RunStarted | PhaseChanged | LogLine | EngineReady | LevelStarted | RequestDone | RequestsDone | Progress
-            | LevelFinished | QualityMeasured | RunFinished | TelemetrySupport | Notice | CampaignUpdated)
+            | SampleStreamed | LevelFinished | QualityMeasured | RunFinished | TelemetrySupport | Notice | CampaignUpdated)
 """Every event kind; ``isinstance`` (or ``match``) on an event's payload narrows it."""
 
 EVENT_TYPES: tuple[type[EventPayload], ...] = (
-    RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, RequestDone, RequestsDone, Progress, LevelFinished,
-    QualityMeasured, RunFinished, TelemetrySupport, Notice, CampaignUpdated)
+    RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, RequestDone, RequestsDone, Progress, SampleStreamed,
+    LevelFinished, QualityMeasured, RunFinished, TelemetrySupport, Notice, CampaignUpdated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from app.events import (
     RequestsDone,
     RunFinished,
     RunStarted,
+    SampleStreamed,
 )
 from app.store import RunStore, StoreError, StoreUnreachable
 
@@ -213,6 +214,8 @@ class RunRecorder:
             self._start(item, p)
         elif isinstance(p, CampaignUpdated):
             return  # a campaign stores itself (its whole state, each time it moves): not an event of a run
+        elif isinstance(p, SampleStreamed):
+            return  # the sample is stored whole with its level (LevelFinished)
         elif isinstance(p, RunFinished) and not self._open and self._uid and self._uid in self.unstored:
             self._uid = ""  # a run that could not even be created: its verdict is already in unstored
         elif not self._open:

@@ -45,10 +45,11 @@ from app.events import (
     RunFinished,
     RunStarted,
     RunStatus,
+    SampleStreamed,
 )
 from app.load.aggregate import LevelAccumulator
 from app.load.cache import CachePlan
-from app.load.client import ClientOptions, OnSample
+from app.load.client import ClientOptions, OnSample, OnSamplePiece
 from app.load.datasets import BuildCancelled, Dataset, build_dataset, cancel_check, read_inputs
 from app.load.executor import LevelOutcome, LiveStats, StopRule, planned_conversations
 from app.load.metrics import (
@@ -543,8 +544,9 @@ class Runner:
             self._emit(plan.started_event(self.run_id, started_wall, rule.max_requests or len(dataset.conversations)))
             acc = LevelAccumulator(load.slo)
             samples: list[dict[str, Any]] = []
+            sample_ended, sample_piece = self._sample_stream(plan, samples)
             outcome = self._run_one(plan, dataset, level_opts, rule, live, cancel, w.seed, index_offset, acc,
-                                    on_sample=samples.append)
+                                    on_sample=sample_ended, on_sample_piece=sample_piece)
             index_offset += acc.requests
             deltas: EngineDeltas | None = None
             if before is not None:
@@ -676,9 +678,22 @@ class Runner:
                 return False
             time.sleep(0.1)
 
+    def _sample_stream(self, plan: LevelPlan, samples: list[dict[str, Any]]) -> tuple[OnSample, OnSamplePiece]:
+        """The level's sample request: kept in ``samples`` when it ends, and published as it
+        streams and when it ends (``SampleStreamed``: what a live race follows)."""
+
+        def streamed(part: dict[str, Any], ended: bool = False) -> None:
+            self._emit(SampleStreamed(run_id=self.run_id, level=plan.index, label=plan.label, part=part, ended=ended))
+
+        def sample_ended(sample: dict[str, Any]) -> None:
+            samples.append(sample)
+            streamed(sample, ended=True)
+
+        return sample_ended, streamed
+
     def _run_one(self, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, live: LiveStats,
                  cancel: threading.Event, seed: int, index_offset: int, acc: LevelAccumulator,
-                 on_sample: OnSample | None = None) -> LevelOutcome:
+                 on_sample: OnSample | None = None, on_sample_piece: OnSamplePiece | None = None) -> LevelOutcome:
         """One measured level in the client process(es): each record is published (and so
         stored) and counted as it arrives; only the result's copy, if asked for, keeps it."""
         kept: list[RequestRecord] = []
@@ -691,7 +706,8 @@ class Runner:
                 kept.append(rec)
 
         outcome = self._pool.run_level(plan, dataset, opts, rule, live=live, cancel=cancel, seed=seed,
-                                       on_record=on_record, index_offset=index_offset, on_sample=on_sample)
+                                       on_record=on_record, index_offset=index_offset, on_sample=on_sample,
+                                       on_sample_piece=on_sample_piece)
         outcome.records = kept
         return outcome
 

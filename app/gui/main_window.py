@@ -74,7 +74,7 @@ from app.labels import engine_defaults, suggest_run_name
 from app.live_run import LIVE_KINDS, LiveRun, features_text, load_text
 from app.planner.plan import Plan
 from app.profiles import Profile
-from app.race import Race
+from app.race import LIVE_RACE_KINDS, LiveRace, Race
 from app.run_findings import first_sentence, stored_findings, top_change
 from app.runner import RunResult
 from app.store import RunStore
@@ -97,6 +97,10 @@ class MainWindow(QMainWindow):
         self.settings = GuiSettings()
         self.bus = Bus()
         self.sub = self.bus.subscribe(maxlen=500_000, kinds=LIVE_KINDS)
+        self.side_by_side = Bus().subscribe(maxlen=100_000, kinds=LIVE_RACE_KINDS)
+        """A campaign's trials side by side (each slot's bus, ``follow_slot``): what a live race follows."""
+        self.slots_followed = 0
+        """Slot buses followed in the running campaign."""
         self.live = LiveRun()
         self.session = EngineSession()
         self.runs = RunControl(self)
@@ -347,6 +351,10 @@ class MainWindow(QMainWindow):
         self.runs.run_ended()
 
     def set_running(self, running: bool) -> None:
+        if not running:  # the next campaign's trials are raced on a mailbox of their own (a live race
+            # may still drain this one's last events)
+            self.side_by_side = Bus().subscribe(maxlen=100_000, kinds=LIVE_RACE_KINDS)
+            self.slots_followed = 0
         self.run_bar.set_running(running)
         self.cluster_box.set_running(running)
         self.config_panel.setEnabled(not running)
@@ -358,8 +366,10 @@ class MainWindow(QMainWindow):
 
     def follow_slot(self, slot_bus: Bus) -> None:
         """A campaign's slot on a cluster has a bus of its own: the live view follows it too
-        (from the campaign's worker; the subscription is thread-safe)."""
+        (from the campaign's worker; the subscription is thread-safe), and so can the live race."""
         slot_bus.attach(self.sub)
+        slot_bus.attach(self.side_by_side)
+        self.slots_followed += 1
 
     # -- the bus -------------------------------------------------------------------------------
 
@@ -423,7 +433,14 @@ class MainWindow(QMainWindow):
         self.store_link.race_runs(a, b)
 
     def race_compared(self) -> None:
-        """The compared baseline against the first other run, raced."""
+        """While a campaign runs trials side by side, its first two raced live; otherwise the
+        compared baseline against the first other run, replayed."""
+        if self.running and self.slots_followed >= 2:
+            following = self.presentation.race.live  # pressed again: the same race (its start was drained)
+            self.presentation.show_live_race(following or LiveRace("A", "B"), self.side_by_side)
+            if not self.presenting:
+                self.toggle_presentation()
+            return
         comparison = self.compare.comparison
         if comparison is None or len(comparison.runs) < 2:
             self.show_error("Compare two runs first: the race replays the baseline against the first other run.")

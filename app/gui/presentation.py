@@ -12,6 +12,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QStackedWidget, QVBoxLayout, QWidget
 
+from app.bus import Subscription
 from app.gui.dashboard import PlotGrid, TileRow
 from app.gui.discard import discard
 from app.gui.fit_label import FitLabel
@@ -19,7 +20,7 @@ from app.gui.race_view import RaceView
 from app.gui.series import SeriesKey, SeriesStore
 from app.gui.theme import DARK, MIN_THEME_PT, Theme, scaled, stylesheet
 from app.headline import Headline
-from app.race import Race
+from app.race import LiveRace, Race
 
 PRESENTATION_PLOTS = ("tokens", "latency", "itl")
 FINDING_COLOUR = "#fbbc04"
@@ -244,6 +245,12 @@ class PresentationView(QWidget):
         self._apply_heading("The race: one prompt each, at its measured pace", f"A: {race.a.name}  \u2192  "
                             f"B: {race.b.name}", "")
         self.race.set_race(race)
+
+    def show_live_race(self, live: LiveRace, events: Subscription) -> None:
+        """The race page, following two trials that run now (``RaceView.follow_live``)."""
+        self.pages.setCurrentIndex(3)
+        self._apply_heading("The race, live: one prompt each, as it streams", "Two trials running side by side", "")
+        self.race.follow_live(live, events)
 
     def show_before_after(self, headline: Headline | None = None, money: str = "", why: str = "") -> None:
         self.race.stop()

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from PySide6.QtCore import QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPainter, QPaintEvent, QPen, QTextOption
-from PySide6.QtWidgets import QApplication, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app.bus import Subscription
+from app.events import Event
 from app.export.animation import Frame, write_animation, write_still
 from app.gui.theme import DARK, Theme
-from app.race import FPS, Race, RaceSide, SideState, frame_times_ms
+from app.race import FPS, LiveRace, Race, RaceSide, SideState, frame_times_ms
 
 EXPORT_SIZE = (1024, 576)
 """An exported replay's frame, in pixels (16:9, readable on a slide)."""
@@ -106,8 +108,8 @@ def _counter(state: SideState) -> tuple[str, str]:
     return ttft, rate
 
 
-def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state: SideState, race: Race,
-                theme: Theme, unit: float) -> None:
+def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state: SideState, scale_ms: float,
+                theme: Theme, unit: float, live: bool = False) -> None:
     colour = theme.curves[SIDE_COLOURS[key] % len(theme.curves)]
     pad = unit * 0.8
     inner = rect.adjusted(pad, pad, -pad, -pad)
@@ -118,7 +120,9 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     y += head_h
     small_h = unit * 1.6
     _line(painter, QRectF(inner.left(), y, inner.width(), small_h),
-          f"level {side.level_label} · measured {side.measured_text}", unit * 0.8, theme.muted, elide=True)
+          f"level {side.level_label} · " + ("live, running now" if live and not side.ended else "live" if live
+                                             else f"measured {side.measured_text}"),
+          unit * 0.8, theme.muted, elide=True)
     y += small_h
     ttft, rate = _counter(state)
     big_h = unit * 3.0
@@ -128,21 +132,24 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
           Qt.AlignmentFlag.AlignRight)
     y += big_h
     # The track: the replay clock runs left to right; the finish line is this side's own finish
-    # on the slower side's scale, so the faster side's line stands short of the other's.
+    # on the slower side's scale, so the faster side's line stands short of the other's (live: on
+    # the scale of the clocks so far, drawn once the side's request ended).
     track_h = unit * 1.4
     track = QRectF(inner.left(), y + track_h * 0.25, inner.width(), track_h * 0.5)
     painter.setPen(Qt.PenStyle.NoPen)
     painter.setBrush(QColor(theme.panel).lighter(160))
     painter.drawRoundedRect(track, track.height() / 2, track.height() / 2)
-    done = min(1.0, state.elapsed_ms / race.duration_ms) if race.duration_ms > 0 else 1.0
+    done = min(1.0, state.elapsed_ms / scale_ms) if scale_ms > 0 else 1.0
     painter.setBrush(QColor(colour))
     painter.drawRoundedRect(QRectF(track.left(), track.top(), track.width() * done, track.height()),
                             track.height() / 2, track.height() / 2)
-    finish_x = track.left() + track.width() * (side.finish_ms / race.duration_ms if race.duration_ms > 0 else 1.0)
-    painter.setPen(QPen(QColor(theme.foreground), max(2.0, unit * 0.15)))
-    painter.drawLine(int(finish_x), int(y), int(finish_x), int(y + track_h))
+    if side.ended:
+        finish_x = track.left() + track.width() * (min(1.0, side.finish_ms / scale_ms) if scale_ms > 0 else 1.0)
+        painter.setPen(QPen(QColor(theme.foreground), max(2.0, unit * 0.15)))
+        painter.drawLine(int(finish_x), int(y), int(finish_x), int(y + track_h))
     y += track_h
-    status = (f"finished in {side.finish_ms / 1e3:.2f} s · {_tokens(side.total_tokens)}" if state.finished
+    status = (f"no sample: {side.failed}" if side.failed
+              else f"finished in {side.finish_ms / 1e3:.2f} s · {_tokens(side.total_tokens)}" if state.finished
               else f"{state.elapsed_ms / 1e3:.2f} s · {_tokens(state.tokens)}")
     _line(painter, QRectF(inner.left(), y, inner.width(), small_h), status, unit * 0.9,
           theme.good if state.finished else theme.muted, state.finished)
@@ -157,8 +164,11 @@ def _paint_side(painter: QPainter, rect: QRectF, key: str, side: RaceSide, state
     painter.drawText(body, _fitting_tail(painter, _shown(state.text), body), WRAP)
 
 
-def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: float, theme: Theme = DARK) -> None:
-    """One moment (``t_ms`` of the replay) of the race, on a ``width`` x ``height`` canvas."""
+def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: float, theme: Theme = DARK,
+               clocks_ms: tuple[float, float] | None = None, status: str | None = None) -> None:
+    """One moment (``t_ms`` of the replay) of the race, on a ``width`` x ``height`` canvas.
+    ``clocks_ms``: each side's own clock instead (a live race: ``LiveRace.clocks_ms``); ``status``:
+    the bottom line while the race runs, instead of the replay's pace."""
     painter.setRenderHint(QPainter.RenderHint.Antialiasing)
     painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
     painter.fillRect(QRectF(0, 0, width, height), QColor(theme.background))
@@ -176,15 +186,19 @@ def paint_race(painter: QPainter, width: int, height: int, race: Race, t_ms: flo
     top = margin * 0.5 + title_h + prompt_h
     bottom = height - verdict_h - margin * 0.5
     column_w = (width - 3 * margin) / 2
+    clocks = clocks_ms or (t_ms, t_ms)
+    scale_ms = max(race.duration_ms, *clocks) if race.live else race.duration_ms
     for k, (key, side) in enumerate((("A", race.a), ("B", race.b))):
         rect = QRectF(margin + k * (column_w + margin), top, column_w, bottom - top)
         painter.setPen(QPen(QColor(theme.panel).lighter(200), 1.0))
         painter.setBrush(Qt.BrushStyle.NoBrush)
         painter.drawRoundedRect(rect, unit * 0.5, unit * 0.5)
-        _paint_side(painter, rect, key, side, side.state_at(t_ms), race, theme, unit)
-    verdict = race.verdict() if t_ms >= race.duration_ms else f"replaying at the measured pace: {t_ms / 1e3:.2f} s"
-    _line(painter, QRectF(margin, bottom, width - 2 * margin, verdict_h), verdict, unit * 1.3,
-          theme.good if t_ms >= race.duration_ms else theme.muted, True, Qt.AlignmentFlag.AlignHCenter)
+        _paint_side(painter, rect, key, side, side.state_at(clocks[k]), scale_ms, theme, unit, race.live)
+    over = race.ended if race.live else t_ms >= race.duration_ms
+    running = status or (f"live: A {clocks[0] / 1e3:.2f} s · B {clocks[1] / 1e3:.2f} s" if race.live
+                         else f"replaying at the measured pace: {t_ms / 1e3:.2f} s")
+    _line(painter, QRectF(margin, bottom, width - 2 * margin, verdict_h), race.verdict() if over else running,
+          unit * 1.3, theme.good if over else theme.muted, True, Qt.AlignmentFlag.AlignHCenter)
 
 
 def render_frame(race: Race, t_ms: float, size: tuple[int, int] = EXPORT_SIZE, theme: Theme = DARK) -> QImage:
@@ -231,6 +245,12 @@ def headless_app() -> QApplication:
     return QApplication(sys.argv[:1])
 
 
+SPEEDS: tuple[tuple[str, float], ...] = (("measured pace \u00d71", 1.0), ("slowed \u00d710", 0.1),
+                                         ("slowed \u00d7100", 0.01))
+"""The replay's playback speeds: a share of the measured pace (the schedule's times stay the stored
+ones; only the clock that walks them runs slower). A small model's reply lasts a tenth of a second."""
+
+
 class RaceCanvas(QWidget):
     """The race painted at the replay clock's moment (nothing before a race is set)."""
 
@@ -239,6 +259,9 @@ class RaceCanvas(QWidget):
         self.theme = theme
         self.race: Race | None = None
         self.t_ms = 0.0
+        self.clocks_ms: tuple[float, float] | None = None
+        """A live race: each side's own clock (``LiveRace.clocks_ms``)."""
+        self.status: str | None = None
         self.setMinimumSize(480, 320)
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt API
@@ -247,14 +270,17 @@ class RaceCanvas(QWidget):
             if self.race is None:
                 painter.fillRect(self.rect(), QColor(self.theme.background))
             else:
-                paint_race(painter, self.width(), self.height(), self.race, self.t_ms, self.theme)
+                paint_race(painter, self.width(), self.height(), self.race, self.t_ms, self.theme, self.clocks_ms,
+                           self.status)
         finally:
             painter.end()
 
 
 class RaceView(QWidget):
-    """The race, replayed from :meth:`set_race`: a QTimer advances the replay clock (the wall clock
-    since the start, so a slow repaint skips frames and never slows the race)."""
+    """The race, replayed from :meth:`set_race`, or live from :meth:`follow_live`: a QTimer
+    advances the replay clock (the wall clock since the start, times the chosen speed, so a slow
+    repaint skips frames and never slows the race); live, it drains the trials' events (their
+    buses' subscription, filled by the runs' threads) into the :class:`~app.race.LiveRace`."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -263,34 +289,87 @@ class RaceView(QWidget):
         self.replay_button = QPushButton("\u21bb Replay")
         self.replay_button.setEnabled(False)
         self.replay_button.clicked.connect(self.start)
+        self.speed_box = QComboBox()
+        self.speed_box.setObjectName("raceSpeed")
+        self.speed_box.setToolTip("Replay slower than measured, to see a short reply stream: the tokens keep their "
+                                  "measured times, the clock that shows them runs slower")
+        for text, speed in SPEEDS:
+            self.speed_box.addItem(text, speed)
+        self.speed_box.currentIndexChanged.connect(self._speed_changed)
+        self.live_label = QLabel("")
+        self.live_label.setObjectName("raceLive")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.canvas, 1)
         buttons = QHBoxLayout()
+        buttons.addWidget(self.live_label)
         buttons.addStretch(1)
+        buttons.addWidget(self.speed_box)
         buttons.addWidget(self.replay_button)
         layout.addLayout(buttons)
         self.timer = QTimer(self)
         self.timer.setInterval(TICK_MS)
         self.timer.timeout.connect(self.tick)
         self._started = 0.0
+        self._from_ms = 0.0
+        """The replay moment the clock restarted from (a change of speed keeps the moment)."""
+        self.live: LiveRace | None = None
+        self._events: Subscription | None = None
 
     @property
     def race(self) -> Race | None:
         return self.canvas.race
 
     @property
+    def speed(self) -> float:
+        """The replay's pace: 1.0 is the measured one."""
+        return float(self.speed_box.currentData())
+
+    @property
     def finished(self) -> bool:
+        if self.live is not None:
+            return self.live.ended
         return self.race is not None and self.canvas.t_ms >= self.race.duration_ms
 
+    @property
+    def is_live(self) -> bool:
+        return self.live is not None
+
     def set_race(self, race: Race) -> None:
+        self._stop_live()
         self.canvas.race = race
         self.replay_button.setEnabled(True)
         self.start()
 
+    def follow_live(self, live: LiveRace, events: Subscription) -> None:
+        """Show ``live`` as its trials run: ``events`` (subscribed to their buses, from any thread)
+        is drained at each tick; once both requests ended, Replay replays the race as measured."""
+        self.live, self._events = live, events
+        self.canvas.race, self.canvas.clocks_ms, self.canvas.status = live.race(), live.clocks_ms(), None
+        self.replay_button.setEnabled(False)
+        self.speed_box.setEnabled(False)
+        self.live_label.setText("\u25cf LIVE: two trials running now")
+        self.timer.start()
+        self.canvas.update()
+
+    def _stop_live(self) -> None:
+        self.live, self._events = None, None
+        self.canvas.clocks_ms = None
+        self.speed_box.setEnabled(True)
+        self.live_label.setText("")
+
     def start(self) -> None:
+        """The replay from its start (after a live race: the race as measured, from the store's view)."""
+        if self.live is not None:
+            replay = self.live.replay()
+            if replay is None:
+                return
+            self._stop_live()
+            self.canvas.race = replay
         self._started = time.monotonic()
+        self._from_ms = 0.0
         self.canvas.t_ms = 0.0
+        self.canvas.status = self._status(0.0)
         self.timer.start()
         self.canvas.update()
 
@@ -301,13 +380,48 @@ class RaceView(QWidget):
         """Stop the clock at ``t_ms`` of the replay and show that moment (Replay starts again)."""
         self.timer.stop()
         self.canvas.t_ms = t_ms
+        self.canvas.status = self._status(t_ms)
         self.canvas.update()
 
+    def _status(self, t_ms: float) -> str | None:
+        """The bottom line of a slowed replay (the measured pace says its own)."""
+        if self.speed == 1.0 or self.race is None:
+            return None
+        return (f"replaying {self.speed_box.currentText()}: {t_ms / 1e3:.3f} s of the measured "
+                f"{self.race.duration_ms / 1e3:.3f} s")
+
+    def _speed_changed(self) -> None:
+        self._from_ms, self._started = self.canvas.t_ms, time.monotonic()
+        self.canvas.status = self._status(self.canvas.t_ms)
+        self.canvas.update()
+
+    def replay_ms(self, now_s: float) -> float:
+        """The replay's moment at monotonic ``now_s``: the stored times walked at :attr:`speed`."""
+        return self._from_ms + (now_s - self._started) * 1e3 * self.speed
+
     def tick(self) -> None:
+        if self.live is not None:
+            self._tick_live(self.live)
+            return
         if self.race is None:
             self.timer.stop()
             return
-        self.canvas.t_ms = min(self.race.duration_ms, (time.monotonic() - self._started) * 1e3)
+        self.canvas.t_ms = min(self.race.duration_ms, self.replay_ms(time.monotonic()))
+        self.canvas.status = self._status(self.canvas.t_ms)
         if self.finished:
             self.timer.stop()
+        self.canvas.update()
+
+    def _tick_live(self, live: LiveRace) -> None:
+        events = self._events
+        if events is not None:
+            for item in events.drain():
+                if isinstance(item, Event):
+                    live.feed(item)
+        self.canvas.race, self.canvas.clocks_ms = live.race(), live.clocks_ms()
+        if live.ended:
+            self.timer.stop()
+            self._events = None
+            self.replay_button.setEnabled(True)
+            self.live_label.setText("\u25cf LIVE race over: Replay shows it as measured")
         self.canvas.update()

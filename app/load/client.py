@@ -67,6 +67,10 @@ def request_id(run: str, level: int, index: int) -> str:
 
 OnTokens = Callable[[int], None]
 OnSample = Callable[[dict[str, Any]], None]
+OnSamplePiece = Callable[[dict[str, Any]], None]
+"""Gets the sample request while it streams: its start (prompt and send time, no pieces yet), then
+its pieces as they arrive, each part in :func:`stream_sample`'s shape (``merged_pieces`` joins
+parts). What a live race shows; the stored sample is still the whole one ``OnSample`` gets."""
 
 SAMPLE_PROMPT_CHARS = 2000
 """A kept sample's prompt is cut to this many characters: the replay shows its start."""
@@ -95,6 +99,37 @@ def stream_sample(prompt: str, marks: list[tuple[float, str, int]], rec: Request
             "t_ms": [round(t, 3) for t, _, _ in marks], "tokens": [n for _, _, n in marks],
             "output_tokens": rec.output_tokens, "ttft_ms": rec.ttft_ms, "e2e_ms": rec.e2e_ms,
             "start_wall_s": rec.start_wall_s}
+
+
+def sample_started(prompt: str, start_wall_s: float) -> dict[str, Any]:
+    """The first part of a streaming sample: its prompt (as :func:`stream_sample` keeps it) and when
+    it was sent, before any piece."""
+    return {"prompt": mask_text(prompt[:SAMPLE_PROMPT_CHARS]), "start_wall_s": start_wall_s,
+            "text": [], "t_ms": [], "tokens": []}
+
+
+def sample_piece(mark: tuple[float, str, int]) -> dict[str, Any]:
+    """One piece of a streaming sample as it arrived (its text masked on its own: the stored
+    sample, masked whole, replaces the pieces once the request ends)."""
+    t_ms, text, tokens = mark
+    return {"text": [mask_text(text)], "t_ms": [round(t_ms, 3)], "tokens": [tokens]}
+
+
+def merged_pieces(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive parts of a streaming sample as one (what crosses a process in a batch)."""
+    merged: dict[str, Any] = {"text": [], "t_ms": [], "tokens": []}
+    for part in parts:
+        for key, value in part.items():
+            if key in merged:
+                merged[key] = merged[key] + list(value)
+            else:
+                merged[key] = value
+    return merged
+
+
+def prompt_text(payload: dict[str, Any]) -> str:
+    """A request body's prompt: the completion prompt, or the chat messages one a line."""
+    return str(payload.get("prompt") or "\n".join(m["content"] for m in payload.get("messages") or ()))
 
 
 # An idle keep-alive connection is reused for this long at most. The engines' HTTP servers close
@@ -181,14 +216,16 @@ class StreamClient:
     async def send(self, conv: Conversation, turn: int, replies: list[str], *, level: int, index: int,
                    level_t0: float, scheduled: float, on_tokens: OnTokens | None = None,
                    on_first: Callable[[float], None] | None = None, cap_wait_ms: float = 0.0,
-                   on_sample: OnSample | None = None) -> tuple[RequestRecord, str]:
+                   on_sample: OnSample | None = None,
+                   on_sample_piece: OnSamplePiece | None = None) -> tuple[RequestRecord, str]:
         """Send one turn; returns its record and (when ``keep_text``) the reply text.
 
         ``scheduled`` and ``level_t0`` are ``time.perf_counter()`` values; ``on_tokens`` is called
         with each chunk's new token count (live statistics), ``on_first`` with the TTFT in ms;
         ``cap_wait_ms`` is how long it waited for the level's in-flight cap; ``on_sample`` (for one
         request of a level: it takes the slower parsing path) gets the request as it streamed
-        (:func:`stream_sample`) when it succeeded."""
+        (:func:`stream_sample`) when it succeeded; ``on_sample_piece`` (the same request) gets it
+        while it streams (``OnSamplePiece``)."""
         payload = build_payload(self.opts, conv, turn, replies)
         body = json.dumps(payload).encode()
         rid = request_id(self.opts.request_ids, level, index) if self.opts.request_ids else None
@@ -205,8 +242,11 @@ class StreamClient:
             finish_reason=None, ok=False, error=None, error_kind=None, http_status=None, request_id=rid,
             cap_wait_ms=cap_wait_ms)
         state = _StreamState(start, self._chat, self.opts.keep_text, on_tokens, on_first)
-        if on_sample is not None:
+        if on_sample is not None or on_sample_piece is not None:
             state.marks = []
+        if on_sample_piece is not None:
+            on_sample_piece(sample_started(prompt_text(payload), start_wall))
+            state.on_mark = lambda mark: on_sample_piece(sample_piece(mark))
         try:
             async with asyncio.timeout(self.opts.request_timeout_s):
                 async with self.session.post(self.url, data=body, headers=headers) as resp:
@@ -244,8 +284,7 @@ class StreamClient:
             rec.error = mask_text(rec.error)
         state.finish(rec)
         if on_sample is not None and rec.ok and state.marks:
-            prompt = payload.get("prompt") or "\n".join(m["content"] for m in payload.get("messages") or ())
-            on_sample(stream_sample(str(prompt), state.marks, rec))
+            on_sample(stream_sample(prompt_text(payload), state.marks, rec))
         return rec, "".join(state.text)
 
 
@@ -262,7 +301,7 @@ class _StreamState:
 
     __slots__ = ("start", "chat", "keep_text", "on_tokens", "on_first", "tokens", "chunks", "first_t", "last_t",
                  "itl", "done", "error", "error_kind", "text", "finish_reason", "prompt_tokens", "usage_tokens",
-                 "chunk_counted", "answer_t", "answer_at", "reasoning_seen", "usage_reasoning", "marks")
+                 "chunk_counted", "answer_t", "answer_at", "reasoning_seen", "usage_reasoning", "marks", "on_mark")
 
     def __init__(self, start: float, chat: bool, keep_text: bool, on_tokens: OnTokens | None,
                  on_first: Callable[[float], None] | None) -> None:
@@ -287,6 +326,8 @@ class _StreamState:
         self.usage_reasoning: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when reported
         self.marks: list[tuple[float, str, int]] | None = None
         """When sampled: each token-carrying chunk's (ms since send, text, new tokens)."""
+        self.on_mark: Callable[[tuple[float, str, int]], None] | None = None
+        """Called with each mark as it is taken (the first ``SAMPLE_MAX_PIECES``: what is kept)."""
 
     async def consume(self, content: aiohttp.StreamReader) -> None:
         buf = b""
@@ -416,7 +457,10 @@ class _StreamState:
             self.chunk_counted = True
             new = 1 if text else 0
         if self.marks is not None and (new > 0 or text):
-            self.marks.append(((now - self.start) * 1e3, text, max(0, new)))
+            mark = ((now - self.start) * 1e3, text, max(0, new))
+            self.marks.append(mark)
+            if self.on_mark is not None and len(self.marks) <= SAMPLE_MAX_PIECES:
+                self.on_mark(mark)
         if new <= 0:
             return
         if self.answer_t is None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from app.bus import Bus
 from app.events import Progress
-from app.load.client import Cancelled, ClientOptions, OnSample, StreamClient, make_session
+from app.load.client import Cancelled, ClientOptions, OnSample, OnSamplePiece, StreamClient, make_session
 from app.load.datasets import Conversation, Dataset
 from app.load.metrics import RequestRecord
 from app.load.patterns import LevelPlan, arrival_offsets_s
@@ -163,11 +163,13 @@ def planned_requests(dataset: Dataset, rule: StopRule) -> int | None:
 async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
                     live: LiveStats, on_record: Callable[[RequestRecord], None] | None = None,
                     cancel: CancelFlag | None = None, seed: int = 0, index_offset: int = 0,
-                    keep_records: bool = True, on_sample: OnSample | None = None) -> LevelOutcome:
+                    keep_records: bool = True, on_sample: OnSample | None = None,
+                    on_sample_piece: OnSamplePiece | None = None) -> LevelOutcome:
     """Run one level to its stop rule; never raises for a failing server (errors are records).
     Each record goes to ``on_record`` as it completes; ``keep_records=False`` (the client process)
     keeps none in the outcome, so a long level holds no per-request objects. ``on_sample`` gets
-    one request of the level as it streamed, if it succeeds (``app.load.client.stream_sample``)."""
+    one request of the level as it streamed, if it succeeds (``app.load.client.stream_sample``);
+    ``on_sample_piece`` gets the same request while it streams."""
     convs = dataset.conversations
     total = planned_conversations(dataset, rule)
     live.start_level(plan.index, planned_requests(dataset, rule))
@@ -228,7 +230,8 @@ async def run_level(plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule
                     rec, text = await client.send(conv, turn, replies, level=plan.index, index=index,
                                                   level_t0=t0, scheduled=scheduled, on_tokens=live.on_tokens,
                                                   on_first=live.on_first, cap_wait_ms=cap_wait_ms,
-                                                  on_sample=on_sample if index == sample_index else None)
+                                                  on_sample=on_sample if index == sample_index else None,
+                                                  on_sample_piece=on_sample_piece if index == sample_index else None)
                 except Cancelled as exc:
                     record(exc.record)
                     return

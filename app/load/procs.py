@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.load.client import ClientOptions, OnSample
+from app.load.client import ClientOptions, OnSample, OnSamplePiece, merged_pieces
 from app.load.datasets import Dataset
 from app.load.executor import (
     TICK_S,
@@ -131,7 +131,8 @@ class Job:
     cpus: tuple[int, ...] | None
     nice: int | None
     sample: bool = False
-    """Report one request of the share as it streamed (a ``sample`` message)."""
+    """Report one request of the share as it streamed (a ``sample`` message), and its pieces while
+    it streams (``pieces`` messages, batched as the records are)."""
 
 
 def exit_when_orphaned(parent_pid: int, poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
@@ -158,11 +159,15 @@ async def _run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelO
         await asyncio.sleep(max(0.0, job.t_start - time.perf_counter()))
     live = LiveStats(None)
     batch: list[tuple[Any, ...]] = []
+    pieces: list[dict[str, Any]] = []
 
     def flush() -> None:
         if batch:
             results.put(("records", k, list(batch)))
             batch.clear()
+        if pieces:
+            results.put(("pieces", k, merged_pieces(pieces)))
+            pieces.clear()
 
     def on_record(rec: RequestRecord) -> None:
         batch.append(pack_record(rec))
@@ -176,12 +181,14 @@ async def _run_job(k: int, job: Job, results: Any, cancel: CancelFlag) -> LevelO
             results.put(("progress", k, (live.tokens, live.in_flight)))
 
     def on_sample(sample: dict[str, Any]) -> None:
+        flush()  # its last pieces before its end
         results.put(("sample", k, sample))
 
     reporter = asyncio.create_task(report())
     try:
         return await run_level(job.plan, job.dataset, job.opts, job.rule, live=live, cancel=cancel, seed=job.seed,
-                               on_record=on_record, keep_records=False, on_sample=on_sample if job.sample else None)
+                               on_record=on_record, keep_records=False, on_sample=on_sample if job.sample else None,
+                               on_sample_piece=pieces.append if job.sample else None)
     finally:
         reporter.cancel()
         flush()
@@ -363,12 +370,13 @@ class ClientPool:
     def run_level(self, plan: LevelPlan, dataset: Dataset, opts: ClientOptions, rule: StopRule, *,
                   live: LiveStats, cancel: CancelFlag, seed: int,
                   on_record: Callable[[RequestRecord], None] | None = None, index_offset: int = 0,
-                  on_sample: OnSample | None = None) -> LevelOutcome:
+                  on_sample: OnSample | None = None, on_sample_piece: OnSamplePiece | None = None) -> LevelOutcome:
         """One level, split over the workers from a common start time; each record reaches
         ``on_record`` within ~0.1 s of completing. With one worker, records keep the index the
         client gave them (the order they were sent); with several, the order they arrive here.
         Peak concurrency is the sum of the workers' peaks (an upper bound). ``on_sample`` gets the
-        sample request of the first worker (``run_level``)."""
+        sample request of the first worker (``run_level``), ``on_sample_piece`` its pieces while it
+        streams (each batch within ~0.1 s of its arrival)."""
         self.start()
         self._wait_ready(cancel)
         n = self.workers
@@ -417,6 +425,8 @@ class ClientPool:
                 pending.discard(k)
             elif kind == "sample" and on_sample is not None:
                 on_sample(payload)
+            elif kind == "pieces" and on_sample_piece is not None:
+                on_sample_piece(payload)
             elif kind == "note" and self.on_note is not None:
                 self.on_note(str(payload))
             elif kind == "started":
