@@ -74,7 +74,7 @@ from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
 from engine_adapters.pd_group import DisaggregatedGroup, pool_deltas
-from engine_adapters.prometheus import MetricMap, Scrape, restarted
+from engine_adapters.prometheus import METRICS_MAX_BYTES, MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 from engine_adapters.secrets import mask_env, mask_obj, mask_text, mask_url, remember_secret
@@ -170,7 +170,6 @@ def _stop_if(cancel: threading.Event, reason: str) -> None:
         raise _Stop("cancelled", reason)
 
 
-METRICS_MAX_BYTES = 64 * 2**20
 METADATA_MAX_BYTES = 2**20
 """/version and /v1/models answer in well under a KiB."""
 METADATA_DEADLINE_S = 5.0

@@ -27,13 +27,12 @@ from engine_adapters.launcher import (
     free_port,
 )
 from engine_adapters.process_group import STOP_GRACE_S, process_start_s, stop_group, stop_signals_unblocked
-from engine_adapters.prometheus import labelled_samples
+from engine_adapters.prometheus import METRICS_MAX_BYTES, labelled_samples
 from engine_adapters.secrets import mask_text, remember_secret
 from engine_adapters.watchdog import Watchdog
 
 ROUTER_READY_TIMEOUT_S = 60.0
 SCRAPE_DEADLINE_S = 10.0
-METRICS_MAX_BYTES = 64 * 2**20
 WARM_UP_ATTEMPTS = 3
 """The decode engine handshakes with a prefill engine on its first request, under a fixed timeout
 (vLLM's NIXL side channel: 5 s), which a loaded machine can miss once (docs/engines.md)."""
