@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The managed vLLM CPU engine and the demo model live in the per-user cache
 # (see `tunebench engine install --help`), so a fresh clone reuses them.
 
-.PHONY: run test test-quick test-under-load fuzz deps engine tools pg-server xvfb lint bench screenshots clean
+.PHONY: run test test-quick test-under-load fuzz deps engine tools pd-extras pg-server xvfb lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no supported Python found: install one of $(SUPPORTED_PYTHONS), or run make PYTHON=/path/to/python3.1x"; exit 2; }
@@ -29,8 +29,14 @@ engine: deps
 
 # lm-evaluation-harness, for task accuracy (`tunebench run --tasks`): a venv of its own in the
 # per-user cache beside the engines (~0.9 GB, a minute or two the first time), never in .venv.
-tools: deps
+tools: deps pd-extras
 	$(BIN)/tunebench engine install lm-eval
+
+# Disaggregated prefill/decode on the vLLM CPU runtime: NIXL and vllm-router, installed without
+# their dependencies into a folder beside that runtime (~265 MB, a minute the first time; instant
+# once there), put on the PYTHONPATH of a P/D group's engines and router only.
+pd-extras: engine
+	$(BIN)/tunebench engine install vllm-cpu-pd
 
 run: engine
 	$(BIN)/tunebench gui

@@ -3,6 +3,7 @@ GUI all use, so a configuration is judged the same way everywhere."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -10,11 +11,13 @@ from app.config import RunConfig
 from app.errors import EngineFailed, UserError
 from app.quality.config import WHOLE_VOCABULARY
 from engine_adapters.base import FlagSet, ValidationIssue
-from engine_adapters.config import Features
+from engine_adapters.config import EngineConfig, Features
+from engine_adapters.disaggregation import has_router
 from engine_adapters.hardware import HardwareInfo, probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError, ExitCallback, LogCallback, PhaseCallback
+from engine_adapters.pd_group import DisaggregatedGroup, DisaggregatedStartError
 from engine_adapters.registry import get_adapter
-from engine_adapters.runtimes import RuntimeErrorMessage
+from engine_adapters.runtimes import RuntimeErrorMessage, addon_path
 
 
 @dataclass
@@ -55,6 +58,17 @@ def check_config(config: RunConfig, discover_flags: bool = True, *, hardware: Ha
     return report
 
 
+def _refuse_errors(config: RunConfig) -> None:
+    report = check_config(config)
+    if report.errors:
+        raise UserError("; ".join(f"{i.field}: {i.message}" for i in report.errors))
+
+
+def is_group(config: RunConfig) -> bool:
+    """Whether the configuration launches a disaggregated prefill/decode group, not one engine."""
+    return config.features.disaggregation.enabled and config.features.disaggregation.role is None
+
+
 MAX_LOGPROBS_FLAG = "--max-logprobs"
 
 
@@ -79,13 +93,11 @@ def launch_engine(
 ) -> EngineProcess:
     """Validate, then start the engine (returns before it is ready). ``force`` skips validation."""
     if not force:
-        report = check_config(config)
-        if report.errors:
-            raise UserError("; ".join(f"{i.field}: {i.message}" for i in report.errors))
-    if config.features.disaggregation.enabled and config.features.disaggregation.role is None:
-        raise UserError("disaggregated prefill/decode runs as a group of engines behind a router, which a run does "
-                        "not launch yet: export it (tunebench export PROFILE --format bash), start it, then measure "
-                        "it with tunebench run --endpoint URL")
+        _refuse_errors(config)
+    if is_group(config):
+        raise UserError("disaggregated prefill/decode runs as a group of engines behind a router, which "
+                        "tunebench run launches; to start it by hand, export it (tunebench export PROFILE "
+                        "--format bash), then measure it with tunebench run --endpoint URL")
     engine = EngineProcess(config.engine, _with_quality_flags(config), get_adapter(config.engine.kind),
                            on_log=on_log, on_phase=on_phase, on_exit=on_exit)
     try:
@@ -93,3 +105,43 @@ def launch_engine(
     except (RuntimeErrorMessage, EngineStartError) as exc:
         raise EngineFailed(str(exc)) from None
     return engine
+
+
+def _with_addon(engine: EngineConfig) -> EngineConfig:
+    """The engine with its runtime's add-on (NIXL, the router) on ``PYTHONPATH``: only the
+    group's processes get it, never tunebench's venv."""
+    try:
+        path = addon_path(engine)
+    except RuntimeErrorMessage as exc:
+        raise UserError(str(exc)) from None
+    if path is None:
+        return engine
+    env = dict(engine.runtime.env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+    return engine.model_copy(update={"runtime": engine.runtime.model_copy(update={"env": env})})
+
+
+def launch_group(
+    config: RunConfig,
+    *,
+    force: bool = False,
+    on_log: LogCallback | None = None,
+    on_phase: PhaseCallback | None = None,
+    on_exit: ExitCallback | None = None,
+) -> DisaggregatedGroup:
+    """Validate, then start every engine of a disaggregated prefill/decode group (returns before
+    they are ready; the router starts once they are, in ``wait_ready``). Stopped again if any
+    fails to start."""
+    if not force:
+        _refuse_errors(config)
+    adapter = get_adapter(config.engine.kind)
+    if not has_router(adapter):
+        raise UserError(f"{adapter.display_name} has no disaggregated prefill/decode launch in tunebench")
+    group = DisaggregatedGroup(_with_addon(config.engine), _with_quality_flags(config), adapter,
+                               on_log=on_log, on_phase=on_phase, on_exit=on_exit)
+    try:
+        group.start()
+    except (RuntimeErrorMessage, EngineStartError, DisaggregatedStartError) as exc:
+        group.stop()
+        raise EngineFailed(str(exc)) from None
+    return group

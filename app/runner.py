@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from app import urls
 from app.bus import Bus
 from app.config import RunConfig
-from app.engines import launch_engine
+from app.engines import is_group, launch_engine, launch_group
 from app.errors import UserError
 from app.events import (
     AnyEvent,
@@ -74,7 +74,8 @@ from engine_adapters.bounded_http import FetchError, fetch
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
-from engine_adapters.prometheus import MetricMap, Scrape, restarted
+from engine_adapters.pd_group import DisaggregatedGroup, pool_deltas
+from engine_adapters.prometheus import METRICS_MAX_BYTES, MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 from engine_adapters.secrets import mask_env, mask_obj, mask_text, mask_url, remember_secret
@@ -135,11 +136,24 @@ class RunResult(BaseModel):
     """Task accuracy measured by lm-eval after the levels (``Runner(task_eval=...)``)."""
     quality: QualityFigures | None = None
     """The quality probe's figures (``[quality]``), measured after the last level."""
+    disaggregated: dict[str, Any] = Field(default_factory=dict)
+    """A disaggregated prefill/decode group's engines (role, URL, argv) and router, and per level
+    what each one's counters gained (:data:`DISAGGREGATED_KEY` of the summary)."""
 
     def summary(self) -> dict[str, Any]:
-        """The ``run_finished`` summary: per level, the flat figures (and the task accuracy, when measured)."""
-        levels = {"levels": [{"index": lv.index, "label": lv.label, **lv.summary.flat()} for lv in self.levels]}
+        """The ``run_finished`` summary: per level, the flat figures (and the task accuracy, when
+        measured; a P/D group's per-pool figures)."""
+        levels: dict[str, Any] = {"levels": [{"index": lv.index, "label": lv.label, **lv.summary.flat()}
+                                             for lv in self.levels]}
+        if self.disaggregated:
+            levels[DISAGGREGATED_KEY] = self.disaggregated
         return levels if self.task_eval is None else {**levels, TASK_EVAL_KEY: self.task_eval.model_dump(mode="json")}
+
+
+DISAGGREGATED_KEY = "disaggregated"
+WARM_UP_PROMPT = " ".join(f"w{i}" for i in range(200))
+"""The P/D group's warm-up prompt: more than one KV block of the CPU build (128 tokens), so the
+decode engine pulls blocks from the prefill engine (its handshake) before the timed load."""
 
 
 class _Stop(Exception):
@@ -157,7 +171,6 @@ def _stop_if(cancel: threading.Event, reason: str) -> None:
         raise _Stop("cancelled", reason)
 
 
-METRICS_MAX_BYTES = 64 * 2**20
 METADATA_MAX_BYTES = 2**20
 """/version and /v1/models answer in well under a KiB."""
 METADATA_DEADLINE_S = 5.0
@@ -217,6 +230,9 @@ class Runner:
         self._metric_map = MetricMap(self.adapter.metric_names)
         self.result = RunResult(run_id=self.run_id, name=config.name, config=config, started_wall_s=time.time())
         self._own_engine: EngineProcess | None = None
+        self._own_group: DisaggregatedGroup | None = None
+        self._counter_bases: list[str] | None = None
+        """Where a level's engine counters come from when not the load's URL (a P/D group's decode engines)."""
         self._started_sent = False
         self._pending: list[AnyEvent] = []
         self._pending_lock = threading.Lock()
@@ -311,6 +327,8 @@ class Runner:
             r.hardware["node"] = self.node
         if self.endpoint is not None:
             return self._attach(self.endpoint)
+        if self.engine is None and is_group(self.config):
+            return self._prepare_group(cancel)
         engine = self.engine
         if engine is None:
             try:
@@ -353,6 +371,60 @@ class Runner:
         self._kv_beside_plan(r.kv_cache.get("kv_cache_tokens"))
         self.api_key = engine.api_key
         return engine.base_url, engine.auth_headers()
+
+    def _prepare_group(self, cancel: threading.Event) -> tuple[str, dict[str, str]]:
+        """A disaggregated prefill/decode group: every pool engine, then the router, then one
+        request through it (the decode engines' first handshake), before any timed load. The load
+        goes to the router; a level's engine counters are the decode engines' (they generate the
+        output), and every engine's and the router's own are kept per level beside them."""
+        r = self.result
+        try:
+            group = launch_group(self.config, on_log=self._on_log, on_phase=self._on_phase,
+                                 on_exit=lambda code, diag: self._engine_died.set())
+        except UserError:
+            self._send_run_started()
+            raise
+        self._own_group = group
+        decode = group.pool("decode")
+        first = decode[0]
+        r.argv, r.env = list(first.argv), mask_env(dict(first.env_added))
+        r.endpoint, r.engine_pid = group.base_url, first.pid
+        self._bind_client(first)
+        try:
+            r.engine_version = self.adapter.installed_version(first.engine)
+        except (RuntimeErrorMessage, OSError) as exc:
+            self._note(f"engine version unknown: {exc}")
+        self._send_run_started()
+        try:
+            r.startup_s = group.wait_ready(cancel=cancel)
+        except EngineStartError as exc:
+            if cancel.is_set():
+                raise _Stop("cancelled", "cancelled while the P/D group was starting") from None
+            raise _Stop("failed", str(exc.diagnosis or exc)) from None
+        if first.ready_info is not None:
+            r.kv_cache = dict(first.ready_info.kv_cache)
+        self.api_key = group.api_key
+        headers = group.auth_headers()
+        r.disaggregated = {"engines": [{"role": m.role, "index": m.index, "url": m.process.base_url,
+                                        "argv": mask_obj(list(m.process.argv))} for m in group.members],
+                           "router_argv": mask_obj(group.router_argv),
+                           "levels": []}
+        self._counter_bases = [p.base_url for p in decode]
+        model = self._model_name(first.base_url, headers)
+        try:
+            failed = group.warm_up(model, WARM_UP_PROMPT, cancel=cancel)
+        except EngineStartError as exc:
+            raise _Stop("cancelled" if cancel.is_set() else "failed", f"P/D warm-up: {exc}") from None
+        self._note(f"P/D group ready in {r.startup_s:.1f} s: {len(group.pool('prefill'))} prefill + {len(decode)} "
+                   f"decode engine(s) behind the router at {group.base_url}; warm-up request through it "
+                   + (f"succeeded after {len(failed)} failed tr{'y' if len(failed) == 1 else 'ies'} "
+                      f"({'; '.join(failed)})" if failed else "succeeded at the first try"))
+        checks = first.verify_features(probe=False)
+        r.feature_checks = [asdict(c) for c in checks]
+        self._emit(EngineReady(run_id=self.run_id, base_url=group.base_url, startup_s=r.startup_s,
+                               kv_cache=r.kv_cache, feature_checks=list(checks)))
+        self._kv_beside_plan(r.kv_cache.get("kv_cache_tokens"))
+        return group.base_url, headers
 
     def _kv_beside_plan(self, engine_kv_tokens: float | None) -> None:
         """The engine's own KV capacity beside the planner's, with the plan's error (the issue's
@@ -404,10 +476,11 @@ class Runner:
         except ImportError:
             return
         engine = self.engine or self._own_engine
+        pid = engine.pid if engine else self.result.engine_pid  # a P/D group: its first decode engine
         try:
             self._collector = TelemetryCollector(
-                self.bus, metrics_url=base_url + self.adapter.metrics_path, api_key=self.api_key,
-                metric_names=self.adapter.metric_names, engine_pid=engine.pid if engine else None,
+                self.bus, metrics_url=(self._counter_bases or [base_url])[0] + self.adapter.metrics_path,
+                api_key=self.api_key, metric_names=self.adapter.metric_names, engine_pid=pid,
                 gpu_metrics_url=self.gpu_metrics_url)
             self._collector.start()
         except Exception as exc:  # another package's failure must not sink the run
@@ -427,6 +500,11 @@ class Runner:
             if self._engine_died.is_set() and r.status == "completed":
                 r.status, r.reason = "failed", f"the engine exited: {self._own_engine.diagnosis or 'unknown cause'}"
             self._own_engine.stop()
+        if self._own_group is not None:
+            if self._engine_died.is_set() and r.status == "completed":
+                r.status, r.reason = "failed", self._own_group.gone() or "an engine of the P/D group exited"
+            for line in self._own_group.stop():
+                self._on_log(f"P/D group stopped: {line}")
         if not self._started_sent:
             self._send_run_started()
         r.ended_wall_s = time.time()
@@ -469,12 +547,14 @@ class Runner:
         return counter
 
     def _scrape(self, base_url: str, headers: dict[str, str]) -> Scrape | None:
-        """The engine's counters now; None when /metrics cannot be read (the level then has no
-        engine figures: unknown, not zero)."""
+        """The engine's counters now (a P/D group's: its decode engines', summed); None when a
+        /metrics cannot be read (the level then has no engine figures: unknown, not zero)."""
         try:
-            return self._metric_map.parse(_http_get(base_url + self.adapter.metrics_path, headers))
+            scrapes = [self._metric_map.parse(_http_get(base + self.adapter.metrics_path, headers))
+                       for base in self._counter_bases or [base_url]]
         except (urllib.error.URLError, OSError, ValueError):
             return None
+        return scrapes[0] if len(scrapes) == 1 else _summed(scrapes)
 
     def _settled(self, base_url: str, headers: dict[str, str], before: Scrape | None = None,
                  client_tokens: int | None = None, cancel: threading.Event | None = None) -> Scrape | None:
@@ -539,6 +619,7 @@ class Runner:
                 _stop_if(cancel, "cancelled while the prefix cache was primed")
             before = (self._settled(base_url, headers, cancel=cancel) if warmed or primed
                       else self._scrape(base_url, headers))
+            pools_before = self._own_group.pool_figures() if self._own_group is not None else None
             _stop_if(cancel, "cancelled before the level started")
             started_wall = time.time()
             self._emit(plan.started_event(self.run_id, started_wall, rule.max_requests or len(dataset.conversations)))
@@ -556,6 +637,9 @@ class Runner:
                                "no engine figures for this level")
                 elif after is not None:
                     deltas = engine_deltas(before, after)
+            if self._own_group is not None and pools_before is not None:
+                self.result.disaggregated["levels"].append({"index": plan.index, "label": plan.label, "pools": pool_deltas(
+                    pools_before, self._own_group.pool_figures())})
             summary = acc.summary(outcome.duration_s, peak_concurrency=outcome.peak_concurrency,
                                   lengths_exact=dataset.lengths_exact, engine=deltas, stop_reason=outcome.stop_reason,
                                   client_lag_ms=outcome.client_lag_ms, target=plan.target,
@@ -573,6 +657,8 @@ class Runner:
             if outcome.stop_reason == "cancelled":
                 raise _Stop("cancelled", "cancelled")
             if self._engine_gone(grace_s=3.0 if outcome.stop_reason.startswith("error budget") else 0.0):
+                if self._own_group is not None:
+                    raise _Stop("failed", self._own_group.gone() or "an engine of the P/D group exited")
                 engine = self._own_engine or self.engine
                 raise _Stop("failed", f"the engine exited: {(engine.diagnosis if engine else None) or 'unknown cause'}")
             if outcome.stop_reason.startswith("error budget"):
@@ -669,6 +755,13 @@ class Runner:
         while True:
             if self._engine_died.is_set():
                 return True
+            if self._own_group is not None:
+                if self._own_group.gone() is not None:
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.1)
+                continue
             if engine is None or engine.proc is None:
                 return False
             if not engine.is_running():
@@ -725,6 +818,21 @@ class Runner:
         self._pool.run_level(warm_plan, dataset, opts, StopRule(max_requests=n, max_error_fraction=1.0),
                              live=LiveStats(None), cancel=cancel, seed=seed, on_record=count)
         self._note(f"warm-up: {counts[0]} requests ({counts[1]} failed), excluded from the figures")
+
+
+def _summed(scrapes: list[Scrape]) -> Scrape:
+    """Several engines' counters as one (a P/D pool of several engines): counters, histograms and
+    gauges added; the latest start time, so a restart of any one shows."""
+    out = Scrape(start_time_s=max((s.start_time_s for s in scrapes if s.start_time_s is not None), default=None))
+    for scrape in scrapes:
+        for name, value in scrape.counters.items():
+            out.counters[name] = out.counters.get(name, 0.0) + value
+        for name, value in scrape.gauges.items():
+            out.gauges[name] = out.gauges.get(name, 0.0) + value
+        for name, (total, count) in scrape.histograms.items():
+            old_total, old_count = out.histograms.get(name, (0.0, 0.0))
+            out.histograms[name] = (old_total + total, old_count + count)
+    return out
 
 
 def _quality_note(figures: QualityFigures) -> str:

@@ -31,6 +31,9 @@ class DisaggregatedEngine(Protocol):
     display_name: str
     router_api_key_env: str
     """Where the router reads the key it presents to the pools' engines."""
+    pool_metrics: frozenset[str]
+    """The samples of the pools' engines' and the router's /metrics that a run keeps per pool
+    (prefill and decode tokens, KV transfer, the router's requests)."""
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
                     decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,

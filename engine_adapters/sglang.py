@@ -342,6 +342,7 @@ class SglangAdapter(CommandLineAdapter):
     # -- disaggregated prefill/decode: sglang-router joins the pools -----------------------------
 
     router_api_key_env = API_KEY_ENV
+    pool_metrics = frozenset({"sglang:prompt_tokens_total", "sglang:generation_tokens_total"})
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
                     decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,

@@ -97,6 +97,18 @@ ROUTER_CONNECTORS = frozenset({"nixl", "mooncake"})
 ROUTER_MODULE = "vllm_router.launch_router"
 ROUTER_API_KEY_ENV = "OPENAI_API_KEY"
 """vllm-router sends ``Authorization: Bearer $OPENAI_API_KEY`` to the engines (read in its binary)."""
+POOL_METRICS = frozenset({
+    *(f"vllm:{name}" for name in (
+        "prompt_tokens_total", "generation_tokens_total", "request_success_total",
+        # prompt tokens by where they came from: local_compute (prefill), external_kv_transfer (decode)
+        "prompt_tokens_by_source_total", "nixl_num_failed_transfers_total")),
+    *(f"vllm:{name}_{part}" for name in (
+        "request_prefill_time_seconds", "request_decode_time_seconds", "inter_token_latency_seconds",
+        "nixl_xfer_time_seconds", "nixl_bytes_transferred") for part in ("sum", "count")),
+    "vllm_router_pd_prefill_requests_total", "vllm_router_pd_decode_requests_total",
+    "vllm_router_pd_request_duration_seconds_sum", "vllm_router_pd_request_duration_seconds_count"})
+"""What a run keeps per pool of a P/D group: each engine's tokens, prefill and decode time, and
+NIXL's transfers (on the decode engine), and vllm-router's own requests."""
 NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """NIXL's UCX transport on one machine: TCP over loopback (shared memory fails to start here;
 UCX's default lost the first request's handshake, docs/engines.md)."""
@@ -415,6 +427,7 @@ class VllmAdapter(CommandLineAdapter):
     # -- disaggregated prefill/decode: vllm-router joins the pools -------------------------------
 
     router_api_key_env = ROUTER_API_KEY_ENV
+    pool_metrics = POOL_METRICS
 
     def router_argv(self, engine: EngineConfig, features: Features, prefill: Sequence[tuple[str, int]],
                     decode_urls: Sequence[str], port: int, *, metrics_port: int | None = None,

@@ -19,6 +19,7 @@ from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import (
     MANAGED_RUNTIMES,
     MANAGED_TOOLS,
+    RUNTIME_ADDONS,
     RuntimeErrorMessage,
     ensure_demo_model,
     install_managed,
@@ -155,8 +156,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     flags.set_defaults(handler=cmd_engine_flags)
 
     install = esub.add_parser("install", help="create a managed engine runtime, or a tool that runs beside the "
-                              "engines (lm-eval), in the user cache")
-    install.add_argument("name", choices=sorted({*MANAGED_RUNTIMES, *MANAGED_TOOLS}))
+                              "engines (lm-eval), or a runtime's add-on beside it (vllm-cpu-pd: NIXL and vllm-router), "
+                              "in the user cache")
+    install.add_argument("name", choices=sorted({*MANAGED_RUNTIMES, *MANAGED_TOOLS, *RUNTIME_ADDONS}))
     install.set_defaults(handler=cmd_engine_install)
 
     demo = sub.add_parser("demo-model", help="generate the tiny local demo model and print its path")

@@ -10,14 +10,19 @@ import os
 import re
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from app.bus import Bus
 from app.config import RunConfig
 from app.engines import check_config, launch_engine
 from app.errors import UserError
+from app.runner import Runner
+from app.workload import LengthSpec, LoadConfig, WorkloadConfig
 from engine_adapters.config import DisaggregationConfig, EngineConfig, Features, RuntimeConfig
 from engine_adapters.disaggregation import expert_count, has_router, pool_features
 from engine_adapters.hardware import GpuInfo, HardwareInfo
@@ -239,10 +244,61 @@ def test_group_starts_both_pools_then_the_router_and_one_stop_ends_all(tmp_path:
 
 
 def test_a_valid_p_d_configuration_is_not_launched_as_one_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until a run launches the group, a P/D configuration is never started as a plain engine."""
+    """A P/D configuration is never started as a plain engine (a run launches it as a group)."""
     started: list[object] = []
     monkeypatch.setattr("app.engines.EngineProcess.start", lambda self: started.append(self))
     config = RunConfig(engine=HUB, features=Features(disaggregation=DisaggregationConfig(connector="nixl")))
     with pytest.raises(UserError, match="export it"):
         launch_engine(config, force=True)
     assert started == []
+
+
+# --- a run launches the group, and stops all of it however it ends ------------------------------------
+
+def _group_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script_text: str,
+               cancel_when_started: bool) -> tuple[Runner, object]:
+    script, record = tmp_path / "stand_in.py", tmp_path / "record.jsonl"
+    script.write_text(script_text)
+    adapter = StandInAdapter(script, record)
+    monkeypatch.setattr("app.engines.get_adapter", lambda kind: adapter)
+    monkeypatch.setattr("app.runner.get_adapter", lambda kind: adapter)
+    monkeypatch.setattr("app.engines.probe_hardware", lambda: gpus(2))
+    config = RunConfig(
+        engine=EngineConfig(model="stand-in", runtime=RuntimeConfig(kind="python", python=sys.executable)),
+        features=Features(disaggregation=DisaggregationConfig(connector="nixl", kv_buffer_device="cpu")),
+        workload=WorkloadConfig(num_requests=2, input_len=LengthSpec(mean=8), output_len=LengthSpec(mean=2)),
+        load=LoadConfig(concurrency=1))
+    runner, cancel = Runner(config, Bus(), telemetry=False), threading.Event()
+
+    def cancel_once_both_engines_run() -> None:
+        while not (record.exists() and len(record.read_text().splitlines()) >= 2):
+            time.sleep(0.05)
+        cancel.set()
+
+    if cancel_when_started:
+        threading.Thread(target=cancel_once_both_engines_run, daemon=True).start()
+    return runner, runner.run(cancel)
+
+
+def test_a_run_whose_p_d_warm_up_fails_says_so_and_stops_every_process(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in router answers no completion (HTTP 501): the warm-up is tried three times,
+    the run fails in one line, and the router and both engines are stopped by process group."""
+    runner, result = _group_run(tmp_path, monkeypatch, STAND_IN, cancel_when_started=False)
+    assert result.status == "failed"  # type: ignore[attr-defined]
+    assert re.fullmatch(r"P/D warm-up: the P/D warm-up request failed 3 times through the router; last: HTTP 501.*",
+                        result.reason or "")  # type: ignore[attr-defined]
+    group = runner._own_group
+    assert group is not None and len(group.pids) == 3
+    assert all(group_members(pid) == [] for pid in group.pids)
+
+
+def test_a_run_cancelled_while_its_p_d_engines_start_stops_them_all(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    never_ready = STAND_IN.replace('print("Application startup complete."', 'time.sleep(600); print("x"')
+    never_ready = never_ready.replace("import http.server, json, os, sys", "import http.server, json, os, sys, time")
+    runner, result = _group_run(tmp_path, monkeypatch, never_ready, cancel_when_started=True)
+    assert (result.status, result.reason) == ("cancelled", "cancelled while the P/D group was starting")  # type: ignore[attr-defined]
+    group = runner._own_group
+    assert group is not None and group.router is None and len(group.pids) == 2
+    assert all(group_members(pid) == [] for pid in group.pids)
