@@ -410,10 +410,15 @@ def _hit_share(lv: Level) -> tuple[float | None, str]:
     return None, ""
 
 
-def _cached_tokens(lv: Level) -> float | None:
+def _engine_count(lv: Level, name: str) -> float | None:
+    """An engine counter's growth over the level (its summary's ``engine`` deltas)."""
     engine = lv.summary.get("engine")
-    hits = engine.get("prefix_cache_hits") if isinstance(engine, Mapping) else None
-    return float(hits) if isinstance(hits, int | float) and math.isfinite(hits) else None
+    value = engine.get(name) if isinstance(engine, Mapping) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _cached_tokens(lv: Level) -> float | None:
+    return _engine_count(lv, "prefix_cache_hits")
 
 
 def _run_hit_share(ctx: Context) -> float | None:
@@ -482,7 +487,10 @@ def spec_low_acceptance(ctx: Context) -> list[Finding]:
         if rate is not None and rate < SPEC_ACCEPTANCE_LOW:
             rates.append(rate)
             hits.append((lv, _ev("draft acceptance rate", 100 * rate, "%", lv.window)
-                         + _ev("tokens per verification step", length, "tokens", lv.window)))
+                         + _ev("tokens per verification step", length, "tokens", lv.window)
+                         + _ev("tokens drafted", _engine_count(lv, "spec_decode_draft_tokens"), "tokens", lv.window)
+                         + _ev("drafted tokens accepted", _engine_count(lv, "spec_decode_accepted_tokens"), "tokens",
+                               lv.window)))
     if not hits:
         return []
     tokens = _feature(ctx, "features.speculative.num_speculative_tokens")
@@ -493,7 +501,8 @@ def spec_low_acceptance(ctx: Context) -> list[Finding]:
     return _warning("spec_low_acceptance", hits, change,
                     "Few drafted tokens were accepted: speculative decoding spends the idle compute of each step "
                     "verifying drafts the model rejects, and pays for drafting, so it costs about as much as it "
-                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial.")
+                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial: "
+                    "each step then verifies fewer rejected drafts, so output throughput should rise.")
 
 
 @rule("client_limited", "the client was the bottleneck, or the load was not delivered",

@@ -334,6 +334,10 @@ def test_low_speculative_acceptance(store: RunStore) -> None:
     spec = one(explained(store, rec), "spec_low_acceptance")
     assert evidence(spec, "draft acceptance rate") == pytest.approx(20.0)
     assert evidence(spec, "tokens per verification step") == pytest.approx(1.8)
+    # the engine's counters over the level, as read (vllm:spec_decode_num_draft_tokens, ..._accepted_tokens)
+    assert evidence(spec, "tokens drafted") == pytest.approx(400.0 * DURATION_S)
+    assert evidence(spec, "drafted tokens accepted") == pytest.approx(80.0 * DURATION_S)
+    assert "output throughput should rise" in spec.explanation
     assert spec.suggestion == {"features.speculative.method": "off"}
     good = Recorded(config, Engine(drafts_per_s=100.0, draft_tok_per_s=400.0, accepted_tok_per_s=300.0))
     assert "spec_low_acceptance" not in [f.rule for f in explained(store, good)]
