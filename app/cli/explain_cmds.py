@@ -37,6 +37,11 @@ def _share(fraction: float | None) -> str:
     return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
+def _error(pct: float) -> str:
+    """``+300%``: the ceiling predicted four times what was measured."""
+    return f"{pct:+,.0f}%"
+
+
 def planner_report(args: argparse.Namespace) -> int:
     """Every stored level the planner could plan, against its ceiling, and per hardware how close
     the runs came: how good the planner is on this hardware."""
@@ -46,7 +51,8 @@ def planner_report(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"hardware": [asdict(a) for a in accuracy],
                    "levels": [{"run": c.run_id, "name": c.name, "hardware": c.hardware, "level": c.level,
-                               **c.figures.model_dump(mode="json")} for c in checks]}, sys.stdout, indent=2)
+                               "error_pct": c.error_pct, **c.figures.model_dump(mode="json")} for c in checks]},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not checks:
@@ -55,13 +61,18 @@ def planner_report(args: argparse.Namespace) -> int:
     print(f"planner against measurement: {len(checks)} level(s) of {len({c.run_id for c in checks})} run(s)")
     for a in accuracy:
         above = f"; {a.above_ceiling} above the ceiling (a bug in the plan or the measurement)" if a.above_ceiling else ""
+        error = f"; prediction error {_error(a.median_error_pct)} (median)" if a.median_error_pct is not None else ""
         print(safe(f"{a.hardware}: {a.levels} level(s), measured {_share(a.median_share)} of the ceiling "
-                   f"(median; {_share(a.lowest_share)} to {_share(a.highest_share)}){above}"))
+                   f"(median; {_share(a.lowest_share)} to {_share(a.highest_share)}){error}{above}"))
+    print("prediction error: (the ceiling - the measured rate) / the measured rate; the planner predicts the "
+          "physics' limit, so what a run leaves below it is its error on this hardware")
     print()
     for c in checks:
         f = c.figures
         print(safe(f"run {c.run_id} ({c.name}) level {c.level} on {c.hardware}: {f.measured_tok_per_s:,.0f} of "
-                   f"{f.ceiling_tok_per_s:,.0f} tok/s at a batch of {f.batch:,.1f}: {f.text()}"))
+                   f"{f.ceiling_tok_per_s:,.0f} tok/s at a batch of {f.batch:,.1f}"
+                   + (f" (prediction error {_error(c.error_pct)})" if c.error_pct is not None else "")
+                   + f": {f.text()}"))
     return 0
 
 

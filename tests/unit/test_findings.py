@@ -524,8 +524,11 @@ def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
     assert lines[0] == "planner against measurement: 3 level(s) of 3 run(s)"
     assert lines[1].startswith("NVIDIA H100 80GB HBM3: 3 level(s), measured 37.5% of the ceiling (median; 25.0% to 50.0%)")
     assert "1 above the ceiling" in lines[1]
+    # the prediction (the ceiling) against the measured rate: +100% at half, +300% at a quarter
+    assert "prediction error +200% (median)" in lines[1]
     assert any(line.startswith(f"run {ids[1]} (quarter) level 0 on NVIDIA H100") and line.endswith("25% of limit")
-               for line in lines), out
+               and "(prediction error +300%)" in line for line in lines), out
+    assert not any(line.startswith(f"run {ids[2]} (above)") and "prediction error" in line for line in lines), out
     code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db), "--json")
     data = json.loads(out)
     (hardware,) = data["hardware"]
@@ -533,6 +536,8 @@ def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
     assert hardware["median_share"] == pytest.approx(0.375)
     assert [level["run"] for level in data["levels"]] == ids
     assert data["levels"][0]["fraction"] == pytest.approx(0.5)
+    assert [level["error_pct"] for level in data["levels"]] == [pytest.approx(100.0), pytest.approx(300.0), None]
+    assert hardware["median_error_pct"] == pytest.approx(200.0)
 
 def test_live_findings_are_the_stored_runs_and_show_a_full_kv_cache_before_the_level_ends(store: RunStore) -> None:
     """``app.run_findings.LiveFindings`` fed the events a run publishes: while the level runs, the
