@@ -12,14 +12,14 @@ import sys
 from dataclasses import asdict
 
 from app.analysis.findings import RULES, Finding, explain, finding_dicts, load_run, supported_engines
-from app.campaign_findings import Explained, explain_ladder, explain_tune
+from app.campaign_findings import ladder_lines, tune_lines
 from app.cli.argtypes import db_parent, json_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
 from app.ladder.stored import load_ladder
 from app.planner.stored import ceiling_checks, level_limits, planner_accuracy
-from app.run_findings import first_sentence, suggestion_text
+from app.run_findings import suggestion_text
 from app.tuner.stored import load_tune
 from engine_adapters.registry import METRICS
 
@@ -76,29 +76,14 @@ def planner_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explained_lines(item: Explained) -> list[str]:
-    lines = [f"{item.title}: {item.figure}" + (f" (run {item.run_id})" if item.run_id is not None else "")]
-    lines += [f"  {item.reason}"] if item.reason else []
-    lines += [f"  {text}" if i == 0 else f"    -> {text}" for i, text in enumerate(item.why)]
-    lines += [f"  [warning] {f.rule}: {first_sentence(f.explanation)}" for f in item.warnings]
-    return lines
-
-
 def campaign_report(args: argparse.Namespace) -> int:
     """A ladder's steps or a tune's pick and rejected trials, each with its runs' findings."""
     with open_store(args) as store:
         if args.ladder is not None:
-            ladder = load_ladder(store, args.ladder).state
-            heading = f"ladder {ladder.ladder_id} ({ladder.name}): each step's factor and why"
-            items = explain_ladder(store, ladder)
+            lines = ladder_lines(store, load_ladder(store, args.ladder).state)
         else:
-            tune = load_tune(store, args.tune)
-            pick, rejected = explain_tune(store, tune)
-            heading = f"tune {tune.tune_id} ({tune.name}): its pick, and why each rejected trial failed"
-            items = ([pick] if pick is not None else []) + rejected
-    print(safe(heading))
-    for item in items:
-        print("\n".join(safe(line) for line in _explained_lines(item)))
+            lines = tune_lines(store, load_tune(store, args.tune))
+    print("\n".join(safe(line) for line in lines))
     return 0
 
 
