@@ -342,6 +342,36 @@ def test_low_speculative_acceptance(store: RunStore) -> None:
     good = Recorded(config, Engine(drafts_per_s=100.0, draft_tok_per_s=400.0, accepted_tok_per_s=300.0))
     assert "spec_low_acceptance" not in [f.rule for f in explained(store, good)]
 
+def _probed(store: RunStore, rec: Recorded, **quality: Any) -> list[Finding]:
+    """``rec`` stored with the quality probe's figures (as the recorder updates the run with them)."""
+    run_id = store_run(store, rec)
+    figures = {"measured": True, "reference": {"kind": "run", "run_id": 1, "label": "fp16"},
+               "agreement": {"token_share": 0.62}, "kld": {"mean": 0.031, "error": 0.002},
+               "noise_floor": {"agreement": {"token_share": 1.0}, "kld": {"mean": 1e-9}}, **quality}
+    store.update_run(run_id, quality=figures)
+    return explain(load_run(store, run_id, level_limits))
+
+def test_quality_lost_beyond_its_noise_floor_asks_for_one_step_up_in_precision(store: RunStore) -> None:
+    fp8_kv = Recorded(llama_config(kv_cache_dtype="fp8"), name="fp8 kv")
+    lost = one(_probed(store, fp8_kv, within_noise=False), "quality_lost")
+    assert lost.severity == "warning" and lost.suggestion == {"features.kv_cache_dtype": "auto"}
+    assert evidence(lost, "tokens identical to the reference") == pytest.approx(62.0)
+    assert evidence(lost, "tokens identical on the reference's repeat (noise floor)") == pytest.approx(100.0)
+    assert evidence(lost, "mean KL divergence from the reference") == pytest.approx(0.031)
+    assert "differ from run 1's more than the reference differs from itself" in lost.explanation
+    # the lowest precision first: 4-bit GGUF weights go to 8 bits before an 8-bit KV cache goes back
+    q4 = Recorded(llama_config(kind="llamacpp", weights_dtype="q4_0", kv_cache_dtype="q8_0"), name="q4")
+    assert one(_probed(store, q4, within_noise=False), "quality_lost").suggestion == {"features.weights_dtype": "q8_0"}
+    # within the floor, the reference itself (no floor to judge by) or not measured: nothing said
+    for quiet in ({"within_noise": True}, {"within_noise": None, "reference": {"kind": "self"}},
+                  {"measured": False, "within_noise": False}):
+        found = _probed(store, fp8_kv, **quiet)
+        assert "quality_lost" not in [f.rule for f in found], quiet
+    # a loss of quality is no limit on speed: the ceiling's share does not blame it
+    found = _probed(store, fp8_kv, within_noise=False)
+    shares = [f for f in found if f.rule == "ceiling_share"]
+    assert shares and all("quality" not in f.explanation for f in shares)
+
 def test_a_starved_client_or_an_undelivered_load_is_the_clients_limit(store: RunStore) -> None:
     starved = one(explained(store, Recorded(llama_config(), client_lag_ms=80.0)), "client_limited")
     assert evidence(starved, "client loop lag p99") == pytest.approx(80.0)
