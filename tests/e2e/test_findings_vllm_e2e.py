@@ -1,10 +1,11 @@
 """Findings provoked on the real vLLM CPU engine (the demo model), each asserted with its evidence:
-a KV cache too small for the load (``--kv-cache-memory-bytes``) is KV-bound, prompts shorter than
-one cache block get no prefix hits, n-gram speculation on random text is rarely accepted (and
-switched off, decode is faster), and a client starved of CPU is the client's limit. A healthy run on each engine
-raises no warning, and ``tunebench explain`` says so in one line. Applying a finding's suggestion
-(as Try it sets it: ``app.editing.EditedConfig.set``) and running again moves the figure it named, in
-the direction it said. The findings read from a run copied to PostgreSQL are the store's.
+a KV cache too small for the load (``--kv-cache-memory-bytes``) is KV-bound, a closed loop far past
+its room queues for the first token, prompts shorter than one cache block get no prefix hits,
+n-gram speculation on random text is rarely accepted (and switched off, decode is faster), and a
+client starved of CPU is the client's limit. A healthy run on each engine raises no warning, and
+``tunebench explain`` says so in one line. Applying a finding's suggestion (as Try it sets it:
+``app.editing.EditedConfig.set``) and running again moves the figure it named, in the direction it
+said. The findings read from a run copied to PostgreSQL are the store's.
 
 The engines are the suite's shared ones (``engine_pool``: prefix caching on and off, n-gram
 speculation, the llama.cpp prefix engine) but for the small KV cache, in 16 and 8 bits."""
@@ -92,6 +93,21 @@ def test_a_kv_cache_too_small_for_the_load_is_kv_bound_and_fp8_gives_it_room(
     peak = one(after, "changed_kv_peak")  # the figure it named moved the way it said: room in the cache
     before_pct, after_pct = (e.value for e in peak.evidence)
     assert after_pct < before_pct and "features.kv_cache_dtype 'auto' -> 'fp8'" in peak.explanation
+
+
+def test_a_load_far_past_the_kv_caches_room_queues_for_its_first_token(engine_pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """32 sequences asked of a cache that holds 8: most requests wait for a running one to finish,
+    so the engine's queue time is most of their TTFT (the same small-KV engine as above)."""
+    workload = KV_LOAD[0].model_copy(update={"num_requests": 48})
+    with RunStore(tmp_path / "runs.db") as store:
+        run_id = record(engine_pool.get(SMALL_KV, SMALL_KV_ENGINE), store, workload, LoadConfig(concurrency=32),
+                        name="past the knee")
+        queue = one(explained(store, run_id), "queueing_ttft")
+    assert queue.severity == "warning"
+    assert evidence(queue, "queue time mean (engine)") >= 50.0
+    assert evidence(queue, "queueing share of TTFT") >= 50.0
+    assert evidence(queue, "queue time mean (engine)") <= evidence(queue, "TTFT mean (engine)")
+    assert queue.suggestion == {"load.concurrency": 16}  # half the closed loop
 
 
 def test_prefixes_shorter_than_a_block_get_no_hits(demo_engine: EngineProcess, tmp_path: Path) -> None:
