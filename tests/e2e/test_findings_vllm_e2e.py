@@ -1,8 +1,9 @@
 """Findings provoked on the real vLLM CPU engine (the demo model), each asserted with its evidence:
 a KV cache too small for the load (``--kv-cache-memory-bytes``) is KV-bound, a closed loop far past
 its room queues for the first token, prompts shorter than one cache block get no prefix hits,
-n-gram speculation on random text is rarely accepted (and switched off, decode is faster), and a
-client starved of CPU is the client's limit. A healthy run on each engine raises no warning, and
+n-gram speculation on random text is rarely accepted (and switched off, decode is faster), long
+prompts with few tokens out are prefill-bound, a lone request is never steady, and a client starved
+of CPU is the client's limit. A healthy run on each engine raises no warning, and
 ``tunebench explain`` says so in one line. Applying a finding's suggestion (as Try it sets it:
 ``app.editing.EditedConfig.set``) and running again moves the figure it named, in the direction it
 said. The findings read from a run copied to PostgreSQL are the store's.
@@ -185,6 +186,30 @@ def test_ngram_speculation_on_random_text_is_rarely_accepted_and_switching_it_of
     before_tok_s, after_tok_s = (e.value for e in faster.evidence)
     assert after_tok_s > before_tok_s, faster.evidence
     assert "features.speculative.method 'ngram' -> 'off'" in faster.explanation
+
+
+def test_long_prompts_with_a_few_tokens_out_are_prefill_bound_and_a_lone_request_is_never_steady(
+        demo_engine: EngineProcess, tmp_path: Path) -> None:
+    """Prompts of 1,536 tokens answered in 2: the first token is most of each request's time
+    (prefill-bound; an info here, where chunked prefill is the engine's default), at a batch far
+below the decode ceiling (small-batch overhead, an info on a CPU). Then a run of one
+    request: no load held long enough to call steady, so its figures are the ramp's."""
+    long_prompts = WorkloadConfig(num_requests=12, input_len=LengthSpec(mean=1536), output_len=LengthSpec(mean=2))
+    with RunStore(tmp_path / "runs.db") as store:
+        long_id = record(demo_engine, store, long_prompts, LoadConfig(concurrency=2), name="long prompts")
+        long_found = explained(store, long_id)
+        prefill, overhead = one(long_found, "prefill_bound"), one(long_found, "small_batch_overhead")
+        lone = WorkloadConfig(num_requests=1, input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=16))
+        lone_id = record(demo_engine, store, lone, LoadConfig(concurrency=1), name="one request")
+        ramp = one(explained(store, lone_id), "never_steady")
+    assert prefill.severity == "info" and prefill.suggestion is None
+    assert evidence(prefill, "TTFT share of request time") >= 50.0
+    assert evidence(prefill, "prompt tokens per request") == pytest.approx(1536, rel=0.05)
+    # a batch of 2 on a CPU, far below its decode ceiling: what the run is (no CUDA graphs to switch on)
+    assert overhead.severity == "info" and overhead.suggestion is None
+    assert evidence(overhead, "share of the ceiling") < 30.0 and evidence(overhead, "batch") <= 8
+    assert ramp.severity == "warning" and ramp.suggestion == {"workload.num_requests": 2}
+    assert evidence(ramp, "requests") == 1 and "too few requests for a steady state" in ramp.explanation
 
 
 PAUSE_S = 0.04
