@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from app.analysis.findings import Finding
 from app.ladder.state import LadderState
-from app.run_findings import own, stored_findings, why_lines
+from app.run_findings import first_sentence, own, stored_findings, why_lines
 from app.store import RunStore
 from app.tuner.state import TuneState
 from db.errors import StoreError
@@ -92,3 +92,30 @@ def explain_tune(store: RunStore, state: TuneState) -> tuple[Explained | None, l
         rejected.append(Explained(f"trial {trial.index} {trial.label} at {trial.load_label}", trial.status,
                                   trial.run_id, warnings=_warnings(findings), reason=trial.reason))
     return pick, rejected
+
+
+def explained_lines(item: Explained) -> list[str]:
+    """One campaign item as text: its title and figure, the tuner's or ladder's reason, why it
+    differs from the step before, and the first sentence of each of its run's warnings."""
+    lines = [f"{item.title}: {item.figure}" + (f" (run {item.run_id})" if item.run_id is not None else "")]
+    lines += [f"  {item.reason}"] if item.reason else []
+    lines += [f"  {text}" if i == 0 else f"    -> {text}" for i, text in enumerate(item.why)]
+    lines += [f"  [warning] {f.rule}: {first_sentence(f.explanation)}" for f in item.warnings]
+    return lines
+
+
+def ladder_lines(store: RunStore, state: LadderState) -> list[str]:
+    """A ladder explained as ``tunebench explain --ladder`` prints it and its tab shows it."""
+    lines = [f"ladder {state.ladder_id} ({state.name}): each step's factor and why"]
+    for item in explain_ladder(store, state):
+        lines += explained_lines(item)
+    return lines
+
+
+def tune_lines(store: RunStore, state: TuneState) -> list[str]:
+    """A tune explained as ``tunebench explain --tune`` prints it and its tab shows it."""
+    pick, rejected = explain_tune(store, state)
+    lines = [f"tune {state.tune_id} ({state.name}): its pick, and why each rejected trial failed"]
+    for item in ([pick] if pick is not None else []) + rejected:
+        lines += explained_lines(item)
+    return lines

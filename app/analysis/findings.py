@@ -410,10 +410,15 @@ def _hit_share(lv: Level) -> tuple[float | None, str]:
     return None, ""
 
 
-def _cached_tokens(lv: Level) -> float | None:
+def _engine_count(lv: Level, name: str) -> float | None:
+    """An engine counter's growth over the level (its summary's ``engine`` deltas)."""
     engine = lv.summary.get("engine")
-    hits = engine.get("prefix_cache_hits") if isinstance(engine, Mapping) else None
-    return float(hits) if isinstance(hits, int | float) and math.isfinite(hits) else None
+    value = engine.get(name) if isinstance(engine, Mapping) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _cached_tokens(lv: Level) -> float | None:
+    return _engine_count(lv, "prefix_cache_hits")
 
 
 def _run_hit_share(ctx: Context) -> float | None:
@@ -482,7 +487,10 @@ def spec_low_acceptance(ctx: Context) -> list[Finding]:
         if rate is not None and rate < SPEC_ACCEPTANCE_LOW:
             rates.append(rate)
             hits.append((lv, _ev("draft acceptance rate", 100 * rate, "%", lv.window)
-                         + _ev("tokens per verification step", length, "tokens", lv.window)))
+                         + _ev("tokens per verification step", length, "tokens", lv.window)
+                         + _ev("tokens drafted", _engine_count(lv, "spec_decode_draft_tokens"), "tokens", lv.window)
+                         + _ev("drafted tokens accepted", _engine_count(lv, "spec_decode_accepted_tokens"), "tokens",
+                               lv.window)))
     if not hits:
         return []
     tokens = _feature(ctx, "features.speculative.num_speculative_tokens")
@@ -493,7 +501,8 @@ def spec_low_acceptance(ctx: Context) -> list[Finding]:
     return _warning("spec_low_acceptance", hits, change,
                     "Few drafted tokens were accepted: speculative decoding spends the idle compute of each step "
                     "verifying drafts the model rejects, and pays for drafting, so it costs about as much as it "
-                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial.")
+                    "returns on this workload. Fewer draft tokens per step, or speculation off, is the next trial: "
+                    "each step then verifies fewer rejected drafts, so output throughput should rise.")
 
 
 @rule("client_limited", "the client was the bottleneck, or the load was not delivered",
@@ -676,6 +685,70 @@ def never_steady(ctx: Context) -> list[Finding]:
                     "longer. (" + "; ".join(notes) + ")")
 
 
+def _precision_up(value: str) -> str:
+    """One step up in precision: a 4-bit GGUF block type to the 8-bit one, any other reduced
+    precision (FP8, 8-bit blocks) to the model's own."""
+    widest = max(GGUF_WEIGHT_BITS, key=GGUF_WEIGHT_BITS.__getitem__)
+    return widest if value in GGUF_WEIGHT_BITS and value != widest else "auto"
+
+
+def _quality_step_up(ctx: Context) -> dict[str, Any] | None:
+    """One step up in precision for the run's lowest-precision setting (the weights first at a
+    tie; a reduced type outside the GGUF table counts as 8 bits). None for a run without a
+    configuration or one at the model's own precision (an AWQ or GPTQ checkpoint is its own)."""
+    if ctx.config is None:
+        return None
+    f = ctx.config.features
+    reduced = [(path, value) for path, value in (("features.weights_dtype", f.weights_dtype),
+                                                 ("features.kv_cache_dtype", f.kv_cache_dtype))
+               if value in GGUF_WEIGHT_BITS or value.startswith("fp8")]
+    eight_bits = max(GGUF_WEIGHT_BITS.values())
+    for path, value in sorted(reduced, key=lambda r: GGUF_WEIGHT_BITS.get(r[1], eight_bits)):
+        if (change := ctx.suggest({path: _precision_up(value)})) is not None:
+            return change
+    return None
+
+
+def _section(figures: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = figures.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _share_of(section: Any) -> float | None:
+    value = section.get("token_share") if isinstance(section, Mapping) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _mean_of(section: Any) -> float | None:
+    value = section.get("mean") if isinstance(section, Mapping) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+@rule("quality_lost", "quality lost beyond its noise floor: the outputs moved from the reference's more than the "
+      "reference's own repeat does", "the quality probe's agreement and mean KL divergence against its reference, "
+      "and the reference's noise floor (the same figures of the reference against itself)")
+def quality_lost(ctx: Context) -> list[Finding]:
+    q = ctx.run.quality
+    if not isinstance(q, Mapping) or not q.get("measured") or q.get("within_noise") is not False:
+        return []  # not measured, the reference itself, no floor to judge by, or within it
+    floor = _section(q, "noise_floor")
+    where = "quality probe"
+    share, kld = _share_of(q.get("agreement")), _mean_of(q.get("kld"))
+    evs = _ev("tokens identical to the reference", None if share is None else 100 * share, "%", where)
+    evs += _ev("tokens identical on the reference's repeat (noise floor)",
+               None if (floor_share := _share_of(floor.get("agreement"))) is None else 100 * floor_share, "%", where)
+    evs += _ev("mean KL divergence from the reference", kld, "nats", where)
+    evs += _ev("mean KL divergence on the reference's repeat (noise floor)", _mean_of(floor.get("kld")), "nats", where)
+    ref = _section(q, "reference")
+    name = f"run {ref['run_id']}" if ref.get("run_id") is not None else str(ref.get("label") or "the reference")
+    return [Finding(
+        rule="quality_lost", severity="warning", evidence=evs, confidence="medium", suggestion=_quality_step_up(ctx),
+        explanation=f"Quality was lost beyond the noise floor: this run's outputs differ from {name}'s more than "
+                    "the reference differs from itself on a repeat. Fewer bytes per weight or per KV-cache value "
+                    "(lower precision) move fewer bytes each step, and change what the model computes; "
+                    "one step up in precision is the next trial, if the loss matters for this use.")]
+
+
 _EXPLAINS_THE_REST = {
     "client_limited": "the client: its own limits, not the engine's, set the figures",
     "kv_bound": "KV memory: the batch could not grow, so each weight read served few sequences",
@@ -692,7 +765,7 @@ _EXPLAINS_THE_REST = {
       "the planner's plan for the run's configuration and hardware, the engine's batch, the other findings")
 def ceiling_share(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
-    warned = [f.rule for f in ctx.found if f.severity == "warning"]
+    warned = [f.rule for f in ctx.found if f.severity == "warning" and f.rule in _EXPLAINS_THE_REST]
     for lv in ctx.levels:
         lim = ctx.evidence.limits.get(lv.idx)
         if lim is None:

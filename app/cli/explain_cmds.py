@@ -12,14 +12,14 @@ import sys
 from dataclasses import asdict
 
 from app.analysis.findings import RULES, Finding, explain, finding_dicts, load_run, supported_engines
-from app.campaign_findings import Explained, explain_ladder, explain_tune
+from app.campaign_findings import ladder_lines, tune_lines
 from app.cli.argtypes import db_parent, json_parent
 from app.cli.store_cmds import open_store
 from app.cli.terminal import safe
 from app.errors import UserError
 from app.ladder.stored import load_ladder
 from app.planner.stored import ceiling_checks, level_limits, planner_accuracy
-from app.run_findings import first_sentence, suggestion_text
+from app.run_findings import suggestion_text
 from app.tuner.stored import load_tune
 from engine_adapters.registry import METRICS
 
@@ -37,6 +37,11 @@ def _share(fraction: float | None) -> str:
     return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
+def _error(pct: float) -> str:
+    """``+300%``: the ceiling predicted four times what was measured."""
+    return f"{pct:+,.0f}%"
+
+
 def planner_report(args: argparse.Namespace) -> int:
     """Every stored level the planner could plan, against its ceiling, and per hardware how close
     the runs came: how good the planner is on this hardware."""
@@ -46,7 +51,8 @@ def planner_report(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"hardware": [asdict(a) for a in accuracy],
                    "levels": [{"run": c.run_id, "name": c.name, "hardware": c.hardware, "level": c.level,
-                               **c.figures.model_dump(mode="json")} for c in checks]}, sys.stdout, indent=2)
+                               "error_pct": c.error_pct, **c.figures.model_dump(mode="json")} for c in checks]},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not checks:
@@ -55,39 +61,29 @@ def planner_report(args: argparse.Namespace) -> int:
     print(f"planner against measurement: {len(checks)} level(s) of {len({c.run_id for c in checks})} run(s)")
     for a in accuracy:
         above = f"; {a.above_ceiling} above the ceiling (a bug in the plan or the measurement)" if a.above_ceiling else ""
+        error = f"; prediction error {_error(a.median_error_pct)} (median)" if a.median_error_pct is not None else ""
         print(safe(f"{a.hardware}: {a.levels} level(s), measured {_share(a.median_share)} of the ceiling "
-                   f"(median; {_share(a.lowest_share)} to {_share(a.highest_share)}){above}"))
+                   f"(median; {_share(a.lowest_share)} to {_share(a.highest_share)}){error}{above}"))
+    print("prediction error: (the ceiling - the measured rate) / the measured rate; the planner predicts the "
+          "physics' limit, so what a run leaves below it is its error on this hardware")
     print()
     for c in checks:
         f = c.figures
         print(safe(f"run {c.run_id} ({c.name}) level {c.level} on {c.hardware}: {f.measured_tok_per_s:,.0f} of "
-                   f"{f.ceiling_tok_per_s:,.0f} tok/s at a batch of {f.batch:,.1f}: {f.text()}"))
+                   f"{f.ceiling_tok_per_s:,.0f} tok/s at a batch of {f.batch:,.1f}"
+                   + (f" (prediction error {_error(c.error_pct)})" if c.error_pct is not None else "")
+                   + f": {f.text()}"))
     return 0
-
-
-def _explained_lines(item: Explained) -> list[str]:
-    lines = [f"{item.title}: {item.figure}" + (f" (run {item.run_id})" if item.run_id is not None else "")]
-    lines += [f"  {item.reason}"] if item.reason else []
-    lines += [f"  {text}" if i == 0 else f"    -> {text}" for i, text in enumerate(item.why)]
-    lines += [f"  [warning] {f.rule}: {first_sentence(f.explanation)}" for f in item.warnings]
-    return lines
 
 
 def campaign_report(args: argparse.Namespace) -> int:
     """A ladder's steps or a tune's pick and rejected trials, each with its runs' findings."""
     with open_store(args) as store:
         if args.ladder is not None:
-            ladder = load_ladder(store, args.ladder).state
-            heading = f"ladder {ladder.ladder_id} ({ladder.name}): each step's factor and why"
-            items = explain_ladder(store, ladder)
+            lines = ladder_lines(store, load_ladder(store, args.ladder).state)
         else:
-            tune = load_tune(store, args.tune)
-            pick, rejected = explain_tune(store, tune)
-            heading = f"tune {tune.tune_id} ({tune.name}): its pick, and why each rejected trial failed"
-            items = ([pick] if pick is not None else []) + rejected
-    print(safe(heading))
-    for item in items:
-        print("\n".join(safe(line) for line in _explained_lines(item)))
+            lines = tune_lines(store, load_tune(store, args.tune))
+    print("\n".join(safe(line) for line in lines))
     return 0
 
 

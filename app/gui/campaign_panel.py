@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -127,6 +128,20 @@ class CampaignTab(QWidget):
             row.addWidget(button)
         box.addLayout(row)
         return buttons
+
+    def _add_why(self, box: QBoxLayout, text: str, tooltip: str) -> None:
+        """The button that explains the shown campaign from its stored runs' findings (the same
+        text as ``tunebench explain --ladder/--tune``), and the read-only view it fills, which the
+        tab places (hidden until there is something to show)."""
+        self.why_button = QPushButton(text)
+        self.why_button.setObjectName(self.noun + "Why")
+        self.why_button.setToolTip(tooltip)
+        box.addWidget(self.why_button)
+        self.why_button.clicked.connect(self.explain_shown)
+        self.why_view = QPlainTextEdit()
+        self.why_view.setObjectName(self.noun + "WhyText")
+        self.why_view.setReadOnly(True)
+        self.why_view.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
 
     def _add_message(self, box: QBoxLayout) -> None:
         self.message = QLabel("")
@@ -254,6 +269,30 @@ class CampaignTab(QWidget):
     @abstractmethod
     def _render_report(self, state: Any) -> str:
         """The HTML report of one state."""
+
+    @abstractmethod
+    def _why_lines(self, store: Any, state: Any) -> list[str]:
+        """In a worker: the state explained with its stored runs' findings
+        (``app.campaign_findings``)."""
+
+    def _reveal_why(self) -> None:
+        """Bring the filled explanation into view."""
+        self.why_view.setVisible(True)
+
+    def explain_shown(self) -> None:
+        """The shown campaign (the one a report would be of) explained, read from the store in a
+        worker: computed from its stored runs, so an old campaign explains itself too."""
+        target = self._report_target()
+        if target is None:
+            return
+        state, _ident = target
+
+        def shown(lines: list[str]) -> None:
+            self.why_view.setPlainText("\n".join(lines))
+            self._reveal_why()
+
+        run_in_worker(lambda: self.main.with_store(lambda store: self._why_lines(store, state)), shown,
+                      self.main.show_error, name=self.noun + "-why", parent=self)
 
     def save_report(self, path: str | None = None) -> None:
         target = self._report_target()

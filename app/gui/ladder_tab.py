@@ -140,9 +140,15 @@ class LadderTab(CampaignTab):
         self.race_button.setToolTip("The first and the last step that ran replay one request each, side by side, "
                                     "at the pace they measured (presentation mode)")
         left_box.addWidget(self.race_button)
+        self._add_why(left_box, "Why each step?", "Each step's factor and why its run differs from the previous "
+                      "step's, with its run's warnings, from the stored runs' findings")
         self._add_message(left_box)
         self.chart = StaircaseChart(LIGHT)
         self._add_results(split, self.chart, COLUMNS, [520, 260])
+        right = split.widget(split.count() - 1)
+        assert isinstance(right, QSplitter)
+        right.addWidget(self.why_view)  # under the steps' table
+        self.why_view.setVisible(False)
         split.setSizes([290, 1000])
         layout.addWidget(split, 1)
         self.remove_button.clicked.connect(self.remove_step)
@@ -247,7 +253,7 @@ class LadderTab(CampaignTab):
         self.stop_button.setEnabled(self.running_here)
         chosen = self._chosen()
         have = chosen is not None
-        for button in (self.open_button, self.compare_button, self.report_button):
+        for button in (self.open_button, self.compare_button, self.report_button, self.why_button):
             button.setEnabled(have)
         self.export_button.setEnabled(have and chosen is not None and chosen.state.final_row is not None
                                       and bool(chosen.state.final_row.run_ids))
@@ -434,6 +440,11 @@ class LadderTab(CampaignTab):
         prices = self._quiet_prices()
         costs = self.main.with_store(lambda store: step_costs(store, state, prices)) if state.run_ids else None
         return render_ladder_report(state, costs=costs)
+
+    def _why_lines(self, store: Any, state: Any) -> list[str]:
+        from app.campaign_findings import ladder_lines
+
+        return ladder_lines(store, state)
 
     def export_final(self) -> None:
         chosen = self._chosen()

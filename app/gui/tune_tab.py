@@ -247,6 +247,8 @@ class TuneTab(CampaignTab):
         export_row.addWidget(self.export_button)
         export_row.addWidget(self.import_button)
         box.addLayout(export_row)
+        self._add_why(box, "Why this pick?", "The pick with its run's warnings and what bound it, and why each "
+                      "rejected trial failed, from the stored runs' findings")
         self.pick_label = QLabel("")
         self.pick_label.setObjectName("tunePick")
         self.pick_label.setWordWrap(True)
@@ -264,6 +266,7 @@ class TuneTab(CampaignTab):
         self.results_tabs.setDocumentMode(True)
         self.results_tabs.addTab(self.table, "Trials")
         self.results_tabs.addTab(self.capacity, "Capacity and cost")
+        self.results_tabs.addTab(self.why_view, "Why")
         right.addWidget(self.results_tabs)
         right.setSizes([480, 300])
         split.setSizes([330, 960])
@@ -291,6 +294,7 @@ class TuneTab(CampaignTab):
         self.resume_button.setEnabled(not busy and chosen is not None and chosen.status != "completed")
         self.open_button.setEnabled(chosen is not None)
         self.report_button.setEnabled(chosen is not None or self.state is not None)
+        self.why_button.setEnabled(chosen is not None or self.state is not None)
         shown = self.state
         self.export_button.setEnabled(shown is not None and shown.pick is not None)
         self.import_button.setEnabled(shown is not None and not self._running)
@@ -490,6 +494,14 @@ class TuneTab(CampaignTab):
         prices = self._quiet_prices()
         costs = self.main.with_store(lambda store: trial_costs(store, state, prices)) if state.measured else None
         return render_tune_report(state, costs=costs)
+
+    def _why_lines(self, store: Any, state: TuneState) -> list[str]:
+        from app.campaign_findings import tune_lines
+
+        return tune_lines(store, state)
+
+    def _reveal_why(self) -> None:
+        self.results_tabs.setCurrentWidget(self.why_view)
 
     def export_pick(self, path: str | None = None, fmt: str | None = None) -> None:
         state = self.state

@@ -54,6 +54,19 @@ class CeilingCheck:
     level: int
     figures: LimitFigures
 
+    @property
+    def error_pct(self) -> float | None:
+        """The planner's prediction error on this level: (ceiling - measured) / measured, in %
+        (+100%: it predicted twice what was measured); None above the ceiling (a bug, not an error)."""
+        return prediction_error_pct(self.figures)
+
+
+def prediction_error_pct(figures: LimitFigures) -> float | None:
+    """(predicted - measured) / measured in %, the prediction being the decode ceiling."""
+    if figures.fraction is None or figures.measured_tok_per_s <= 0:
+        return None
+    return 100.0 * (figures.ceiling_tok_per_s - figures.measured_tok_per_s) / figures.measured_tok_per_s
+
 
 def hardware_label(run: RunInfo) -> str:
     """The hardware a run's ceiling was planned for: its GPU model, or the host's CPU."""
@@ -82,6 +95,8 @@ class PlannerAccuracy:
     highest_share: float | None
     above_ceiling: int
     """Levels measured above the ceiling: a bug in the plan (its bandwidth or bytes) or the measurement."""
+    median_error_pct: float | None = None
+    """The planner's median prediction error over those levels (:attr:`CeilingCheck.error_pct`)."""
 
 
 def planner_accuracy(checks: Iterable[CeilingCheck]) -> list[PlannerAccuracy]:
@@ -92,7 +107,9 @@ def planner_accuracy(checks: Iterable[CeilingCheck]) -> list[PlannerAccuracy]:
     out = []
     for hardware, found in by_hardware.items():
         shares = sorted(min(c.figures.fraction, 1.0) for c in found if c.figures.fraction is not None)
+        errors = [e for c in found if (e := c.error_pct) is not None]
         out.append(PlannerAccuracy(hardware, len(found), statistics.median(shares) if shares else None,
                                    shares[0] if shares else None, shares[-1] if shares else None,
-                                   sum(c.figures.fraction is None for c in found)))
+                                   sum(c.figures.fraction is None for c in found),
+                                   statistics.median(errors) if errors else None))
     return out

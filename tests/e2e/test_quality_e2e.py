@@ -112,6 +112,14 @@ def test_llamacpp_control_a_q4_kv_cache_against_it_and_the_stored_figures(engine
     compared = json.loads(cli("compare", str(reference.run_id), str(q4_id), "--db", str(db), "--json").check().out)
     assert [r["quality"]["reference"]["kind"] for r in compared["runs"]] == ["self", "run"]
     assert compared["runs"][1]["quality"]["kld"]["mean"] == q4.kld.mean
+    # the loss is a finding, with one step up in precision as the next trial; the control raises none
+    found = json.loads(cli("explain", str(q4_id), "--db", str(db), "--json").check().out)
+    (lost,) = [f for f in found if f["rule"] == "quality_lost"]
+    assert lost["severity"] == "warning" and lost["suggestion"] == {"features.kv_cache_dtype": "q8_0"}, lost
+    kld = [e["value"] for e in lost["evidence"] if e["figure"] == "mean KL divergence from the reference"]
+    assert kld == [pytest.approx(q4.kld.mean)], lost["evidence"]
+    control_found = json.loads(cli("explain", str(reference.run_id), "--db", str(db), "--json").check().out)
+    assert "quality_lost" not in [f["rule"] for f in control_found]
 
 
 def test_a_reference_of_another_model_is_one_line_and_the_speed_run_is_stored(engine_pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

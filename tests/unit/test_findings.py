@@ -334,9 +334,43 @@ def test_low_speculative_acceptance(store: RunStore) -> None:
     spec = one(explained(store, rec), "spec_low_acceptance")
     assert evidence(spec, "draft acceptance rate") == pytest.approx(20.0)
     assert evidence(spec, "tokens per verification step") == pytest.approx(1.8)
+    # the engine's counters over the level, as read (vllm:spec_decode_num_draft_tokens, ..._accepted_tokens)
+    assert evidence(spec, "tokens drafted") == pytest.approx(400.0 * DURATION_S)
+    assert evidence(spec, "drafted tokens accepted") == pytest.approx(80.0 * DURATION_S)
+    assert "output throughput should rise" in spec.explanation
     assert spec.suggestion == {"features.speculative.method": "off"}
     good = Recorded(config, Engine(drafts_per_s=100.0, draft_tok_per_s=400.0, accepted_tok_per_s=300.0))
     assert "spec_low_acceptance" not in [f.rule for f in explained(store, good)]
+
+def _probed(store: RunStore, rec: Recorded, **quality: Any) -> list[Finding]:
+    """``rec`` stored with the quality probe's figures (as the recorder updates the run with them)."""
+    run_id = store_run(store, rec)
+    figures = {"measured": True, "reference": {"kind": "run", "run_id": 1, "label": "fp16"},
+               "agreement": {"token_share": 0.62}, "kld": {"mean": 0.031, "error": 0.002},
+               "noise_floor": {"agreement": {"token_share": 1.0}, "kld": {"mean": 1e-9}}, **quality}
+    store.update_run(run_id, quality=figures)
+    return explain(load_run(store, run_id, level_limits))
+
+def test_quality_lost_beyond_its_noise_floor_asks_for_one_step_up_in_precision(store: RunStore) -> None:
+    fp8_kv = Recorded(llama_config(kv_cache_dtype="fp8"), name="fp8 kv")
+    lost = one(_probed(store, fp8_kv, within_noise=False), "quality_lost")
+    assert lost.severity == "warning" and lost.suggestion == {"features.kv_cache_dtype": "auto"}
+    assert evidence(lost, "tokens identical to the reference") == pytest.approx(62.0)
+    assert evidence(lost, "tokens identical on the reference's repeat (noise floor)") == pytest.approx(100.0)
+    assert evidence(lost, "mean KL divergence from the reference") == pytest.approx(0.031)
+    assert "differ from run 1's more than the reference differs from itself" in lost.explanation
+    # the lowest precision first: 4-bit GGUF weights go to 8 bits before an 8-bit KV cache goes back
+    q4 = Recorded(llama_config(kind="llamacpp", weights_dtype="q4_0", kv_cache_dtype="q8_0"), name="q4")
+    assert one(_probed(store, q4, within_noise=False), "quality_lost").suggestion == {"features.weights_dtype": "q8_0"}
+    # within the floor, the reference itself (no floor to judge by) or not measured: nothing said
+    for quiet in ({"within_noise": True}, {"within_noise": None, "reference": {"kind": "self"}},
+                  {"measured": False, "within_noise": False}):
+        found = _probed(store, fp8_kv, **quiet)
+        assert "quality_lost" not in [f.rule for f in found], quiet
+    # a loss of quality is no limit on speed: the ceiling's share does not blame it
+    found = _probed(store, fp8_kv, within_noise=False)
+    shares = [f for f in found if f.rule == "ceiling_share"]
+    assert shares and all("quality" not in f.explanation for f in shares)
 
 def test_a_starved_client_or_an_undelivered_load_is_the_clients_limit(store: RunStore) -> None:
     starved = one(explained(store, Recorded(llama_config(), client_lag_ms=80.0)), "client_limited")
@@ -520,8 +554,11 @@ def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
     assert lines[0] == "planner against measurement: 3 level(s) of 3 run(s)"
     assert lines[1].startswith("NVIDIA H100 80GB HBM3: 3 level(s), measured 37.5% of the ceiling (median; 25.0% to 50.0%)")
     assert "1 above the ceiling" in lines[1]
+    # the prediction (the ceiling) against the measured rate: +100% at half, +300% at a quarter
+    assert "prediction error +200% (median)" in lines[1]
     assert any(line.startswith(f"run {ids[1]} (quarter) level 0 on NVIDIA H100") and line.endswith("25% of limit")
-               for line in lines), out
+               and "(prediction error +300%)" in line for line in lines), out
+    assert not any(line.startswith(f"run {ids[2]} (above)") and "prediction error" in line for line in lines), out
     code, out, _ = cli(capsys, "explain", "--planner", "--db", str(db), "--json")
     data = json.loads(out)
     (hardware,) = data["hardware"]
@@ -529,6 +566,8 @@ def test_explain_planner_says_how_close_each_hardware_came_to_the_ceiling(
     assert hardware["median_share"] == pytest.approx(0.375)
     assert [level["run"] for level in data["levels"]] == ids
     assert data["levels"][0]["fraction"] == pytest.approx(0.5)
+    assert [level["error_pct"] for level in data["levels"]] == [pytest.approx(100.0), pytest.approx(300.0), None]
+    assert hardware["median_error_pct"] == pytest.approx(200.0)
 
 def test_live_findings_are_the_stored_runs_and_show_a_full_kv_cache_before_the_level_ends(store: RunStore) -> None:
     """``app.run_findings.LiveFindings`` fed the events a run publishes: while the level runs, the
