@@ -41,6 +41,11 @@ class Subscription:
             self._items.append(item)
             self._has_items.notify()
 
+    def wake(self) -> None:
+        """End a ``drain`` waiting for its first item now (it hands over what there is)."""
+        with self._lock:
+            self._has_items.notify_all()
+
     def drain(self, max_items: int | None = None, timeout_s: float | None = None) -> list[Item]:
         """Take up to ``max_items`` (all if None); wait up to ``timeout_s`` for the first one."""
         with self._lock:

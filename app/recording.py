@@ -113,6 +113,7 @@ class RunRecorder:
         self._flush_now = threading.Event()
         self._flushed = threading.Condition()
         self._flush_count = 0
+        self._flush_wanted = 0  # flush() waits until _flush_count reaches it
         self._dropped_written = 0
         self.unstored: dict[str, str] = {}
         """Runner run id -> why some of its data is not in the store (see check_stored)."""
@@ -132,7 +133,9 @@ class RunRecorder:
         with self._flushed:
             # +2: the loop may be past its drain in this very round; the next round drains after us.
             target = self._flush_count + 2
+            self._flush_wanted = max(self._flush_wanted, target)
             self._flush_now.set()
+            self._sub.wake()  # neither round waits for new items: a flush asked for is not idle time
             self._flushed.wait_for(lambda: self._flush_count >= target or not self._thread.is_alive(), timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -175,14 +178,15 @@ class RunRecorder:
     def _loop(self) -> None:
         while True:
             stopping = self._stop.is_set()
-            items = self._sub.drain(timeout_s=0.1)
+            flush_asked = self._flush_count < self._flush_wanted
+            items = self._sub.drain(timeout_s=None if flush_asked else 0.1)
             for item in items:
                 try:
                     self._handle(item)
                 except Exception as exc:  # a bad payload must not stop the recording
                     self._error(f"could not record {getattr(item, 'kind', 'sample')}: {_short(exc)}")
             due = time.monotonic() - self._last_flush >= self.flush_interval_s
-            if due or self._flush_now.is_set() or stopping:
+            if due or flush_asked or self._flush_now.is_set() or stopping:
                 self._flush_now.clear()
                 self._write_pending()
                 with self._flushed:
