@@ -82,7 +82,7 @@ test-quick: engine pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow" --durations=20
 
 # `make fuzz`: the property tests with fresh random examples (`make test` draws the same ones every
 # run, so that its result reproduces); a failure prints the example and how to replay it.
