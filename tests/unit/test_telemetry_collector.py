@@ -5,6 +5,7 @@ resets across a simulated restart, and the engine process tree in the host serie
 from __future__ import annotations
 
 import asyncio
+import statistics
 import subprocess
 import sys
 import threading
@@ -149,11 +150,11 @@ def test_engine_rates_arrive_on_the_bus(server: tuple[str, FakeEngine]) -> None:
                     / (s.t_mono - base.t_mono))
             assert s.values["generation_tok_per_s"] == pytest.approx(want, rel=1e-9)
             base = s
-    # ... and over the whole run the counter grew at the engine's 500 tok/s (time-weighted).
-    first, last = samples[0], samples[-1]
-    overall = ((last.values["generation_tokens_total"] - first.values["generation_tokens_total"])
-               / (last.t_mono - first.t_mono))
-    assert overall == pytest.approx(500.0, rel=0.1)
+    # ... and they give the engine's 500 tok/s. The median: one scrape that a busy machine held up
+    # between its time stamp and the server's answer skews the rates around it (seen: 634 tok/s from
+    # the first and last samples alone, over 1.5 s).
+    rates = [s.values["generation_tok_per_s"] for s in with_rate(items)]
+    assert statistics.median(rates) == pytest.approx(500.0, rel=0.1), rates
     assert samples[-1].values["kv_cache_usage_pct"] == 50.0 and samples[-1].values["requests_running"] == 4
     support = [i.payload for i in items if isinstance(i, Event) and i.kind == "telemetry_support"]
     assert len(support) == 1 and support[0].source == "engine" and "generation_tok_per_s" in support[0].supported
