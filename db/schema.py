@@ -201,6 +201,27 @@ def _setup(dbapi_conn: Any, busy_timeout_s: float) -> None:
     cur.close()
 
 
+def prepare_new_file(path: Path, busy_timeout_s: float) -> None:
+    """A missing or empty file is put in WAL mode under the migration lock, before any other
+    connection uses it: two processes (or a window's workers) opening a new store at once would
+    otherwise meet in the rollback journal's locks, where one of them fails at once with
+    "database is locked" (its busy timeout does not apply to that deadlock)."""
+    try:
+        if path.exists() and path.stat().st_size > 0:
+            return
+        with migration_lock(path):
+            conn = sqlite3.connect(path, timeout=busy_timeout_s)
+            try:
+                _setup(conn, busy_timeout_s)
+            finally:
+                conn.close()
+    except sqlite3.Error as exc:
+        error = translate(exc, path, busy_timeout_s)
+        raise (error or StoreError(f"cannot create the run database {path}: {exc}")) from None
+    except OSError as exc:
+        raise StoreError(f"cannot create the run database {path}: {exc.strerror}") from None
+
+
 def check_file(path: Path, busy_timeout_s: float) -> None:
     """Refuse, before touching it, a path that is not a regular file or a database that is
     neither empty nor tunebench's. A missing or empty file is fine: it becomes a new store."""

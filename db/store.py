@@ -30,6 +30,7 @@ from db.schema import (
     create_at_revision,
     default_db_path,
     location_text,
+    prepare_new_file,
     store_location,
 )
 from db.schema import migrate as _migrate
@@ -89,6 +90,7 @@ class RunStore(RunWrites):
             except OSError as exc:
                 raise StoreError(f"cannot create the directory for the run database {self.path}: {exc.strerror}") from None
             check_file(self.path, self.busy_timeout_s)
+            prepare_new_file(self.path, self.busy_timeout_s)
         self.engine = _open_engine(self.location, self.busy_timeout_s)
         self._pid, self._create_time = process_identity()
         self.author = author or default_author()
