@@ -95,6 +95,12 @@ CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "lmcache
 ROUTER_CONNECTORS = frozenset({"nixl", "mooncake"})
 """The connectors vllm-router 0.1.17 joins pools for (its ``--kv-connector`` choices, less MoRI-IO)."""
 ROUTER_MODULE = "vllm_router.launch_router"
+ROUTER_MEASURED_FLAGS = ("--disable-retries", "--disable-circuit-breaker", "--health-check-timeout-secs", "30")
+"""What a measurement needs of vllm-router: a failed request is the client's to count, not
+retried out of sight (a retry would run a prompt twice and break the engines' token counts); a
+worker is never taken out of its pool by the circuit breaker (with one engine per pool it only
+turns a transient failure into 60 s of "No available workers": CI saw a run's every request
+refused so); and a loaded engine's /health may take 30 s, not 5, before it counts as failed."""
 ROUTER_API_KEY_ENV = "OPENAI_API_KEY"
 """vllm-router sends ``Authorization: Bearer $OPENAI_API_KEY`` to the engines (read in its binary)."""
 POOL_METRICS = frozenset({
@@ -442,7 +448,7 @@ class VllmAdapter(CommandLineAdapter):
             argv += ["--prefill", url]
         for url in decode_urls:
             argv += ["--decode", url]
-        return argv + ["--kv-connector", connector, "--prometheus-host", engine.host,
+        return argv + ["--kv-connector", connector, *ROUTER_MEASURED_FLAGS, "--prometheus-host", engine.host,
                        "--prometheus-port", str(metrics_port or port + 1)]
 
     def pool_args(self, features: Features, side_port: int) -> list[str]:

@@ -64,7 +64,7 @@ def test_a_p_d_group_serves_a_run_through_the_router_and_its_pools_count_the_tok
         group = runner._own_group
         assert group is not None
         run = store.get_run(recorder.run_id)
-    assert result.status == "completed", result.reason
+    assert result.status == "completed", (result.reason, result.notes, group.router_log[-20:])
     ready = [note for note in result.notes if note.startswith("P/D group ready")]
     assert len(ready) == 1 and "warm-up request through it succeeded" in ready[0], result.notes
     print(ready[0])  # how many tries the decode engine's first handshake took (pytest -s shows it)

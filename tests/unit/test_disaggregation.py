@@ -87,7 +87,7 @@ def test_vllm_router_argv_uses_only_vllm_router_flags_and_no_secret() -> None:
     tail = " ".join(argv[3:])
     assert tail == ("--host 127.0.0.1 --port 9000 --vllm-pd-disaggregation --prefill http://127.0.0.1:9001 "
                     "--decode http://127.0.0.1:9002 --decode http://127.0.0.1:9003 --kv-connector nixl "
-                    "--prometheus-host 127.0.0.1 --prometheus-port 9001")
+                    "--disable-retries --disable-circuit-breaker --health-check-timeout-secs 30 --prometheus-host 127.0.0.1 --prometheus-port 9001")
     known = set(re.findall(r"--[a-z][a-z0-9-]*", ROUTER_HELP))
     assert [flag for flag in flags_of(argv) if flag not in known] == []
     assert "--api-key" not in argv  # the key travels in the router's environment
@@ -286,7 +286,7 @@ def test_a_run_whose_p_d_warm_up_fails_says_so_and_stops_every_process(tmp_path:
     the run fails in one line, and the router and both engines are stopped by process group."""
     runner, result = _group_run(tmp_path, monkeypatch, STAND_IN, cancel_when_started=False)
     assert result.status == "failed"  # type: ignore[attr-defined]
-    assert re.fullmatch(r"P/D warm-up: the P/D warm-up request failed 3 times through the router; last: HTTP 501.*",
+    assert re.fullmatch(r"P/D warm-up: the P/D warm-up request failed 5 times through the router; last: HTTP 501.*",
                         result.reason or "")  # type: ignore[attr-defined]
     group = runner._own_group
     assert group is not None and len(group.pids) == 3
