@@ -218,8 +218,8 @@ def prepare_new_file(path: Path, busy_timeout_s: float) -> None:
     except sqlite3.Error as exc:
         error = translate(exc, path, busy_timeout_s)
         raise (error or StoreError(f"cannot create the run database {path}: {exc}")) from None
-    except OSError as exc:
-        raise StoreError(f"cannot create the run database {path}: {exc.strerror}") from None
+    except OSError:
+        return  # no lock file or no file can be made here: opening the store names the problem
 
 
 def check_file(path: Path, busy_timeout_s: float) -> None:
