@@ -77,12 +77,13 @@ test: engine tools pg-server xvfb
 
 # `make test-quick`: the checks and every test not marked slow (those that start real engines, Ray
 # clusters or the hosts of tests/netns_hosts.py, and the GUI end to end: tests/conftest.py marks
-# them), for an answer in minutes while developing. `make test` runs everything.
+# them), for an answer in minutes while developing: on every core (pytest-xdist, a test file per
+# worker, so a file's fixtures start once). `make test` runs everything, one test at a time.
 test-quick: engine pg-server
 	$(BIN)/ruff check app engine_adapters db tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache pyproject.toml importlinter-type-checking.toml
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow" --durations=20
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile --durations=20
 
 # `make fuzz`: the property tests with fresh random examples (`make test` draws the same ones every
 # run, so that its result reproduces); a failure prints the example and how to replay it.

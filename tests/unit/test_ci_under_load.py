@@ -28,7 +28,7 @@ DRIVER = REPO_ROOT / ".ci" / "under-load"
 STAND_IN_RUN = """#!/usr/bin/env bash
 set -euo pipefail
 driver=$$; mine=$$
-until ps -o args= -p "$driver" | grep -q under-load; do
+until ps -ww -o args= -p "$driver" | grep -q under-load; do
     driver=$(ps -o ppid= -p "$driver" | tr -d ' '); mine="$mine $driver"
 done
 n=$(cat "$REPORT/count" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$REPORT/count"
