@@ -221,6 +221,15 @@ class Features(StrictModel):
         d = self.disaggregation
         return d.prefill_instances if role == "prefill" else d.decode_instances
 
+    @property
+    def engine_count(self) -> int:
+        """Engine processes the configuration starts: one, or every prefill and decode engine of
+        a disaggregated group (its router is not an engine)."""
+        d = self.disaggregation
+        if d.enabled and d.role is None:
+            return self.pool_instances("prefill") + self.pool_instances("decode")
+        return 1
+
     def pool_gpu_count(self, role: PdRole) -> int:
         """GPUs a P/D pool uses: its engines x their tensor x pipeline parallel."""
         return self.pool_instances(role) * self.pool_tensor_parallel_size(role) * self.pipeline_parallel_size

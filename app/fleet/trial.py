@@ -48,9 +48,10 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 def trial_resources(config: RunConfig) -> dict[str, float]:
     """What one trial of ``config`` asks Ray for, on one node: its GPUs (``Features.gpu_count``)
-    and a core for the client; for a CPU engine, its cores and the client's."""
+    and a core for the client; for a CPU engine, a core for each engine (both pools of a P/D
+    group) and the client's."""
     if is_cpu_build(config.engine.runtime):
-        return {"CPU": float(CPU_ENGINE_CORES + CLIENT_CORES)}
+        return {"CPU": float(CPU_ENGINE_CORES * config.features.engine_count + CLIENT_CORES)}
     return {"GPU": float(config.features.gpu_count), "CPU": float(CLIENT_CORES)}
 
 

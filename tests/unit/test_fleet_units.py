@@ -32,6 +32,8 @@ def test_a_trial_asks_for_its_gpus_on_one_node_or_its_cores_and_the_clients() ->
     assert gpu.features.gpu_count == 4
     cpu = load_profile_file(REPO / "profiles" / "llamacpp-cpu-demo.toml").run
     assert trial_resources(cpu) == {"CPU": 2.0}
+    pd = load_profile_file(REPO / "profiles" / "cpu-pd-demo.toml").run  # a prefill and a decode engine
+    assert pd.features.engine_count == 2 and trial_resources(pd) == {"CPU": 3.0}
 
 
 def test_the_address_is_the_given_one_then_ray_address_then_auto(monkeypatch: pytest.MonkeyPatch) -> None:
