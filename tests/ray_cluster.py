@@ -36,14 +36,25 @@ warmup_requests = {warmup_requests}
 a small random workload; one trial takes 2 CPUs, a worker node's all."""
 
 
-def tiny_profile_text(requests: int = 16, warmup_requests: int = 1) -> str:
-    return TINY_PROFILE.replace("{requests}", str(requests)).replace("{warmup_requests}", str(warmup_requests))
+MID_RUN_RATE_RPS = 10.0
+"""The pace of a tiny run that a test acts on mid-run (partitions, kills, interrupts): the run
+lasts ``requests / MID_RUN_RATE_RPS`` seconds, however fast the machine."""
 
 
-def tiny_profile(folder: Path, requests: int = 16) -> Path:
+def tiny_profile_text(requests: int = 16, warmup_requests: int = 1, rate_rps: float | None = None) -> str:
+    """``rate_rps``: sent at that constant rate (at most 4 in flight) instead of 4 at a time, so a
+    test that acts mid-run knows the run lasts ``requests / rate_rps`` seconds on any machine (the
+    tiny model serves an unpaced load in a second or two, less on a faster machine)."""
+    text = TINY_PROFILE.replace("{requests}", str(requests)).replace("{warmup_requests}", str(warmup_requests))
+    if rate_rps is not None:
+        text = text.replace("concurrency = 4\n", f'pattern = "constant"\nrate_rps = {rate_rps}\nmax_concurrency = 4\n')
+    return text
+
+
+def tiny_profile(folder: Path, requests: int = 16, rate_rps: float | None = None) -> Path:
     """The tiny profile written to ``folder``."""
     path = folder / "tiny.toml"
-    path.write_text(tiny_profile_text(requests))
+    path.write_text(tiny_profile_text(requests, rate_rps=rate_rps))
     return path
 
 

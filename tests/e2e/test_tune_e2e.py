@@ -213,9 +213,11 @@ def test_each_trial_is_priced_from_its_stored_run_and_requests(tuned: Tuned, tmp
     assert "<th>$/1M good</th>" in html and "x 0.05 $/core-h (your price)" in html
 
 
-SLO_NOISE = 1.25
+SLO_NOISE = 1.5
 """How far past a bound a re-measured p99 of 16 requests may land: the pick is, by construction,
-the configuration and load nearest the SLO's edge, so a second measurement falls either side."""
+the configuration and load nearest the SLO's edge, so a second measurement falls either side, and
+a p99 of 16 is their slowest request, which one stall on a shared machine sets (1.04x seen under
+a burner; the exported script's wrong flags or cores would be 2x and more)."""
 
 
 def test_the_pick_exported_and_relaunched_from_its_script_meets_the_slo_again(tuned: Tuned, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from app.store import RunStore
 from engine_adapters.launcher import EngineRecord, group_members, registered_engines
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
-from tests.ray_cluster import LocalRayCluster, tiny_profile
+from tests.ray_cluster import MID_RUN_RATE_RPS, LocalRayCluster, tiny_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ class TrialInBackground:
 def trial_in_background(tmp_path: Path, name: str) -> TrialInBackground:
     from app.fleet.trial import RayFleet
 
-    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=400)).run
+    config: RunConfig = load_profile_file(tiny_profile(tmp_path, requests=120, rate_rps=MID_RUN_RATE_RPS)).run
     bus = Bus()
     started = bus.subscribe(kinds=(RunStarted,))
     store = RunStore(tmp_path / f"{name.replace(' ', '-')}.db")
@@ -364,7 +364,8 @@ def test_ctrl_c_cancels_every_trial_stops_every_engine_and_keeps_the_finished(ra
                                                                              engines_before: set[tuple[int, float]]) \
         -> None:
     out = tmp_path / "result.json"
-    driver = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(tiny_profile(tmp_path, requests=60)),
+    driver = subprocess.Popen([sys.executable, "-m", "app.cli", "run",
+                               str(tiny_profile(tmp_path, requests=60, rate_rps=MID_RUN_RATE_RPS)),
                                "--repeat", "3", "--cluster", ray_cluster.address, "--parallel", "2", "--json",
                                str(out)],
                               env={**ray_cluster.env(), "TUNEBENCH_DB": str(tmp_path / "runs.db")},

@@ -178,7 +178,7 @@ def test_the_salt_probe_keeps_its_deadline_and_its_memory(mode: str) -> None:
             peak_bytes = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    assert elapsed_s < 3.0 + 1.0, elapsed_s
+    assert elapsed_s < 3.0 + 2.0, elapsed_s  # its deadline, and slack for a loaded machine (tracemalloc on)
     assert peak_bytes < PROBE_PEAK_MAX_BYTES, peak_bytes
 
 

@@ -118,7 +118,9 @@ def test_race_live_on_a_cluster_runs_each_side_as_a_trial_and_stores_the_race(ra
     profiles = []
     for name, sequences in (("alone", 1), ("four at once", 4)):
         path = tmp_path / f"{sequences}.toml"
-        path.write_text(tiny_profile_text(requests=8, warmup_requests=0)
+        # paced (8 s a side): the sides' trials start on two nodes with no barrier between them, and
+        # an unpaced side of the tiny model can end before a loaded machine has started the other
+        path.write_text(tiny_profile_text(requests=8, warmup_requests=0, rate_rps=1.0)
                         .replace('name = "fleet tiny"', f'name = "{name}"')
                         .replace("max_num_seqs = 4", f"max_num_seqs = {sequences}"))
         profiles.append(str(path))

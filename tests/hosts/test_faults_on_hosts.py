@@ -28,7 +28,7 @@ from app.store import RunStore
 from engine_adapters.launcher import EngineRecord, group_members
 from engine_adapters.process_group import same_process_alive
 from tests.netns_hosts import Host, Hosts, in_netns
-from tests.ray_cluster import tiny_profile
+from tests.ray_cluster import MID_RUN_RATE_RPS, tiny_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -146,7 +146,8 @@ def test_a_worker_host_cut_off_mid_trial_is_interrupted_rerun_elsewhere_and_left
         hosts: Hosts, tmp_path: Path) -> None:
     addresses = hosts.nodes_by_address()
     out = tmp_path / "result.json"
-    cli = driver(hosts, ["run", str(tiny_profile(tmp_path, requests=120)), "--cluster", hosts.address,
+    cli = driver(hosts, ["run", str(tiny_profile(tmp_path, requests=120, rate_rps=MID_RUN_RATE_RPS)),
+                         "--cluster", hosts.address,
                          "--db", str(tmp_path / "runs.db"), "--json", str(out)], tmp_path / "driver.log")
     lost: Host | None = None
     try:
@@ -244,7 +245,8 @@ def test_the_stores_host_cut_off_for_5_s_mid_run_loses_no_request(hosts: Hosts, 
     url = hosts.pg.create_database()
     database = url.rsplit("/", 1)[1]
     out = tmp_path / "result.json"
-    cli = driver(hosts, ["run", str(tiny_profile(tmp_path, requests=60)), "--db", url, "--json", str(out)],
+    cli = driver(hosts, ["run", str(tiny_profile(tmp_path, requests=60, rate_rps=MID_RUN_RATE_RPS)), "--db", url,
+                         "--json", str(out)],
                  tmp_path / "driver.log")
     db = hosts.hosts["db"]
     try:
@@ -270,7 +272,8 @@ def test_the_stores_host_cut_off_past_the_wait_spills_and_unspill_stores_every_r
     url = hosts.pg.create_database()
     database = url.rsplit("/", 1)[1]
     out = tmp_path / "result.json"
-    cli = driver(hosts, ["3", "run", str(tiny_profile(tmp_path, requests=60)), "--db", url, "--json", str(out)],
+    cli = driver(hosts, ["3", "run", str(tiny_profile(tmp_path, requests=60, rate_rps=MID_RUN_RATE_RPS)), "--db",
+                         url, "--json", str(out)],
                  tmp_path / "driver.log", module=["tests.hosts.short_outage_cli"])
     db = hosts.hosts["db"]
     try:

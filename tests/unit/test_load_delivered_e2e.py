@@ -81,7 +81,7 @@ def test_a_rate_beyond_the_client_is_flagged_and_its_figures_greyed(tmp_path: Pa
 
 def test_a_ramped_closed_loop_reports_its_steady_throughput_apart_from_the_whole_level(tmp_path: Path) -> None:
     """Eight streams started over 5 s against a server that streams each at 10 tok/s: over the
-    steady window the level makes the server's 80 tok/s within 8%, over the whole level (ramp-up
+    steady window the level makes the server's 80 tok/s (at most 3% over, 15% under), over the whole level (ramp-up
     and drain included) less."""
     with FakeOpenAIServer(FakeBehaviour(mode="paced", stream_tok_per_s=10.0)) as srv:
         data, _records = _run(tmp_path, srv, 'name = "ramp"\n[workload]\nnum_requests = 1000\n'
@@ -90,13 +90,15 @@ def test_a_ramped_closed_loop_reports_its_steady_throughput_apart_from_the_whole
     level = data["levels"][0]["summary"]
     steady = level["steady"]
     assert steady is not None, level["steady_note"]
-    # Tolerances for a loaded 2-core machine, where the fake's pacing threads and the client share
-    # the cores: one run at load 27 missed 5%. The ramp costs the whole level about 15%.
+    # The fake's pacing threads and the client share the cores: one run at load 27 missed 80 tok/s
+    # by more than 5%. The ramp costs the whole level about 15%.
     assert steady["start_s"] == pytest.approx(7 * 5 / 8, abs=0.5)  # the last stream started
-    assert steady["output_tok_per_s"] == pytest.approx(80.0, rel=0.08)
+    # A loaded machine only slows the streams (the fake paces each at 10 tok/s at most): the
+    # bounds are wide below, narrow above.
+    assert 0.85 * 80.0 <= steady["output_tok_per_s"] <= 1.03 * 80.0
     assert level["output_tok_per_s"] < 0.95 * steady["output_tok_per_s"]
-    assert steady["mean_in_flight"] == pytest.approx(8, rel=0.08)
-    assert level["delivered"]["achieved_concurrency"] == pytest.approx(8, rel=0.08)
+    assert 0.85 * 8 <= steady["mean_in_flight"] <= 8.0 + 1e-6
+    assert 0.85 * 8 <= level["delivered"]["achieved_concurrency"] <= 8.0 + 1e-6
     assert level["delivered"]["fell_behind"] is False
 
 
