@@ -35,9 +35,9 @@ ROUTER_READY_TIMEOUT_S = 60.0
 SCRAPE_DEADLINE_S = 10.0
 WARM_UP_ATTEMPTS = 5
 """The decode engine handshakes with a prefill engine on its first request, under a fixed timeout
-(vLLM's NIXL side channel: 5 s), which a loaded machine can miss once (docs/engines.md); the
-router is told to retry nothing itself (a measurement counts every failure), so the tries are
-all here."""
+(vLLM's NIXL side channel: 5 s), which a loaded machine can miss once (docs/engines.md).
+vllm-router is told to retry nothing itself (a measurement counts every failure), so its tries
+are all here."""
 WARM_UP_TIMEOUT_S = 300.0
 
 class DisaggregatedStartError(TunebenchError):
