@@ -16,29 +16,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from app import events
 from app.analysis import metric_catalog as catalog
 from app.analysis.compare import NODE_TAG
 from app.config import RunConfig
-from app.events import (
-    CLIENT_SOURCE,
-    CampaignUpdated,
-    EngineReady,
-    Event,
-    Item,
-    LevelFinished,
-    LevelStarted,
-    LogLine,
-    Notice,
-    PhaseChanged,
-    Progress,
-    QualityMeasured,
-    RequestDone,
-    RequestsDone,
-    RunFinished,
-    RunStarted,
-    Sample,
-    TelemetrySupport,
-)
 from app.labels import features_on
 from app.listeners import Listeners
 from app.planner.live import limit_figures
@@ -47,10 +28,11 @@ from app.planner.plan import Plan
 if TYPE_CHECKING:
     from app.runner import RunResult
 
-LIVE_SOURCES = (CLIENT_SOURCE, "engine")
+LIVE_SOURCES = (events.CLIENT_SOURCE, "engine")
 """Sources whose latest values the tiles read (the client's rolling figures, the engine's own)."""
-LIVE_KINDS = (Sample, RunStarted, PhaseChanged, LogLine, EngineReady, LevelStarted, Progress, LevelFinished,
-              QualityMeasured, RunFinished, TelemetrySupport, Notice)
+LIVE_KINDS = (events.Sample, events.RunStarted, events.PhaseChanged, events.LogLine, events.EngineReady,
+              events.LevelStarted, events.Progress, events.LevelFinished, events.QualityMeasured,
+              events.RunFinished, events.TelemetrySupport, events.Notice)
 """What a live run folds, and so what the window's bus subscription takes: request records are
 the store's business, campaigns the campaign tabs'."""
 LOG_TAIL_LINES = 2000
@@ -63,20 +45,20 @@ class LiveRun:
     the telemetry says of this machine (``support``, ``has_gpu``) outlives runs."""
 
     def __init__(self) -> None:
-        self.support: dict[str, TelemetrySupport] = {}
+        self.support: dict[str, events.TelemetrySupport] = {}
         self.has_gpu = False
         """This machine has a GPU (the window's probe said so, or a GPU source reported): the GPU
         plots and tiles apply."""
-        self.started: Listeners[RunStarted] = Listeners()
-        self.phase_changed: Listeners[PhaseChanged] = Listeners()
-        self.engine_ready: Listeners[EngineReady] = Listeners()
-        self.level_started: Listeners[LevelStarted] = Listeners()
-        self.progressed: Listeners[Progress] = Listeners()
-        self.level_finished: Listeners[LevelFinished] = Listeners()
-        self.support_changed: Listeners[TelemetrySupport | None] = Listeners()
-        self.noticed: Listeners[Notice] = Listeners()
-        self.quality_measured: Listeners[QualityMeasured] = Listeners()
-        self.finished: Listeners[RunFinished] = Listeners()
+        self.started: Listeners[events.RunStarted] = Listeners()
+        self.phase_changed: Listeners[events.PhaseChanged] = Listeners()
+        self.engine_ready: Listeners[events.EngineReady] = Listeners()
+        self.level_started: Listeners[events.LevelStarted] = Listeners()
+        self.progressed: Listeners[events.Progress] = Listeners()
+        self.level_finished: Listeners[events.LevelFinished] = Listeners()
+        self.support_changed: Listeners[events.TelemetrySupport | None] = Listeners()
+        self.noticed: Listeners[events.Notice] = Listeners()
+        self.quality_measured: Listeners[events.QualityMeasured] = Listeners()
+        self.finished: Listeners[events.RunFinished] = Listeners()
         self.logged: Listeners[list[str]] = Listeners()
         self.config: RunConfig | None = None
         self.plan: Plan | None = None
@@ -89,19 +71,19 @@ class LiveRun:
 
     def clear(self) -> None:
         """Forget the last run's figures (a new profile, a new run)."""
-        self.run: RunStarted | None = None
-        self.phase: PhaseChanged | None = None
-        self.ready: EngineReady | None = None
-        self.level: LevelStarted | None = None
-        self.progress: Progress | None = None
-        self.levels: list[LevelFinished] = []
+        self.run: events.RunStarted | None = None
+        self.phase: events.PhaseChanged | None = None
+        self.ready: events.EngineReady | None = None
+        self.level: events.LevelStarted | None = None
+        self.progress: events.Progress | None = None
+        self.levels: list[events.LevelFinished] = []
         self.flagged: dict[str, str] = {}
         """Client figures a finished level found unreliable (name -> why): the engine's stand in."""
         self.level_started_wall_s: dict[int, float] = {}
         self.notices: list[str] = []
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self.outcome: RunFinished | None = None
-        self.quality: QualityMeasured | None = None
+        self.outcome: events.RunFinished | None = None
+        self.quality: events.QualityMeasured | None = None
         """The quality probe's figures, once it ended (after the last level)."""
         self.nodes: dict[str, str] = {}
         """Run id -> the cluster node it runs on (its ``node:`` tag): the trials of a campaign on a
@@ -111,25 +93,25 @@ class LiveRun:
 
     # -- folding -----------------------------------------------------------------------------
 
-    def fold(self, items: Iterable[Item]) -> list[Sample]:
+    def fold(self, items: Iterable[events.Item]) -> list[events.Sample]:
         """Apply what one drain of the bus brought; returns the samples to plot (the client's
         progress among them, as the ``client`` series). The plots start with the load: samples
         from before the engine was ready in the same drain are left out."""
         items = list(items)
-        samples: list[Sample] = []
+        samples: list[events.Sample] = []
         for item in items:
-            if isinstance(item, Sample):
+            if isinstance(item, events.Sample):
                 samples.append(item)
-            elif isinstance(item.payload, Progress):
+            elif isinstance(item.payload, events.Progress):
                 samples.append(item.payload.sample(item.t_mono, item.t_wall))
         lines: list[str] = []
         for item in items:
-            if not isinstance(item, Event):
+            if not isinstance(item, events.Event):
                 continue
-            if isinstance(item.payload, LogLine):
+            if isinstance(item.payload, events.LogLine):
                 lines.append(self.on_node(item.payload.run_id, item.payload.line))  # one batch per drain
                 continue
-            if isinstance(item.payload, EngineReady):
+            if isinstance(item.payload, events.EngineReady):
                 samples = [s for s in samples if s.t_mono >= item.t_mono]
             self.apply(item)
         for sample in samples:
@@ -143,50 +125,50 @@ class LiveRun:
             self._log(lines)
         return samples
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: events.Event) -> None:
         """Fold one event into the state, then tell that kind's subscribers."""
         match event.payload:
-            case RunStarted() as started:
+            case events.RunStarted() as started:
                 self.run, self.outcome = started, None
                 node = node_of(started.tags)
                 if node is not None:
                     self.nodes[started.run_id] = node
                 self.started.emit(started)
-            case PhaseChanged() as phase:
+            case events.PhaseChanged() as phase:
                 self.phase = phase
                 self.phase_changed.emit(phase)
-            case LogLine() as log:
+            case events.LogLine() as log:
                 self._log([self.on_node(log.run_id, log.line)])
-            case EngineReady() as ready:
+            case events.EngineReady() as ready:
                 self.ready = ready
                 self.level_started_wall_s.clear()
                 self.engine_ready.emit(ready)
-            case LevelStarted() as level:
+            case events.LevelStarted() as level:
                 self.level, self.progress = level, None
                 self.level_started_wall_s[level.index] = level.started_wall_s
                 self.level_started.emit(level)
-            case Progress() as progress:
+            case events.Progress() as progress:
                 self.progress = progress
                 self.progressed.emit(progress)
-            case LevelFinished() as finished:
+            case events.LevelFinished() as finished:
                 self.levels.append(finished)
                 self.flagged.update(finished.summary.unreliable())
                 self.level_finished.emit(finished)
-            case TelemetrySupport() as support:
+            case events.TelemetrySupport() as support:
                 self.support[support.source] = support
                 if support.source.startswith("gpu") and support.available:
                     self.has_gpu = True
                 self.support_changed.emit(support)
-            case Notice() as notice:
+            case events.Notice() as notice:
                 self.notices.append(notice.message)
                 self.noticed.emit(notice)
-            case QualityMeasured() as quality:
+            case events.QualityMeasured() as quality:
                 self.quality = quality
                 self.quality_measured.emit(quality)
-            case RunFinished() as outcome:
+            case events.RunFinished() as outcome:
                 self.outcome = outcome
                 self.finished.emit(outcome)
-            case RequestDone() | RequestsDone() | CampaignUpdated():
+            case events.RequestDone() | events.RequestsDone() | events.CampaignUpdated():
                 pass  # the store keeps requests; the campaign tabs draw campaigns
 
     def on_node(self, run_id: str | None, text: str) -> str:
@@ -200,7 +182,8 @@ class LiveRun:
 
     # -- what it says -------------------------------------------------------------------------
 
-    def steady_window_s(self, finished: LevelFinished, t0_wall_s: float | None) -> tuple[float, float] | None:
+    def steady_window_s(self, finished: events.LevelFinished,
+                        t0_wall_s: float | None) -> tuple[float, float] | None:
         """A finished level's steady window in seconds from ``t0_wall_s`` (the plots' first
         sample; the level counts from its own start, so the wall clock places it)."""
         started = self.level_started_wall_s.get(finished.index)

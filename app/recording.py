@@ -30,22 +30,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from app import events
 from app.bus import Bus, Event, Sample
-from app.events import (
-    CampaignUpdated,
-    EngineReady,
-    LevelFinished,
-    LevelStarted,
-    LogLine,
-    PhaseChanged,
-    Progress,
-    QualityMeasured,
-    RequestDone,
-    RequestsDone,
-    RunFinished,
-    RunStarted,
-    SampleStreamed,
-)
 from app.store import RunStore, StoreError, StoreUnreachable
 
 log = logging.getLogger(__name__)
@@ -78,7 +64,7 @@ def _jsonable(value: Any) -> Any:
 
 
 
-def run_columns(p: RunStarted) -> dict[str, Any]:
+def run_columns(p: events.RunStarted) -> dict[str, Any]:
     """What the store keeps of a run from its ``RunStarted`` (``RunStore.create_run``'s fields,
     less its times): also what a running run's cost is counted from (``app.cost.started_run``)."""
     return dict(name=p.name or p.config.name, tags=list(p.tags), config=p.config.model_dump(mode="json"),
@@ -214,43 +200,43 @@ class RunRecorder:
                 self._samples.append(item)
             return
         p = item.payload
-        if isinstance(p, RunStarted):
+        if isinstance(p, events.RunStarted):
             self._start(item, p)
-        elif isinstance(p, CampaignUpdated):
+        elif isinstance(p, events.CampaignUpdated):
             return  # a campaign stores itself (its whole state, each time it moves): not an event of a run
-        elif isinstance(p, SampleStreamed):
+        elif isinstance(p, events.SampleStreamed):
             return  # the sample is stored whole with its level (LevelFinished)
-        elif isinstance(p, RunFinished) and not self._open and self._uid and self._uid in self.unstored:
+        elif isinstance(p, events.RunFinished) and not self._open and self._uid and self._uid in self.unstored:
             self._uid = ""  # a run that could not even be created: its verdict is already in unstored
         elif not self._open:
-            if isinstance(p, LogLine):
+            if isinstance(p, events.LogLine):
                 self._pre_log.append(p.line)
-            elif isinstance(p, PhaseChanged):
+            elif isinstance(p, events.PhaseChanged):
                 self._pre_events.append((item.t_wall, p.kind, p.to_json()))
             return
-        elif isinstance(p, RequestDone):
+        elif isinstance(p, events.RequestDone):
             self._requests.append(p.record.model_dump())
-        elif isinstance(p, RequestsDone):  # a trial on a cluster: its requests in rows
+        elif isinstance(p, events.RequestsDone):  # a trial on a cluster: its requests in rows
             self._requests.extend(p.records())
-        elif isinstance(p, Progress):  # the client's live figures: stored as the "client" series
+        elif isinstance(p, events.Progress):  # the client's live figures: stored as the "client" series
             self._samples.append(p.sample(item.t_mono, item.t_wall))
-        elif isinstance(p, LogLine):
+        elif isinstance(p, events.LogLine):
             self._log.append(p.line)
-        elif isinstance(p, RunFinished):
+        elif isinstance(p, events.RunFinished):
             self._write_pending()
             self._finish(p.status, p.reason, _jsonable(p.summary), item.t_wall)
-        elif isinstance(p, LevelStarted):
+        elif isinstance(p, events.LevelStarted):
             self._write_pending()
             params = {k: v for k, v in p.to_json().items() if k not in ("index", "label", "run_id") and v is not None}
             self._store_call(self.store.start_level, self._rid, p.index, p.label, params, item.t_wall)
-        elif isinstance(p, LevelFinished):
+        elif isinstance(p, events.LevelFinished):
             self._write_pending()
             self._store_call(self.store.finish_level, self._rid, p.index, p.summary.model_dump(mode="json"), item.t_wall,
                              sample=p.sample)
-        elif isinstance(p, QualityMeasured):
+        elif isinstance(p, events.QualityMeasured):
             self._write_pending()
             self._store_call(self.store.update_run, self._rid, quality=p.quality)
-        elif isinstance(p, EngineReady):
+        elif isinstance(p, events.EngineReady):
             info = p.to_json()
             self._events.append((item.t_wall, p.kind, info))
             self._write_pending()
@@ -287,7 +273,7 @@ class RunRecorder:
         assert self.run_id is not None
         return self.run_id
 
-    def _start(self, item: Event, p: RunStarted) -> None:
+    def _start(self, item: Event, p: events.RunStarted) -> None:
         if self._open:
             self._write_pending()
             self._finish("interrupted", "a new run started before this one finished", None, item.t_wall)
@@ -378,11 +364,11 @@ class RunRecorder:
         self._last_flush = time.monotonic()
         if self.run_id is None or not (self._requests or self._samples or self._log or self._events):
             return
-        requests, samples, lines, events = self._requests, self._samples, self._log, self._events
+        requests, samples, lines, run_events = self._requests, self._samples, self._log, self._events
         self._requests, self._samples, self._log, self._events = [], [], [], []
         dropped = self._sub.dropped
         try:
-            self._store_call(self.store.write_batch, self.run_id, requests=requests, samples=samples, log_lines=lines, events=events,
+            self._store_call(self.store.write_batch, self.run_id, requests=requests, samples=samples, log_lines=lines, events=run_events,
                                    dropped_items=dropped if dropped != self._dropped_written else None)
             self._dropped_written = dropped
         except Exception as exc:  # locked past the busy timeout, disk full...: keep it for the next flush
@@ -390,7 +376,7 @@ class RunRecorder:
             held = len(requests) + len(samples) + len(lines) + len(self._requests) + len(self._samples)
             if held <= MAX_HELD_ITEMS:
                 self._requests[:0], self._samples[:0] = requests, samples
-                self._log[:0], self._events[:0] = lines, events
+                self._log[:0], self._events[:0] = lines, run_events
                 self._error(f"could not write a batch ({self._last_write_error}); retrying with the next flush")
             else:
                 self._lost += len(requests) + len(samples) + len(lines)
