@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -80,6 +80,7 @@ from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 from engine_adapters.secrets import mask_env, mask_obj, mask_text, mask_url, remember_secret
 
+Launched = TypeVar("Launched", EngineProcess, DisaggregatedGroup)
 SETTLE_S = 3.0
 WARMUP_VARIANT = 9_999  # dataset variant (seed) of warm-up requests; levels use their index
 CANCELLED_CLIENT_CLOSE_S = 0.5
@@ -331,23 +332,8 @@ class Runner:
             return self._prepare_group(cancel)
         engine = self.engine
         if engine is None:
-            try:
-                engine = launch_engine(self.config, on_log=self._on_log, on_phase=self._on_phase,
-                                       on_exit=lambda code, diag: self._engine_died.set())
-            except UserError:
-                self._send_run_started()
-                raise
-            self._own_engine = engine
-        r.argv = list(engine.argv)
-        r.env = mask_env(dict(engine.env_added))
-        self._bind_client(engine)
-        r.endpoint = engine.base_url
-        r.engine_pid = engine.pid
-        try:
-            r.engine_version = self.adapter.installed_version(engine.engine)
-        except (RuntimeErrorMessage, OSError) as exc:
-            self._note(f"engine version unknown: {exc}")
-        self._send_run_started()
+            engine = self._own_engine = self._launch(launch_engine)
+        self._announce(engine, engine.base_url)
         if self._own_engine is not None:
             try:
                 ready = engine.wait_ready(cancel=cancel)
@@ -378,23 +364,10 @@ class Runner:
         goes to the router; a level's engine counters are the decode engines' (they generate the
         output), and every engine's and the router's own are kept per level beside them."""
         r = self.result
-        try:
-            group = launch_group(self.config, on_log=self._on_log, on_phase=self._on_phase,
-                                 on_exit=lambda code, diag: self._engine_died.set())
-        except UserError:
-            self._send_run_started()
-            raise
-        self._own_group = group
+        group = self._own_group = self._launch(launch_group)
         decode = group.pool("decode")
         first = decode[0]
-        r.argv, r.env = list(first.argv), mask_env(dict(first.env_added))
-        r.endpoint, r.engine_pid = group.base_url, first.pid
-        self._bind_client(first)
-        try:
-            r.engine_version = self.adapter.installed_version(first.engine)
-        except (RuntimeErrorMessage, OSError) as exc:
-            self._note(f"engine version unknown: {exc}")
-        self._send_run_started()
+        self._announce(first, group.base_url)
         try:
             r.startup_s = group.wait_ready(cancel=cancel)
         except EngineStartError as exc:
@@ -437,6 +410,30 @@ class Runner:
             line = f"no KV plan to compare with ({type(exc).__name__}: {exc})"
         if line:
             self._note(line)
+
+    def _launch(self, launch: Callable[..., Launched]) -> Launched:
+        """Start the engine (``launch_engine``) or the P/D group (``launch_group``) with this
+        run's log, phase and exit callbacks. A configuration refused before anything started
+        still announces the run, so that its failure is recorded."""
+        try:
+            return launch(self.config, on_log=self._on_log, on_phase=self._on_phase,
+                          on_exit=lambda code, diag: self._engine_died.set())
+        except UserError:
+            self._send_run_started()
+            raise
+
+    def _announce(self, engine: EngineProcess, endpoint: str) -> None:
+        """Note what the launched engine runs (the group's first decode engine: the one the
+        client binds beside), then send ``run_started``: the load goes to ``endpoint``."""
+        r = self.result
+        r.argv, r.env = list(engine.argv), mask_env(dict(engine.env_added))
+        r.endpoint, r.engine_pid = endpoint, engine.pid
+        self._bind_client(engine)
+        try:
+            r.engine_version = self.adapter.installed_version(engine.engine)
+        except (RuntimeErrorMessage, OSError) as exc:
+            self._note(f"engine version unknown: {exc}")
+        self._send_run_started()
 
     def _bind_client(self, engine: EngineProcess) -> None:
         """The client on the cores the engine's compute threads leave free (a CPU engine
