@@ -147,7 +147,18 @@ class LoadDelivered(BaseModel):
     """Why the client fell behind, in words."""
 
 
-class SteadyWindow(BaseModel):
+class LoadFigures(BaseModel):
+    """The throughput and latencies a stretch of load achieved: what a whole level and its steady
+    window both report, under the same names."""
+
+    request_throughput_rps: float = 0.0
+    output_tok_per_s: float = 0.0
+    ttft_ms: Stats = Field(default_factory=Stats)
+    tpot_ms: Stats = Field(default_factory=Stats)
+    e2e_ms: Stats = Field(default_factory=Stats)
+
+
+class SteadyWindow(LoadFigures):
     """The part of a level where the load was at its target (``app.load.delivery.steady_window``),
     and the level's figures over it: ramp-up and drain left out."""
 
@@ -158,18 +169,13 @@ class SteadyWindow(BaseModel):
     requests: int = 0
     """Completed requests that started inside the window (their latencies are the window's)."""
     mean_in_flight: float = 0.0
-    output_tok_per_s: float = 0.0
-    request_throughput_rps: float = 0.0
-    ttft_ms: Stats = Field(default_factory=Stats)
-    tpot_ms: Stats = Field(default_factory=Stats)
-    e2e_ms: Stats = Field(default_factory=Stats)
 
     @property
     def duration_s(self) -> float:
         return self.end_s - self.start_s
 
 
-class LevelSummary(BaseModel):
+class LevelSummary(LoadFigures):
     """Figures of one load level (warm-up excluded)."""
 
     requests: int = 0
@@ -181,13 +187,8 @@ class LevelSummary(BaseModel):
     duration_s: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
-    request_throughput_rps: float = 0.0
-    output_tok_per_s: float = 0.0
     total_tok_per_s: float = 0.0
-    ttft_ms: Stats = Field(default_factory=Stats)
     itl_ms: Stats = Field(default_factory=Stats)
-    tpot_ms: Stats = Field(default_factory=Stats)
-    e2e_ms: Stats = Field(default_factory=Stats)
     queue_ms: Stats = Field(default_factory=Stats)
     ttfat_ms: Stats = Field(default_factory=Stats)
     """Time to the first answer token (``RequestRecord.ttfat_ms``): TTFT's match for a reasoning model."""
