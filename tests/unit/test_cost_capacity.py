@@ -15,16 +15,18 @@ import pytest
 from app.cost import (
     CostFigure,
     default_prices,
-    good_output_tok_per_s,
-    nodes_for,
     parse_price,
     plan_capacity,
     price_table,
+    run_deployment,
+    usd_per_million_tokens,
+)
+from app.cost.arithmetic import (
+    good_output_tok_per_s,
+    nodes_for,
     replicas_for_tokens_per_day,
     replicas_for_users,
-    run_deployment,
     running_cost,
-    usd_per_million_tokens,
 )
 from app.errors import UserError
 from app.load.metrics import LevelSummary, Stats
