@@ -71,6 +71,7 @@ WEIGHTS_FLAGS: Mapping[str, tuple[str, ...]] = {
     "fp8": ("--quantization", "fp8"), "awq": ("--quantization", "awq"), "gptq": ("--quantization", "gptq"),
 }
 """Weight precision as the engines that take ``--dtype`` and ``--quantization`` (vLLM, SGLang) spell it."""
+WEIGHTS_RULE = FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS.get(f.weights_dtype, ())))
 
 
 # --- flags among argv tokens --------------------------------------------------------------------------
@@ -330,6 +331,21 @@ PORT_IN_USE_RULE = diagnosis_rule("port_in_use", r"Address already in use|\[Errn
 ARGPARSE_BAD_ARGUMENT = diagnosis_rule("bad_argument", r"error: argument (--\S+): (.*)",
                                        lambda m: f"The engine rejected {m.group(1)}: {m.group(2).strip()}")
 """argparse's refusal of one argument's value (vLLM, SGLang)."""
+PYTHON_SERVER_RULES: tuple[DiagnosisRule, ...] = (
+    PORT_IN_USE_RULE,
+    diagnosis_rule("model_missing", r"does not appear to have a file named config\.json|is not a local folder and is "
+                                    r"not a valid model identifier|Repo id must be|HFValidationError|Invalid repository ID"
+                                    r"|No such file or directory: .*config\.json|We couldn't connect to .* to load",
+                   "The model was not found: it is neither a local directory with a config.json nor reachable on a "
+                   "model hub. Check the path (or download it first)."),
+    diagnosis_rule("unknown_flag", r"error: unrecognized arguments: (.*)",
+                   lambda m: f"The engine does not know these arguments: {m.group(1).strip()} (check the installed "
+                             "version: `tunebench engine flags`)."),
+    ARGPARSE_BAD_ARGUMENT,
+    *DOCKER_RULES,
+)
+"""Why a Python server that takes argparse flags and loads its model through Hugging Face's
+libraries (vLLM, SGLang) did not start, in the order they are looked for."""
 
 
 def diagnose_log(rules: Iterable[DiagnosisRule], log_lines: Iterable[str], generic_error: re.Pattern[str], *,

@@ -38,10 +38,8 @@ from typing import Any
 
 from engine_adapters.base import FeatureCheck, FlagSet, Phase, ValidationIssue
 from engine_adapters.command_line import (
-    ARGPARSE_BAD_ARGUMENT,
-    DOCKER_RULES,
-    PORT_IN_USE_RULE,
-    WEIGHTS_FLAGS,
+    PYTHON_SERVER_RULES,
+    WEIGHTS_RULE,
     DiagnosisRule,
     FlagRule,
     HelpLayout,
@@ -161,7 +159,7 @@ def _kv_offload(features: Features) -> list[str]:
 
 
 FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS.get(f.weights_dtype, ()))),
+    WEIGHTS_RULE,
     FlagRule("kv_cache_dtype", lambda f: [] if (t := KV_CACHE_DTYPES.get(f.kv_cache_dtype)) is None
              else ["--kv-cache-dtype", t]),
     switch_flag("prefix_caching", on=[], off=["--disable-radix-cache"]),
@@ -216,22 +214,13 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
     _rule("no_runtime", r"No module named '?sglang'?",
           "The interpreter has no SGLang: point runtime.python at a venv with sglang installed (it needs an NVIDIA "
           "GPU; no CPU wheel exists), or use the lmsysorg/sglang docker image."),
-    _rule("unknown_flag", r"error: unrecognized arguments: (.*)",
-          lambda m: f"The engine does not know these arguments: {m.group(1).strip()} (check the installed version: "
-                    "`tunebench engine flags`)."),
-    ARGPARSE_BAD_ARGUMENT,
     _rule("no_gpu", r"No CUDA GPUs are available|Found no NVIDIA driver|CUDA driver initialization failed"
                     r"|torch\.cuda\.is_available\(\) is False",
           "SGLang needs an NVIDIA GPU and found none usable here."),
     _rule("cuda_oom", r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|Not enough memory",
           "The GPU ran out of memory while starting: lower GPU memory utilization (--mem-fraction-static) or the "
           "context length, quantize the weights (FP8) or the KV cache, or use tensor parallelism."),
-    PORT_IN_USE_RULE,
-    _rule("model_missing", r"is not a local folder and is not a valid model identifier|Repo id must be"
-                           r"|HFValidationError|We couldn't connect to .* to load|No such file or directory: .*config\.json",
-          "The model was not found: it is neither a local directory with a config.json nor reachable on a model "
-          "hub. Check the path (or download it first)."),
-    *DOCKER_RULES,
+    *PYTHON_SERVER_RULES,
 )
 
 SPEC = EngineSpec(

@@ -24,10 +24,8 @@ from engine_adapters.base import (
     ValidationIssue,
 )
 from engine_adapters.command_line import (
-    ARGPARSE_BAD_ARGUMENT,
-    DOCKER_RULES,
-    PORT_IN_USE_RULE,
-    WEIGHTS_FLAGS,
+    PYTHON_SERVER_RULES,
+    WEIGHTS_RULE,
     DiagnosisRule,
     FlagRule,
     HelpLayout,
@@ -135,7 +133,7 @@ def kv_transfer_config_json(features: Features) -> str | None:
 
 
 FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("weights_dtype", lambda f: list(WEIGHTS_FLAGS.get(f.weights_dtype, ()))),
+    WEIGHTS_RULE,
     value_flag("kv_cache_dtype", "--kv-cache-dtype", unset="auto"),
     switch_flag("prefix_caching", on=["--enable-prefix-caching"], off=["--no-enable-prefix-caching"]),
     FlagRule("speculative.method", lambda f: [] if (s := speculative_config_json(f)) is None else ["--speculative-config", s]),
@@ -209,15 +207,7 @@ DIAGNOSIS_RULES: tuple[DiagnosisRule, ...] = (
     _rule("fp8_unsupported_gpu", r"quantization method (\S+) is not supported for the current GPU",
           lambda m: f"This GPU cannot run {m.group(1)} weights (FP8 needs compute capability 8.9+: Ada, "
                     "Hopper or newer): choose another weight precision."),
-    PORT_IN_USE_RULE,
-    _rule("model_missing", r"does not appear to have a file named config\.json|is not a local folder and is not a valid "
-                           r"model identifier|Repo id must be|HFValidationError|Invalid repository ID"
-                           r"|No such file or directory: .*config\.json|We couldn't connect to .* to load",
-          "The model was not found: it is neither a local directory with a config.json nor reachable on a "
-          "model hub. Check the path (or download it first)."),
-    _rule("unknown_flag", r"error: unrecognized arguments: (.*)",
-          lambda m: f"The engine does not know these arguments: {m.group(1).strip()} (check the installed version)."),
-    ARGPARSE_BAD_ARGUMENT, *DOCKER_RULES,
+    *PYTHON_SERVER_RULES,
     _rule("docker_image", r"Unable to find image .* locally[\s\S]*?(pull access denied|manifest unknown)|pull access denied",
           "The docker image could not be found or pulled: check the image name and your registry access."),
     _rule("no_gpu", r"Failed to infer device type|No CUDA GPUs are available|Found no NVIDIA driver",
