@@ -74,7 +74,7 @@ from engine_adapters.bounded_http import FetchError, fetch
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
-from engine_adapters.pd_group import DisaggregatedGroup, pool_deltas
+from engine_adapters.pd_group import DisaggregatedGroup, PoolLauncher, pool_deltas
 from engine_adapters.prometheus import METRICS_MAX_BYTES, MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
@@ -205,8 +205,10 @@ class Runner:
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
                  gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
                  clients: Callable[..., ClientPool] | None = None, task_eval: TaskEvalRequest | None = None,
-                 quality_reference: Reference | None = None) -> None:
+                 quality_reference: Reference | None = None, pool_launcher: PoolLauncher | None = None) -> None:
         self.config = config
+        self.pool_launcher = pool_launcher
+        """Where a P/D group's pool engines start (``app.fleet`` spreads them over nodes); None: here."""
         quality = config.quality
         if task_eval is None and quality is not None and quality.enabled and quality.tasks:
             task_eval = TaskEvalRequest(tasks=list(quality.tasks))  # the profile's [quality] tasks
@@ -380,13 +382,13 @@ class Runner:
         r = self.result
         try:
             group = launch_group(self.config, on_log=self._on_log, on_phase=self._on_phase,
-                                 on_exit=lambda code, diag: self._engine_died.set())
+                                 on_exit=lambda code, diag: self._engine_died.set(), launch_member=self.pool_launcher)
         except UserError:
             self._send_run_started()
             raise
         self._own_group = group
         decode = group.pool("decode")
-        first = decode[0]
+        first = group.first_decode
         r.argv, r.env = list(first.argv), mask_env(dict(first.env_added))
         r.endpoint, r.engine_pid = group.base_url, first.pid
         self._bind_client(first)
@@ -406,7 +408,8 @@ class Runner:
         self.api_key = group.api_key
         headers = group.auth_headers()
         r.disaggregated = {"engines": [{"role": m.role, "index": m.index, "url": m.process.base_url,
-                                        "argv": mask_obj(list(m.process.argv))} for m in group.members],
+                                        "argv": mask_obj(list(m.process.argv)),
+                                        **({"ray_node_id": m.node_id} if m.node_id else {})} for m in group.members],
                            "router_argv": mask_obj(group.router_argv),
                            "levels": []}
         self._counter_bases = [p.base_url for p in decode]
