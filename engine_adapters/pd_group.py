@@ -279,9 +279,14 @@ class DisaggregatedGroup:
         threading.Thread(target=self._read_router, daemon=True, name="pd-router-log").start()
 
     def _read_router(self) -> None:
+        """The router's lines, kept for the group's errors and passed on as the engines' are (a
+        run stores them with its log)."""
         assert self.router is not None and self.router.stdout is not None
-        for line in self.router.stdout:
-            self.router_log.append(mask_text(line.rstrip("\n")))
+        for raw in self.router.stdout:
+            line = mask_text(raw.rstrip("\n"))
+            self.router_log.append(line)
+            if self.on_log is not None:
+                self.on_log(f"[router] {line}")
 
     def stop(self, grace_s: tuple[float, float, float] = STOP_GRACE_S) -> list[str]:
         """Stop the router, then every engine; what happened to each, in order."""

@@ -259,8 +259,9 @@ def test_the_group_asks_its_launcher_for_each_engine_the_first_decode_engine_fir
 
     features = Features(disaggregation=DisaggregationConfig(connector="nixl", prefill_instances=2, kv_buffer_device="cpu",
                                                             placement="spread"))
+    logged: list[str] = []
     group = DisaggregatedGroup(EngineConfig(require_api_key=True), features, StandInAdapter(script, record),
-                               launch_member=launcher)
+                               launch_member=launcher, on_log=logged.append)
     try:
         group.start()
         group.wait_ready(timeout_s=60)
@@ -271,6 +272,11 @@ def test_the_group_asks_its_launcher_for_each_engine_the_first_decode_engine_fir
         assert [router[i + 1] for i, t in enumerate(router) if t == "--prefill"] == [
             m.process.base_url for m in group.members if m.role == "prefill"]
         assert group.first_decode is group.pool("decode")[0]
+        deadline = time.monotonic() + 30
+        while "[router] Application startup complete." not in logged and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "[router] Application startup complete." in logged  # the router's lines go with the run's log
+        assert "[prefill 1] Application startup complete." in logged
     finally:
         done = group.stop(grace_s=(2.0, 2.0, 2.0))
     assert [line.split(":")[0] for line in done] == ["router", "prefill 0", "prefill 1", "decode 0"]
