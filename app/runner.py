@@ -481,8 +481,10 @@ class Runner:
         engine = self.engine or self._own_engine
         pid = engine.pid if engine else self.result.engine_pid  # a P/D group: its first decode engine
         try:
+            first, *others = self._counter_bases or [base_url]  # a P/D group: every decode engine adds up
             self._collector = TelemetryCollector(
-                self.bus, metrics_url=(self._counter_bases or [base_url])[0] + self.adapter.metrics_path,
+                self.bus, metrics_url=first + self.adapter.metrics_path,
+                also_metrics_urls=[url + self.adapter.metrics_path for url in others],
                 api_key=self.api_key, metric_names=self.adapter.metric_names, engine_pid=pid,
                 gpu_metrics_url=self.gpu_metrics_url)
             self._collector.start()
