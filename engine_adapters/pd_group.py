@@ -82,25 +82,27 @@ class PoolSeat:
         return f"{self.role} {self.index}"
 
 
-@dataclass(frozen=True)
-class Launched:
-    """One pool engine as its launcher started it."""
+@dataclass
+class PoolMember:
+    """One pool engine of the group, as its launcher started it."""
 
-    process: PoolEngine
+    role: PdRole
+    index: int
     side_port: int
     """Its connector's side channel or bootstrap port."""
+    process: PoolEngine
     node_id: str | None = None
     """The cluster node it runs on, when a launcher placed it on one."""
 
 
 PoolLauncher = Callable[[PoolSeat, EngineAdapter, LogCallback | None, PhaseCallback | None, ExitCallback | None],
-                        Launched]
+                        PoolMember]
 """Starts one pool engine somewhere; the first decode engine must start here, beside the router
 and the load client."""
 
 
 def launch_here(seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | None, on_phase: PhaseCallback | None,
-                on_exit: ExitCallback | None, node_id: str | None = None) -> Launched:
+                on_exit: ExitCallback | None, node_id: str | None = None) -> PoolMember:
     """A pool engine on this machine, listening on its seat's host, with its connector's
     environment and arguments (a side port of its own)."""
     pd: DisaggregatedEngine = adapter  # type: ignore[assignment]  # checked by has_router
@@ -114,16 +116,7 @@ def launch_here(seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | No
                             on_phase=_prefixed_phase(on_phase, seat.name), on_exit=on_exit)
     process.api_key = seat.api_key  # one key: the router presents it to every engine
     process.start()
-    return Launched(process, side_port, node_id)
-
-
-@dataclass
-class PoolMember:
-    role: PdRole
-    index: int
-    side_port: int
-    process: PoolEngine
-    node_id: str | None = None
+    return PoolMember(seat.role, seat.index, side_port, process, node_id)
 
 
 @dataclass
@@ -180,8 +173,7 @@ class DisaggregatedGroup:
             features = pool_features(self.features, role)
             for index in range(self.features.pool_instances(role)):
                 seat = PoolSeat(role, index, self.engine, features, self.api_key)
-                launched = self.launch_member(seat, self.adapter, self.on_log, self.on_phase, self.on_exit)
-                self.members.append(PoolMember(role, index, launched.side_port, launched.process, launched.node_id))
+                self.members.append(self.launch_member(seat, self.adapter, self.on_log, self.on_phase, self.on_exit))
         self.members.sort(key=lambda m: (POOL_ROLES.index(m.role), m.index))
 
     def wait_ready(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> float:

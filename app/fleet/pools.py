@@ -16,7 +16,7 @@ from typing import Any
 from engine_adapters.base import EngineAdapter
 from engine_adapters.config import Features, PdRole
 from engine_adapters.launcher import EngineProcess, EngineStartError, ExitCallback, LogCallback, PhaseCallback
-from engine_adapters.pd_group import DisaggregatedStartError, Launched, PoolSeat, launch_here
+from engine_adapters.pd_group import DisaggregatedStartError, PoolMember, PoolSeat, launch_here
 from engine_adapters.process_group import STOP_GRACE_S
 from engine_adapters.secrets import mask_obj, mask_text
 
@@ -195,7 +195,7 @@ class RayPoolLauncher:
         self.actors: list[Any] = []
 
     def __call__(self, seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | None,
-                 on_phase: PhaseCallback | None, on_exit: ExitCallback | None) -> Launched:
+                 on_phase: PhaseCallback | None, on_exit: ExitCallback | None) -> PoolMember:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -218,8 +218,8 @@ class RayPoolLauncher:
                                           f"{mask_text(said[-1] if said else type(exc).__name__)}") from None
         if on_log is not None:
             on_log(f"[{seat.name}] runs on node {started['host']} (bundle {index} of the trial's placement)")
-        return Launched(RemotePoolEngine(actor, started, seat, on_log, on_phase, on_exit), int(started["side_port"]),
-                        str(started["node_id"]))
+        return PoolMember(seat.role, seat.index, int(started["side_port"]),
+                          RemotePoolEngine(actor, started, seat, on_log, on_phase, on_exit), str(started["node_id"]))
 
     def close(self) -> None:
         """Ends every pool engine's actor (each engine's watchdog stops what its stop did not)."""

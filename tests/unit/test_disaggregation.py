@@ -30,7 +30,7 @@ from engine_adapters.config import DisaggregationConfig, EngineConfig, Features,
 from engine_adapters.disaggregation import expert_count, has_router, pool_features
 from engine_adapters.hardware import GpuInfo, HardwareInfo
 from engine_adapters.launcher import group_members
-from engine_adapters.pd_group import DisaggregatedGroup, Launched, PoolSeat, launch_here
+from engine_adapters.pd_group import DisaggregatedGroup, PoolMember, PoolSeat, launch_here
 from engine_adapters.registry import get_adapter
 from engine_adapters.sglang import ADAPTER as SGLANG
 from engine_adapters.vllm import ADAPTER as VLLM
@@ -253,7 +253,7 @@ def test_the_group_asks_its_launcher_for_each_engine_the_first_decode_engine_fir
     script.write_text(STAND_IN)
     seats: list[PoolSeat] = []
 
-    def launcher(seat: PoolSeat, *args: Any) -> Launched:
+    def launcher(seat: PoolSeat, *args: Any) -> PoolMember:
         seats.append(seat)
         return launch_here(seat, *args)
 
