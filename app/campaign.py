@@ -22,7 +22,7 @@ from app.analysis.stats import Aggregate, aggregate
 from app.analysis.summary import numbers
 from app.bus import Bus
 from app.config import RunConfig
-from app.engines import launch_engine
+from app.engines import is_group, launch_engine
 from app.errors import EngineFailed, UserError
 from app.events import LogLine, PhaseChanged
 from app.executor import EngineSource, Executor, Fleet, Places, Recorder, RunnerLike, Slot
@@ -65,7 +65,14 @@ class EngineKeeper:
         self._key: str | None = None
         self.launches = 0
 
-    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess | None:
+        """None for a P/D group: its run launches the group and stops it at the end (the kept
+        engine is stopped first: the group needs the machine)."""
+        if is_group(config):
+            if self._engine is not None:
+                bus.emit(LogLine.note("a P/D group runs next, launched by its run: stopping the kept engine"))
+            self.close()
+            return None
         key = engine_key(config)
         if self._engine is not None and self._key == key and self._engine.is_running():
             bus.emit(LogLine.note(f"reusing the running engine at {self._engine.base_url}"))

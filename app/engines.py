@@ -15,7 +15,7 @@ from engine_adapters.config import EngineConfig, Features
 from engine_adapters.disaggregation import has_router
 from engine_adapters.hardware import HardwareInfo, probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError, ExitCallback, LogCallback, PhaseCallback
-from engine_adapters.pd_group import DisaggregatedGroup, DisaggregatedStartError
+from engine_adapters.pd_group import DisaggregatedGroup, DisaggregatedStartError, PoolLauncher, launch_here
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, addon_path
 
@@ -70,6 +70,9 @@ def is_group(config: RunConfig) -> bool:
 
 
 MAX_LOGPROBS_FLAG = "--max-logprobs"
+SPREAD_NEEDS_A_CLUSTER = ("disaggregation.placement = 'spread' puts every pool engine on a node of its own: run it on a "
+                          "Ray cluster (--cluster ADDRESS), or set placement = 'together' to run the group on this "
+                          "machine")
 
 
 def _with_quality_flags(config: RunConfig) -> Features:
@@ -128,17 +131,21 @@ def launch_group(
     on_log: LogCallback | None = None,
     on_phase: PhaseCallback | None = None,
     on_exit: ExitCallback | None = None,
+    launch_member: PoolLauncher | None = None,
 ) -> DisaggregatedGroup:
     """Validate, then start every engine of a disaggregated prefill/decode group (returns before
     they are ready; the router starts once they are, in ``wait_ready``). Stopped again if any
-    fails to start."""
+    fails to start. ``launch_member`` places each pool engine (a cluster's nodes); None: here."""
     if not force:
         _refuse_errors(config)
     adapter = get_adapter(config.engine.kind)
     if not has_router(adapter):
         raise UserError(f"{adapter.display_name} has no disaggregated prefill/decode launch in tunebench")
+    if launch_member is None and config.features.disaggregation.spread:
+        raise UserError(SPREAD_NEEDS_A_CLUSTER)
     group = DisaggregatedGroup(_with_addon(config.engine), _with_quality_flags(config), adapter,
-                               on_log=on_log, on_phase=on_phase, on_exit=on_exit)
+                               on_log=on_log, on_phase=on_phase, on_exit=on_exit,
+                               launch_member=launch_member or launch_here)
     try:
         group.start()
     except (RuntimeErrorMessage, EngineStartError, DisaggregatedStartError) as exc:

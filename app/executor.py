@@ -26,9 +26,10 @@ OutcomeT_contra = TypeVar("OutcomeT_contra", contravariant=True)
 
 
 class EngineSource(Protocol):
-    """Hands out a ready engine for a configuration (reusing one when engine flags are equal)."""
+    """Hands out a ready engine for a configuration (reusing one when engine flags are equal);
+    None where the run launches its own engines (a P/D group)."""
 
-    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess: ...
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess | None: ...
 
 
 class RunnerLike(Protocol):
@@ -159,7 +160,8 @@ class Slot:
                     except BaseException:
                         self.last_engine = None
                         raise
-                    ran.engine_reused, self.last_engine = engine is self.last_engine, engine
+                    ran.engine_reused = engine is not None and engine is self.last_engine
+                    self.last_engine = engine
                 assert places.runner_factory is not None
                 runner = places.runner_factory(config, self.bus, endpoint=places.endpoint, api_key=places.api_key,
                                                engine=engine, telemetry=places.telemetry)

@@ -23,6 +23,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -74,7 +75,7 @@ from engine_adapters.bounded_http import FetchError, fetch
 from engine_adapters.cpu_binding import client_cpus, format_cpu_list
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess, EngineStartError
-from engine_adapters.pd_group import DisaggregatedGroup, pool_deltas
+from engine_adapters.pd_group import DisaggregatedGroup, PoolLauncher, pool_deltas
 from engine_adapters.prometheus import METRICS_MAX_BYTES, MetricMap, Scrape, restarted
 from engine_adapters.registry import get_adapter
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
@@ -206,8 +207,10 @@ class Runner:
                  engine: EngineProcess | None = None, telemetry: bool = True, keep_requests: bool = False,
                  gpu_metrics_url: str | None = None, node: dict[str, Any] | None = None,
                  clients: Callable[..., ClientPool] | None = None, task_eval: TaskEvalRequest | None = None,
-                 quality_reference: Reference | None = None) -> None:
+                 quality_reference: Reference | None = None, pool_launcher: PoolLauncher | None = None) -> None:
         self.config = config
+        self.pool_launcher = pool_launcher
+        """Where a P/D group's pool engines start (``app.fleet`` spreads them over nodes); None: here."""
         quality = config.quality
         if task_eval is None and quality is not None and quality.enabled and quality.tasks:
             task_eval = TaskEvalRequest(tasks=list(quality.tasks))  # the profile's [quality] tasks
@@ -364,9 +367,9 @@ class Runner:
         goes to the router; a level's engine counters are the decode engines' (they generate the
         output), and every engine's and the router's own are kept per level beside them."""
         r = self.result
-        group = self._own_group = self._launch(launch_group)
+        group = self._own_group = self._launch(partial(launch_group, launch_member=self.pool_launcher))
         decode = group.pool("decode")
-        first = decode[0]
+        first = group.first_decode
         self._announce(first, group.base_url)
         try:
             r.startup_s = group.wait_ready(cancel=cancel)
@@ -379,7 +382,8 @@ class Runner:
         self.api_key = group.api_key
         headers = group.auth_headers()
         r.disaggregated = {"engines": [{"role": m.role, "index": m.index, "url": m.process.base_url,
-                                        "argv": mask_obj(list(m.process.argv))} for m in group.members],
+                                        "argv": mask_obj(list(m.process.argv)),
+                                        **({"ray_node_id": m.node_id} if m.node_id else {})} for m in group.members],
                            "router_argv": mask_obj(group.router_argv),
                            "levels": []}
         self._counter_bases = [p.base_url for p in decode]
@@ -475,8 +479,10 @@ class Runner:
         engine = self.engine or self._own_engine
         pid = engine.pid if engine else self.result.engine_pid  # a P/D group: its first decode engine
         try:
+            first, *others = self._counter_bases or [base_url]  # a P/D group: every decode engine adds up
             self._collector = TelemetryCollector(
-                self.bus, metrics_url=(self._counter_bases or [base_url])[0] + self.adapter.metrics_path,
+                self.bus, metrics_url=first + self.adapter.metrics_path,
+                also_metrics_urls=[url + self.adapter.metrics_path for url in others],
                 api_key=self.api_key, metric_names=self.adapter.metric_names, engine_pid=pid,
                 gpu_metrics_url=self.gpu_metrics_url)
             self._collector.start()

@@ -150,6 +150,7 @@ KvConnector = Literal["nixl", "mooncake", "lmcache"]
 """How KV moves from a prefill engine to a decode engine (NIXL, Mooncake, LMCache); each adapter
 names the engine's own connector or transfer backend for it."""
 PdRole = Literal["prefill", "decode"]
+PdPlacement = Literal["together", "spread"]
 
 
 class DisaggregationConfig(StrictModel):
@@ -165,11 +166,19 @@ class DisaggregationConfig(StrictModel):
         None, ge=1, le=MAX_PARALLEL, description="GPUs per decode engine (tensor parallel); None: tensor_parallel_size.")
     kv_buffer_device: Literal["auto", "cpu"] = Field(
         "auto", description="Where the connector stages KV: 'cpu' for engines without a GPU (vLLM's CPU build).")
+    placement: PdPlacement = Field(
+        "together", description="On a Ray cluster: 'spread' puts every pool engine on a node of its own (the router "
+                                "and the load client beside the first decode engine); 'together' keeps the group on "
+                                "one node, as one machine runs it.")
     role: PdRole | None = Field(None, description="Set on each pool's engine by the launch, never by hand.")
 
     @property
     def enabled(self) -> bool:
         return self.connector is not None
+
+    @property
+    def spread(self) -> bool:
+        return self.enabled and self.placement == "spread"
 
 
 class Features(StrictModel):

@@ -19,7 +19,8 @@ from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_model
 
 POOL_ROLES: tuple[PdRole, ...] = ("prefill", "decode")
-POOL_SIZES = ("prefill_instances", "decode_instances", "prefill_tensor_parallel_size", "decode_tensor_parallel_size")
+GROUP_SETTINGS = ("prefill_instances", "decode_instances", "prefill_tensor_parallel_size", "decode_tensor_parallel_size",
+              "placement")
 """The group's settings (``DisaggregationConfig``): no single engine's flag renders them."""
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 """Where a ``config.json`` gives a MoE's routed experts (DeepSeek, Qwen-MoE, Mixtral, others)."""
@@ -42,8 +43,9 @@ class DisaggregatedEngine(Protocol):
         them) and joins the pools' engines (``prefill``: each prefill engine's URL and side port)."""
         ...
 
-    def pool_env(self, features: Features, side_port: int) -> dict[str, str]:
-        """Environment one pool engine needs for its connector (``side_port``: a free port of its own)."""
+    def pool_env(self, features: Features, side_port: int, host: str = "127.0.0.1") -> dict[str, str]:
+        """Environment one pool engine needs for its connector (``side_port``: a free port of its
+        own; ``host``: the address it listens on, another node's when the pools are spread)."""
         ...
 
     def pool_args(self, features: Features, side_port: int) -> list[str]:
@@ -67,12 +69,12 @@ def disaggregation_issues(features: Features, hardware: HardwareInfo | None, *, 
         default = type(d)()
         return [ValidationIssue(f"disaggregation.{name}", "has no effect: disaggregated prefill/decode is off "
                                                          "(set disaggregation.connector)")
-                for name in POOL_SIZES if getattr(d, name) != getattr(default, name)][:1]
+                for name in GROUP_SETTINGS if getattr(d, name) != getattr(default, name)][:1]
     issues: list[ValidationIssue] = []
     if features.data_parallel_size > 1:
         issues.append(ValidationIssue("data_parallel_size", "with disaggregated prefill/decode, size the pools "
                                       "(prefill_instances, decode_instances) instead of data parallel replicas"))
-    if d.role is None and hardware is not None and features.nodes == 1:
+    if d.role is None and hardware is not None and features.nodes == 1 and not d.spread:
         need = features.gpu_count
         if cpu_build:
             engines = d.prefill_instances + d.decode_instances

@@ -148,3 +148,14 @@ def probe_hardware() -> HardwareInfo:
         hostname=platform.node(),
         os=f"{platform.system()} {platform.release()}",
     )
+
+
+def interface_of(address: str) -> str:
+    """The network interface that holds ``address`` on this machine ("lo" for a loopback
+    address): a transport told to use that one device reaches the address's network and no other."""
+    if address.startswith("127.") or address in ("localhost", "::1"):
+        return "lo"
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    raise ValueError(f"no network interface of this machine has the address {address}")

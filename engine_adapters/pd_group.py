@@ -10,8 +10,9 @@ import secrets
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine_adapters.base import EngineAdapter
 from engine_adapters.bounded_http import FetchError, fetch
@@ -44,12 +45,78 @@ class DisaggregatedStartError(TunebenchError):
     exit_code = EXIT_ENGINE_FAILED
 
 
+class PoolEngine(Protocol):
+    """What the group needs of one pool engine: an :class:`EngineProcess` here, or a stand-in for
+    one on another node of a cluster (``app.fleet``)."""
+
+    argv: list[str]
+    diagnosis: Any
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def is_running(self) -> bool: ...
+
+    def wait_ready(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> object: ...
+
+    def stop(self, grace_s: tuple[float, float, float] = STOP_GRACE_S) -> str: ...
+
+
+@dataclass(frozen=True)
+class PoolSeat:
+    """One engine of a pool, as the group asks for it: its configuration (the group's host until a
+    launcher places it elsewhere) and the key the router presents."""
+
+    role: PdRole
+    index: int
+    engine: EngineConfig
+    features: Features
+    """The pool's features (``pool_features``)."""
+    api_key: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
+
+
 @dataclass
 class PoolMember:
+    """One pool engine of the group, as its launcher started it."""
+
     role: PdRole
     index: int
     side_port: int
-    process: EngineProcess
+    """Its connector's side channel or bootstrap port."""
+    process: PoolEngine
+    node_id: str | None = None
+    """The cluster node it runs on, when a launcher placed it on one."""
+
+
+PoolLauncher = Callable[[PoolSeat, EngineAdapter, LogCallback | None, PhaseCallback | None, ExitCallback | None],
+                        PoolMember]
+"""Starts one pool engine somewhere; the first decode engine must start here, beside the router
+and the load client."""
+
+
+def launch_here(seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | None, on_phase: PhaseCallback | None,
+                on_exit: ExitCallback | None, node_id: str | None = None) -> PoolMember:
+    """A pool engine on this machine, listening on its seat's host, with its connector's
+    environment and arguments (a side port of its own)."""
+    pd: DisaggregatedEngine = adapter  # type: ignore[assignment]  # checked by has_router
+    host = seat.engine.host
+    side_port = free_port(host)
+    env = {**seat.engine.runtime.env, **pd.pool_env(seat.features, side_port, host)}
+    engine = seat.engine.model_copy(update={"port": 0, "runtime": seat.engine.runtime.model_copy(update={"env": env})})
+    own = seat.features.model_copy(update={"extra_args": [*seat.features.extra_args,
+                                                          *pd.pool_args(seat.features, side_port)]})
+    process = EngineProcess(engine, own, adapter, on_log=_prefixed_log(on_log, seat.name),
+                            on_phase=_prefixed_phase(on_phase, seat.name), on_exit=on_exit)
+    process.api_key = seat.api_key  # one key: the router presents it to every engine
+    process.start()
+    return PoolMember(seat.role, seat.index, side_port, process, node_id)
 
 
 @dataclass
@@ -71,6 +138,8 @@ class DisaggregatedGroup:
     on_phase: PhaseCallback | None = None
     on_exit: ExitCallback | None = None
     """Each engine's, its lines and phases prefixed with its pool and index."""
+    launch_member: PoolLauncher = launch_here
+    """Where each pool engine starts: here, or (pools spread over a cluster) on a node of its own."""
 
     @property
     def pd(self) -> DisaggregatedEngine:
@@ -83,8 +152,16 @@ class DisaggregatedGroup:
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def pool(self, role: PdRole) -> list[EngineProcess]:
+    def pool(self, role: PdRole) -> list[PoolEngine]:
         return [m.process for m in self.members if m.role == role]
+
+    @property
+    def first_decode(self) -> EngineProcess:
+        """The decode engine beside the router and the client: its settings, KV capacity and
+        client cores stand for the pool's."""
+        first = self.pool("decode")[0]
+        assert isinstance(first, EngineProcess), "the first decode engine runs here"
+        return first
 
     def start(self) -> None:
         """Start every pool engine at once (neither pool needs the other to start)."""
@@ -92,21 +169,12 @@ class DisaggregatedGroup:
             raise DisaggregatedStartError(f"{self.adapter.display_name} has no disaggregated launch in tunebench")
         self.api_key = secrets.token_hex(24) if self.engine.require_api_key else None
         self.router_port = self.engine.port or free_port(self.engine.host)  # known before the router starts
-        for role in POOL_ROLES:
+        for role in ("decode", "prefill"):  # the first decode engine first: it starts here
             features = pool_features(self.features, role)
             for index in range(self.features.pool_instances(role)):
-                side_port = free_port(self.engine.host)
-                env = {**self.engine.runtime.env, **self.pd.pool_env(features, side_port)}
-                engine = self.engine.model_copy(update={
-                    "port": 0, "runtime": self.engine.runtime.model_copy(update={"env": env})})
-                own = features.model_copy(update={"extra_args": [*features.extra_args,
-                                                                 *self.pd.pool_args(features, side_port)]})
-                name = f"{role} {index}"
-                process = EngineProcess(engine, own, self.adapter, on_log=_prefixed_log(self.on_log, name),
-                                        on_phase=_prefixed_phase(self.on_phase, name), on_exit=self.on_exit)
-                process.api_key = self.api_key  # one key: the router presents it to every engine
-                self.members.append(PoolMember(role, index, side_port, process))
-                process.start()
+                seat = PoolSeat(role, index, self.engine, features, self.api_key)
+                self.members.append(self.launch_member(seat, self.adapter, self.on_log, self.on_phase, self.on_exit))
+        self.members.sort(key=lambda m: (POOL_ROLES.index(m.role), m.index))
 
     def wait_ready(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> float:
         """Wait for every engine, then start the router and wait for it; seconds to ready."""
@@ -203,9 +271,14 @@ class DisaggregatedGroup:
         threading.Thread(target=self._read_router, daemon=True, name="pd-router-log").start()
 
     def _read_router(self) -> None:
+        """The router's lines, kept for the group's errors and passed on as the engines' are (a
+        run stores them with its log)."""
         assert self.router is not None and self.router.stdout is not None
-        for line in self.router.stdout:
-            self.router_log.append(mask_text(line.rstrip("\n")))
+        for raw in self.router.stdout:
+            line = mask_text(raw.rstrip("\n"))
+            self.router_log.append(line)
+            if self.on_log is not None:
+                self.on_log(f"[router] {line}")
 
     def stop(self, grace_s: tuple[float, float, float] = STOP_GRACE_S) -> list[str]:
         """Stop the router, then every engine; what happened to each, in order."""

@@ -53,7 +53,7 @@ from engine_adapters.command_line import (
 )
 from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
-from engine_adapters.disaggregation import POOL_SIZES, disaggregation_issues, expert_parallel_issues
+from engine_adapters.disaggregation import GROUP_SETTINGS, disaggregation_issues, expert_parallel_issues
 from engine_adapters.hardware import HardwareInfo
 from engine_adapters.runtimes import RuntimeErrorMessage, resolve_python
 from engine_adapters.spec import (
@@ -173,7 +173,7 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     value_flag("reasoning_parser", "--reasoning-parser"),
     FlagRule("disaggregation.connector", lambda f: _disaggregation_flags(f)),
     # The group's sizes: each pool engine gets its tensor parallel size (engine_adapters.disaggregation).
-    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in POOL_SIZES),
+    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in GROUP_SETTINGS),
     value_flag("expert_parallel_size", "--ep-size", unset=1),
     FlagRule("eplb", lambda f: ["--enable-eplb"] if f.eplb else []),
 )
@@ -350,7 +350,7 @@ class SglangAdapter(CommandLineAdapter):
         """A prefill engine's bootstrap server, where decode engines fetch its KV's whereabouts."""
         return ["--disaggregation-bootstrap-port", str(side_port)] if features.disaggregation.role == "prefill" else []
 
-    def pool_env(self, features: Features, side_port: int) -> dict[str, str]:
+    def pool_env(self, features: Features, side_port: int, host: str = "127.0.0.1") -> dict[str, str]:
         return {}
 
     # -- verification ---------------------------------------------------------------------------

@@ -39,12 +39,12 @@ from engine_adapters.command_line import (
 from engine_adapters.command_line import diagnosis_rule as _rule
 from engine_adapters.config import EngineConfig, Features
 from engine_adapters.disaggregation import (
+    GROUP_SETTINGS,
     POOL_ROLES,
-    POOL_SIZES,
     disaggregation_issues,
     expert_parallel_issues,
 )
-from engine_adapters.hardware import HardwareInfo
+from engine_adapters.hardware import HardwareInfo, interface_of
 from engine_adapters.runtimes import RuntimeErrorMessage, managed_runtime, resolve_executable, resolve_python
 from engine_adapters.spec import (
     CommandLineAdapter,
@@ -115,7 +115,8 @@ POOL_METRICS = frozenset({
 NIXL's transfers (on the decode engine), and vllm-router's own requests."""
 NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """NIXL's UCX transport on one machine: TCP over loopback (shared memory fails to start here;
-UCX's default lost the first request's handshake, docs/engines.md)."""
+UCX's default lost the first request's handshake, docs/engines.md). An engine on a node address
+of its own (pools spread over a cluster's nodes) names that address's interface instead."""
 FACTORY_FILE = "vllm/distributed/kv_transfer/kv_connector/factory.py"
 
 
@@ -154,7 +155,7 @@ FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("disaggregation.connector",
              lambda f: [] if (s := kv_transfer_config_json(f)) is None else ["--kv-transfer-config", s]),
     # The group's sizes: each pool engine gets its tensor parallel size (engine_adapters.disaggregation).
-    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in POOL_SIZES),
+    *(FlagRule(f"disaggregation.{key}", lambda f: []) for key in GROUP_SETTINGS),
     # vLLM's expert-parallel size is its tensor x data parallel size: validate checks they agree.
     FlagRule("expert_parallel_size", lambda f: ["--enable-expert-parallel"] if f.expert_parallel_size > 1 else []),
     FlagRule("eplb", lambda f: ["--enable-eplb"] if f.eplb else []),
@@ -444,11 +445,13 @@ class VllmAdapter(CommandLineAdapter):
     def pool_args(self, features: Features, side_port: int) -> list[str]:
         return []
 
-    def pool_env(self, features: Features, side_port: int) -> dict[str, str]:
-        """NIXL's side channel on loopback at a port of the engine's own, and UCX over TCP."""
+    def pool_env(self, features: Features, side_port: int, host: str = "127.0.0.1") -> dict[str, str]:
+        """NIXL's side channel on the engine's address at a port of its own, and UCX over TCP on
+        the interface that holds the address."""
         if features.disaggregation.connector != "nixl":
             return {}
-        return {**NIXL_ENV, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port)}
+        return {**NIXL_ENV, "UCX_NET_DEVICES": interface_of(host),
+                "VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port)}
 
     # -- verification: vLLM echoes its arguments ------------------------------------------------
 

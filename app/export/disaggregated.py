@@ -268,7 +268,8 @@ class _Pd:
 
     def llm_d(self) -> str:
         """An llm-d ModelService (Helm chart llm-d-modelservice) values file: its routing proxy
-        joins the pools; the chart adds the model, host and port (``modelCommand: vllmServe``)."""
+        joins the pools; the chart adds the model, host and port (``modelCommand: vllmServe``).
+        The served name is ``modelArtifacts.name`` (the chart refuses ``routing.modelName``)."""
         connector = {"nixl": "nixlv2"}.get(self.features.disaggregation.connector or "", None)
         if connector is None:
             raise UserError(f"llm-d's routing proxy joins pools over NIXL; this configuration's connector is "
@@ -289,8 +290,7 @@ class _Pd:
         uri = f"pvc://model/{self.served}" if local else f"hf://{model}"
         values = {"multinode": False,
                   "modelArtifacts": {"uri": uri, "name": self.served},
-                  "routing": {"modelName": self.served, "servicePort": self.port,
-                              "proxy": {"enabled": True, "connector": connector}},
+                  "routing": {"servicePort": self.port, "proxy": {"enabled": True, "connector": connector}},
                   "decode": pool("decode"), "prefill": pool("prefill")}
         head = self.comment_lines([
             *(["The model is a local folder here: copy it to a volume and point modelArtifacts.uri at it "

@@ -77,7 +77,7 @@ def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, 
         report(f"cluster at {used}: the load client runs on {client_nodes} node(s)")
         return FleetChoice(client_nodes=client_nodes, address=used)
     from app.fleet.preflight import checked_hosts
-    from app.fleet.trial import RayFleet, trial_resources
+    from app.fleet.trial import RayFleet, trial_bundles, trial_resources
 
     extra = dict(extra_resources or {})
     wanted = {**trial_resources(config), **extra}
@@ -86,6 +86,9 @@ def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, 
         report(mixed)
     only = [v.node_id for v in hosts] if skip_bad_nodes or mixed else []
     fleet = RayFleet(extra, only_nodes=only)
+    bundles = [{**bundle, **extra} for bundle in trial_bundles(config)]
+    if len(bundles) > 1:  # a spread P/D group larger than the cluster: refused before anything starts
+        fleet.check_fits(bundles)
     at_once = parallel or fleet.default_parallel(config)
     report(f"cluster at {used}: {len(hosts)} node(s) can host trials; up to {at_once} at once")
     return FleetChoice(fleet, at_once, address=used, hosts=list(hosts))

@@ -77,12 +77,13 @@ def check_cluster(address: str, config: RunConfig) -> ClusterStatus:
     An unreachable cluster is a one-line ``UserError``."""
     from app.fleet import cluster
     from app.fleet.preflight import can_host
-    from app.fleet.trial import trial_resources, trials_at_once
+    from app.fleet.trial import trial_bundles, trials_at_once
 
     used = cluster.connect(address)
     views = cluster.nodes()
     wrong = cluster.mismatches(views)
-    wanted = trial_resources(config)
+    bundles = trial_bundles(config)
+    wanted = bundles[0]
     rows = [NodeRow(label=v.label, alive=v.alive, cpus_free=v.free.get("CPU", 0.0), cpus_total=v.total.get("CPU", 0.0),
                     gpus_free=v.free.get("GPU", v.total.get("GPU", 0.0)), gpus_total=v.total.get("GPU", 0.0),
                     gpu_models=list(v.report.gpu_models) if v.report else [],
@@ -90,4 +91,4 @@ def check_cluster(address: str, config: RunConfig) -> ClusterStatus:
                     mismatches=[line for line in wrong if line.startswith(f"node {v.label}:")])
             for v in views]
     return ClusterStatus(address=used, driver=cluster.code_version(), nodes=rows,
-                         trials_at_once=trials_at_once(views, wanted))
+                         trials_at_once=trials_at_once(views, bundles))

@@ -21,6 +21,7 @@ from app.config import RunConfig
 from app.errors import EngineFailed, UserError
 from app.events import LogLine, RequestDone, RequestsDone, RunFinished, RunStarted
 from app.runner import Runner, RunResult
+from engine_adapters.config import PdRole
 from engine_adapters.runtimes import is_cpu_build
 
 BATCH_INTERVAL_S = 0.1
@@ -47,12 +48,31 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 
 def trial_resources(config: RunConfig) -> dict[str, float]:
-    """What one trial of ``config`` asks Ray for, on one node: its GPUs (``Features.gpu_count``)
-    and a core for the client; for a CPU engine, a core for each engine (both pools of a P/D
-    group) and the client's."""
-    if is_cpu_build(config.engine.runtime):
-        return {"CPU": float(CPU_ENGINE_CORES * config.features.engine_count + CLIENT_CORES)}
-    return {"GPU": float(config.features.gpu_count), "CPU": float(CLIENT_CORES)}
+    """What one trial of ``config`` asks Ray for on the node of its actor (the first of
+    :func:`trial_bundles`): its GPUs (``Features.gpu_count``) and a core for the client; for a
+    CPU engine, a core for each engine (both pools of a P/D group) and the client's."""
+    return trial_bundles(config)[0]
+
+
+def trial_bundles(config: RunConfig) -> list[dict[str, float]]:
+    """What one trial asks Ray for, bundle by bundle: one bundle on one node; a P/D group whose
+    pools are spread, a bundle per pool engine, each on a node of its own (the first decode
+    engine's with the client's core; ``app.fleet.pools.bundle_index`` names them)."""
+    features, cpu = config.features, is_cpu_build(config.engine.runtime)
+    if not features.disaggregation.spread:
+        if cpu:
+            return [{"CPU": float(CPU_ENGINE_CORES * features.engine_count + CLIENT_CORES)}]
+        return [{"GPU": float(features.gpu_count), "CPU": float(CLIENT_CORES)}]
+
+    def engine(role: PdRole) -> dict[str, float]:
+        if cpu:
+            return {"CPU": float(CPU_ENGINE_CORES)}
+        return {"GPU": float(features.pool_gpu_count(role) // features.pool_instances(role))}
+
+    first = engine("decode")
+    first["CPU"] = first.get("CPU", 0.0) + CLIENT_CORES
+    return [first, *(engine("prefill") for _ in range(features.pool_instances("prefill"))),
+            *(engine("decode") for _ in range(features.pool_instances("decode") - 1))]
 
 
 @dataclass(frozen=True)
@@ -103,16 +123,27 @@ class TrialWorker:
         self._keeper.close()
 
     def run(self, config: RunConfig, telemetry: bool, node: dict[str, Any],
-            batch_interval_s: float = BATCH_INTERVAL_S, max_batch: int = MAX_BATCH_ITEMS) -> Iterator[Any]:
+            batch_interval_s: float = BATCH_INTERVAL_S, max_batch: int = MAX_BATCH_ITEMS,
+            placement: Any = None) -> Iterator[Any]:
         """Yields lists of bus items as the run publishes them, then the ``RunResult`` (or a str:
-        why the engine did not start)."""
+        why the engine did not start). ``placement``: the trial's placement group, when a P/D
+        group's pools are spread over its bundles."""
 
         def work(bus: Bus, cancel: threading.Event) -> RunResult | str:
             try:
                 engine = self._keeper.engine_for(config, bus, cancel)
             except (EngineFailed, UserError) as exc:
                 return "cancelled" if cancel.is_set() else f"engine: {exc}"
-            return Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel)
+            if placement is None:
+                return Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel)
+            from app.fleet.pools import RayPoolLauncher
+
+            pools = RayPoolLauncher(placement, trial_bundles(config), config.features)
+            try:
+                return Runner(config, bus, engine=engine, telemetry=telemetry, node=node,
+                              pool_launcher=pools).run(cancel)
+            finally:
+                pools.close()
 
         yield from self._stream(work, batch_interval_s, max_batch)
 
@@ -313,7 +344,8 @@ class RemoteRun:
         config = self.config.model_copy(update={"tags": [*self.config.tags, NODE_TAG + placed.label]})
         self.bus.emit(LogLine.note(f"'{config.name}' runs on node {placed.label}"
                                    + (f" (GPUs {', '.join(placed.gpu_ids)})" if placed.gpu_ids else "")))
-        stream = actor.run.options(num_returns="streaming").remote(config, self.telemetry, placed.record())
+        stream = actor.run.options(num_returns="streaming").remote(
+            config, self.telemetry, placed.record(), placement=self.slot.spread_placement)
 
         def forward_cancel() -> bool:
             try:
@@ -360,7 +392,8 @@ class RaySlot:
         self._group: Any = None
         self._actor: Any = None
         self._placed: Placed | None = None
-        self._resources: dict[str, float] | None = None
+        self._resources: list[dict[str, float]] | None = None
+        self._spread = False
         self._requeued: set[str] = set()
 
     def runner(self, config: RunConfig, bus: Bus, *, telemetry: bool) -> RunnerLike:
@@ -372,15 +405,18 @@ class RaySlot:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        wanted = {**trial_resources(config), **self.fleet.extra_resources}
-        if self._actor is not None and self._resources == wanted and self._placed is not None:
+        bundles = [{**bundle, **self.fleet.extra_resources} for bundle in trial_bundles(config)]
+        wanted = bundles[0]
+        if self._actor is not None and self._resources == bundles and self._placed is not None:
             return self._actor, self._placed
         self.close()
-        self.fleet.check_fits(wanted)
+        self.fleet.check_fits(bundles)
         only = self.fleet.only_nodes
-        group = placement_group([wanted], strategy="STRICT_PACK", bundle_label_selector=[
-            {NODE_ID_LABEL: f"in({','.join(only)})"}] if only else None)
+        group = placement_group(bundles, strategy="STRICT_SPREAD" if len(bundles) > 1 else "STRICT_PACK",
+                                bundle_label_selector=[{NODE_ID_LABEL: f"in({','.join(only)})"}] * len(bundles)
+                                if only else None)
         self._group = group
+        self._spread = len(bundles) > 1
         if not self.fleet.waiter.ready(group.ready(), cancel):
             self.close()
             raise UserError("cancelled")
@@ -396,8 +432,13 @@ class RaySlot:
         except ray.exceptions.RayActorError as exc:
             self.close()
             raise UserError(f"the trial's worker did not start: {str(exc).splitlines()[0]}") from None
-        self._actor, self._placed, self._resources = actor, placed, wanted
+        self._actor, self._placed, self._resources = actor, placed, bundles
         return actor, placed
+
+    @property
+    def spread_placement(self) -> Any:
+        """The placement group whose bundles a spread P/D group's pool engines take; None otherwise."""
+        return self._group if self._spread else None
 
     def lost(self, actor: Any) -> None:
         if actor is self._actor:
@@ -453,33 +494,67 @@ class RayFleet:
     def new_slot(self) -> RaySlot:
         return RaySlot(self)
 
-    def check_fits(self, wanted: dict[str, float]) -> None:
-        """A trial no live node could ever hold is refused in one line, instead of waiting forever."""
+    def check_fits(self, bundles: list[dict[str, float]]) -> None:
+        """A trial the live nodes could never hold is refused in one line, instead of waiting
+        forever: one bundle on one node, or each of a spread trial's bundles on a node of its own."""
         from app.fleet.cluster import nodes
 
         live = [v for v in nodes(reports=False) if v.alive and (not self.only_nodes or v.node_id in self.only_nodes)]
-        if any(all(v.total.get(k, 0.0) >= amount for k, amount in wanted.items()) for v in live):
+        plural = "s" if len(live) != 1 else ""
+        if len(bundles) == 1:
+            if any(fits(v.total, bundles[0]) for v in live):
+                return
+            raise UserError(f"no node of the cluster can hold a trial that needs {need_text(bundles[0])} on one node "
+                            f"({len(live)} live node{plural})")
+        if spread_fits([v.total for v in live], bundles):
             return
-        need = ", ".join(f"{k} {amount:g}" for k, amount in sorted(wanted.items()))
-        raise UserError(f"no node of the cluster can hold a trial that needs {need} on one node "
-                        f"({len(live)} live node{'s' if len(live) != 1 else ''})")
+        raise UserError(f"the P/D group's {len(bundles)} pool engines each need a node of their own "
+                        f"({'; '.join(need_text(b) for b in bundles)}): the cluster has {len(live)} live node{plural}"
+                        " that can hold them: shrink the pools, or set disaggregation.placement = 'together'")
 
     def default_parallel(self, config: RunConfig) -> int:
         """How many trials of ``config`` the cluster's free resources hold at once (at least 1)."""
         from app.fleet.cluster import nodes
 
-        wanted = {**trial_resources(config), **self.extra_resources}
-        return trials_at_once(nodes(reports=False), wanted, self.only_nodes)
+        bundles = [{**bundle, **self.extra_resources} for bundle in trial_bundles(config)]
+        return trials_at_once(nodes(reports=False), bundles, self.only_nodes)
 
 
-def trials_at_once(views: list[Any], wanted: dict[str, float], only_nodes: list[str] | None = None) -> int:
-    """How many trials needing ``wanted`` the free resources of the live ``views``
-    (``app.fleet.cluster.NodeView``) hold at once, at least 1: the default of ``--parallel`` and
-    of the GUI's "trials at once"."""
+def fits(total: dict[str, float], wanted: dict[str, float]) -> bool:
+    return all(total.get(k, 0.0) >= amount for k, amount in wanted.items())
+
+
+def need_text(wanted: dict[str, float]) -> str:
+    return ", ".join(f"{k} {amount:g}" for k, amount in sorted(wanted.items()))
+
+
+def spread_fits(totals: list[dict[str, float]], bundles: list[dict[str, float]]) -> bool:
+    """Whether each bundle can have a node of its own among ``totals`` (a matching: every bundle
+    tries every node not yet taken)."""
+    taken: dict[int, int] = {}  # node -> bundle
+
+    def place(bundle: int, seen: set[int]) -> bool:
+        for node, total in enumerate(totals):
+            if node in seen or not fits(total, bundles[bundle]):
+                continue
+            seen.add(node)
+            if node not in taken or place(taken[node], seen):
+                taken[node] = bundle
+                return True
+        return False
+
+    return len(bundles) <= len(totals) and all(place(b, set()) for b in range(len(bundles)))
+
+
+def trials_at_once(views: list[Any], bundles: list[dict[str, float]], only_nodes: list[str] | None = None) -> int:
+    """How many trials needing ``bundles`` (``trial_bundles``) the free resources of the live
+    ``views`` (``app.fleet.cluster.NodeView``) hold at once, at least 1: the default of
+    ``--parallel`` and of the GUI's "trials at once". A spread trial takes a node per bundle."""
+    live = [v for v in views if v.alive and (not only_nodes or v.node_id in only_nodes)]
+    if len(bundles) > 1:
+        return max(1, sum(1 for v in live if fits(v.free, bundles[-1])) // len(bundles))
     total = 0
-    for view in views:
-        if not view.alive or (only_nodes and view.node_id not in only_nodes):
-            continue
-        fits = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in wanted.items() if amount > 0]
-        total += min(fits) if fits else 0
+    for view in live:
+        held = [int(view.free.get(k, view.total.get(k, 0.0)) // amount) for k, amount in bundles[0].items() if amount > 0]
+        total += min(held) if held else 0
     return max(1, total)

@@ -47,9 +47,9 @@ class EngineSession:
         recorder.check_stored(result)  # a run whose data could not be stored is not "completed"
         return result
 
-    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess:
+    def engine_for(self, config: RunConfig, bus: Bus, cancel: threading.Event) -> EngineProcess | None:
         """The kept engine for ``config``, relaunched when its flags differ (``app.campaign.EngineSource``:
-        the GUI's repeats keep it between runs and after)."""
+        the GUI's repeats keep it between runs and after); None for a P/D group, which its run launches."""
         with self._lock:
             return self._keeper.engine_for(config, bus, cancel)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -88,9 +88,11 @@ class TelemetryCollector:
                  metric_names: MetricNames | None = None, engine_kind: str = "vllm", engine_pid: int | None = None,
                  gpu_interval_s: float = 0.1, host_interval_s: float = 0.5, engine_interval_s: float = 1.0,
                  nvml: object | None = None, scrape_timeout_s: float | None = None,
-                 gpu_metrics_url: str | None = None) -> None:
+                 gpu_metrics_url: str | None = None, also_metrics_urls: Sequence[str] = ()) -> None:
         self.bus = bus
         self.metrics_url = metrics_url_from(metrics_url) if metrics_url else None
+        self.also_metrics_urls = [metrics_url_from(url) for url in also_metrics_urls]
+        """Engines whose figures add to the first's in the "engine" series (a P/D group's other decode engines)."""
         self.api_key = api_key
         if metric_names is None and metrics_url:
             metric_names = get_engine_metrics(engine_kind).metric_names
@@ -281,7 +283,8 @@ class TelemetryCollector:
 
     async def _engine_loop(self) -> None:
         assert self.metrics_url is not None and self.metric_names is not None
-        scraper = EngineScraper(self.metrics_url, self.metric_names, self.api_key, self.scrape_timeout_s)
+        scraper = EngineScraper(self.metrics_url, self.metric_names, self.api_key, self.scrape_timeout_s,
+                                also=self.also_metrics_urls)
         deriver = RateDeriver(min_interval_s=min(0.5, self.engine_interval_s / 2))
         reported_support = False
         reach = _Reachability(self._stats, self._notice, "engine", "engine metrics")

@@ -11,6 +11,8 @@ counters already passed the old ones.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -156,10 +158,14 @@ class ScrapeError(Exception):
 
 
 class EngineScraper:
-    """Fetches and parses one /metrics page with a hard timeout."""
+    """Fetches and parses one /metrics page with a hard timeout; with ``also``, the pages of the
+    engines whose figures add to the first's (a P/D group's decode pool), read at once and parsed
+    as one (counters summed, fractions averaged, as over an engine's label sets)."""
 
-    def __init__(self, url: str, names: MetricNames, api_key: str | None = None, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, names: MetricNames, api_key: str | None = None, timeout_s: float = 2.0,
+                 also: Sequence[str] = ()) -> None:
         self.url = url
+        self.urls = [url, *also]
         self.map = MetricMap(names)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -168,14 +174,22 @@ class EngineScraper:
         return self.parse(await self.fetch_text(session))
 
     async def fetch_text(self, session: aiohttp.ClientSession) -> str:
-        """The page as text; kept apart from parsing so a caller can timestamp the answer itself."""
+        """The page as text (every page, one after another); kept apart from parsing so a caller
+        can timestamp the answer itself. One page that fails fails the reading."""
+        pages = await asyncio.gather(*(self._page(session, url) for url in self.urls), return_exceptions=True)
+        for page in pages:
+            if isinstance(page, BaseException):
+                raise page
+        return "\n".join(str(page) for page in pages)
+
+    async def _page(self, session: aiohttp.ClientSession, url: str) -> str:
         try:
-            async with session.get(self.url, headers=self.headers, timeout=self.timeout) as resp:
+            async with session.get(url, headers=self.headers, timeout=self.timeout) as resp:
                 if resp.status != 200:
-                    raise ScrapeError(f"HTTP {resp.status} from {self.url}")
+                    raise ScrapeError(f"HTTP {resp.status} from {url}")
                 return await resp.text()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ") + f" ({self.url})") from exc
+            raise ScrapeError(f"{type(exc).__name__}: {exc}".rstrip(": ") + f" ({url})") from exc
 
     def parse(self, text: str) -> Scrape:
         try:

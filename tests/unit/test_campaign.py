@@ -18,11 +18,12 @@ from app.bus import Bus
 from app.campaign import Campaign, EngineKeeper, Step, repeat_lines
 from app.cli import main
 from app.config import RunConfig
+from app.events import LogLine
 from app.load.metrics import LevelSummary, Stats
 from app.runner import LevelResult, RunResult
 from app.store import RunStore
 from app.workload import LoadConfig
-from engine_adapters.config import Features
+from engine_adapters.config import DisaggregationConfig, Features
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer
 from tests.small_profile import write_small_profile
 
@@ -105,6 +106,25 @@ def test_engine_keeper_relaunches_only_when_engine_flags_change(monkeypatch: pyt
     assert c is not a and a.stopped and keeper.launches == 2  # type: ignore[attr-defined]
     keeper.close()
     assert c.stopped  # type: ignore[attr-defined]
+
+
+def test_engine_keeper_hands_a_p_d_group_to_its_run_and_stops_the_kept_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A P/D group is launched by its run (engine None), never by the keeper, which would refuse it:
+    a ladder's last step or the GUI's kept engine followed by a P/D run."""
+    engines: list[FakeEngine] = []
+
+    def fake_launch(config: RunConfig, **_kw: Any) -> FakeEngine:
+        engines.append(FakeEngine(config.features.model_dump_json()))
+        return engines[-1]
+
+    monkeypatch.setattr(campaign_mod, "launch_engine", fake_launch)
+    keeper, bus, cancel = EngineKeeper(), Bus(), threading.Event()
+    notes = bus.subscribe()
+    kept = keeper.engine_for(RunConfig(), bus, cancel)
+    pd = RunConfig(features=Features(disaggregation=DisaggregationConfig(connector="nixl")))
+    assert keeper.engine_for(pd, bus, cancel) is None
+    assert kept.stopped and keeper.engine is None and keeper.launches == 1  # type: ignore[attr-defined]
+    assert any("P/D group" in item.payload.line for item in notes.drain() if isinstance(item.payload, LogLine))
 
 
 def test_a_failed_repeat_ends_the_step_with_its_reason() -> None:

@@ -8,18 +8,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import textwrap
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from app.bus import Bus
 from app.config import RunConfig
-from app.engines import check_config, launch_engine
+from app.engines import SPREAD_NEEDS_A_CLUSTER, check_config, launch_engine, launch_group
 from app.errors import UserError
 from app.runner import Runner
 from app.workload import LengthSpec, LoadConfig, WorkloadConfig
@@ -27,7 +30,7 @@ from engine_adapters.config import DisaggregationConfig, EngineConfig, Features,
 from engine_adapters.disaggregation import expert_count, has_router, pool_features
 from engine_adapters.hardware import GpuInfo, HardwareInfo
 from engine_adapters.launcher import group_members
-from engine_adapters.pd_group import DisaggregatedGroup
+from engine_adapters.pd_group import DisaggregatedGroup, PoolMember, PoolSeat, launch_here
 from engine_adapters.registry import get_adapter
 from engine_adapters.sglang import ADAPTER as SGLANG
 from engine_adapters.vllm import ADAPTER as VLLM
@@ -241,6 +244,67 @@ def test_group_starts_both_pools_then_the_router_and_one_stop_ends_all(tmp_path:
         done = group.stop(grace_s=(2.0, 2.0, 2.0))
     assert [line.split(":")[0] for line in done] == ["router", "prefill 0", "decode 0", "decode 1"]
     assert all(group_members(pgid) == [] for pgid in pgids)
+
+
+def test_the_group_asks_its_launcher_for_each_engine_the_first_decode_engine_first(tmp_path: Path) -> None:
+    """Where each pool engine starts is the launcher's (a cluster spreads them); the group joins
+    what it returns: the router gets each prefill engine's URL and side port from it."""
+    script, record = tmp_path / "stand_in.py", tmp_path / "record.jsonl"
+    script.write_text(STAND_IN)
+    seats: list[PoolSeat] = []
+
+    def launcher(seat: PoolSeat, *args: Any) -> PoolMember:
+        seats.append(seat)
+        return launch_here(seat, *args)
+
+    features = Features(disaggregation=DisaggregationConfig(connector="nixl", prefill_instances=2, kv_buffer_device="cpu",
+                                                            placement="spread"))
+    logged: list[str] = []
+    group = DisaggregatedGroup(EngineConfig(require_api_key=True), features, StandInAdapter(script, record),
+                               launch_member=launcher, on_log=logged.append)
+    try:
+        group.start()
+        group.wait_ready(timeout_s=60)
+        assert [(s.role, s.index) for s in seats] == [("decode", 0), ("prefill", 0), ("prefill", 1)]
+        assert {s.api_key for s in seats} == {group.api_key} and {s.features.disaggregation.role for s in seats} == {
+            "prefill", "decode"}
+        router = next(json.loads(line) for line in record.read_text().splitlines() if '"router"' in line)["argv"]
+        assert [router[i + 1] for i, t in enumerate(router) if t == "--prefill"] == [
+            m.process.base_url for m in group.members if m.role == "prefill"]
+        assert group.first_decode is group.pool("decode")[0]
+        deadline = time.monotonic() + 30
+        while "[router] Application startup complete." not in logged and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "[router] Application startup complete." in logged  # the router's lines go with the run's log
+        assert "[prefill 1] Application startup complete." in logged
+    finally:
+        done = group.stop(grace_s=(2.0, 2.0, 2.0))
+    assert [line.split(":")[0] for line in done] == ["router", "prefill 0", "prefill 1", "decode 0"]
+
+
+def test_pools_spread_over_nodes_without_a_cluster_are_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[object] = []
+    monkeypatch.setattr("engine_adapters.pd_group.EngineProcess.start", lambda self: started.append(self))
+    monkeypatch.setattr("app.engines.probe_hardware", lambda: gpus(2))
+    config = RunConfig(engine=HUB, features=Features(disaggregation=DisaggregationConfig(connector="nixl",
+                                                                                         placement="spread")))
+    with pytest.raises(UserError) as refused:
+        launch_group(config)
+    assert str(refused.value) == SPREAD_NEEDS_A_CLUSTER and "--cluster" in str(refused.value)
+    assert started == []
+
+
+def test_a_pool_engine_on_a_node_address_uses_that_addresss_interface_for_nixl() -> None:
+    features = pool_features(Features(disaggregation=DisaggregationConfig(connector="nixl")), "prefill")
+    here = VLLM.pool_env(features, 5600)
+    assert here["UCX_NET_DEVICES"] == "lo" and here["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    own = next(((name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
+                if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
+    if own is not None:  # a machine with a network interface besides loopback
+        spread = VLLM.pool_env(features, 5600, own[1])
+        assert spread["UCX_NET_DEVICES"] == own[0] and spread["VLLM_NIXL_SIDE_CHANNEL_HOST"] == own[1]
+    with pytest.raises(ValueError, match="no network interface of this machine has the address 192.0.2.1"):
+        VLLM.pool_env(features, 5600, "192.0.2.1")  # TEST-NET-1: never this machine's
 
 
 def test_a_valid_p_d_configuration_is_not_launched_as_one_engine(monkeypatch: pytest.MonkeyPatch) -> None:

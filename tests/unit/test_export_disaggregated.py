@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import psutil
 import pytest
 import yaml
@@ -126,6 +127,20 @@ def test_llm_d_values_name_both_pools_with_their_parallelism() -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     kv = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
     assert kv["kv_connector"] == "NixlConnector"
+
+
+LLM_D_SCHEMA = json.loads((DATA / "llm-d" / "llm-d-modelservice-v0.4.12-values.schema.json").read_text())
+
+
+@pytest.mark.parametrize("features", [PD, Features(disaggregation=DisaggregationConfig(
+    connector="nixl", kv_buffer_device="cpu"))], ids=["gpu", "cpu"])
+def test_llm_d_values_pass_the_charts_own_schema(features: Features) -> None:
+    """What `helm install` checks first: the chart's values.schema.json (its routing section takes
+    no key it does not name, so a deprecated key fails the install)."""
+    values = yaml.safe_load(render_launch(spec_of(features), "llm-d"))
+    problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft7Validator(LLM_D_SCHEMA).iter_errors(values)]
+    assert problems == []
 
 
 # --- the bash script, run against stand-ins ----------------------------------------------------------

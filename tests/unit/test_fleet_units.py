@@ -13,8 +13,10 @@ import pytest
 from app.cli import main
 from app.fleet import cluster
 from app.fleet.cluster import NodeReport, NodeView, cluster_address
-from app.fleet.trial import trial_resources
+from app.fleet.pools import bundle_index
+from app.fleet.trial import spread_fits, trial_bundles, trial_resources
 from app.profiles import load_profile_file
+from engine_adapters.config import DisaggregationConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +36,34 @@ def test_a_trial_asks_for_its_gpus_on_one_node_or_its_cores_and_the_clients() ->
     assert trial_resources(cpu) == {"CPU": 2.0}
     pd = load_profile_file(REPO / "profiles" / "cpu-pd-demo.toml").run  # a prefill and a decode engine
     assert pd.features.engine_count == 2 and trial_resources(pd) == {"CPU": 3.0}
+
+
+def test_a_spread_p_d_trial_asks_for_a_bundle_per_pool_engine_each_named_by_its_seat() -> None:
+    pd = load_profile_file(REPO / "profiles" / "cpu-pd-demo.toml").run
+    d = pd.features.disaggregation.model_copy(update={"placement": "spread", "prefill_instances": 2,
+                                                       "decode_instances": 3})
+    spread = pd.model_copy(update={"features": pd.features.model_copy(update={"disaggregation": d})})
+    bundles = trial_bundles(spread)  # the first decode engine's core and the client's, then one core each
+    assert bundles == [{"CPU": 2.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert trial_resources(spread) == bundles[0] and trial_bundles(pd) == [trial_resources(pd)]
+    seats = [bundle_index(role, i, spread.features) for role in ("prefill", "decode")
+             for i in range(spread.features.pool_instances(role))]  # type: ignore[arg-type]
+    assert sorted(seats) == list(range(len(bundles))) and bundle_index("decode", 0, spread.features) == 0
+    gpu = load_profile_file(REPO / "profiles" / "llama-70b-tp4.toml").run
+    gpu_d = DisaggregationConfig(connector="nixl", placement="spread", prefill_instances=1, decode_instances=1,
+                                 prefill_tensor_parallel_size=2, decode_tensor_parallel_size=4)
+    gpu = gpu.model_copy(update={"features": gpu.features.model_copy(update={"disaggregation": gpu_d})})
+    assert trial_bundles(gpu) == [{"GPU": 4.0, "CPU": 1.0}, {"GPU": 2.0}]
+
+
+def test_a_spread_trial_fits_only_where_each_bundle_has_a_node_of_its_own() -> None:
+    two_cores, one_core = {"CPU": 2.0}, {"CPU": 1.0}
+    assert spread_fits([two_cores, two_cores], [two_cores, one_core])
+    assert not spread_fits([two_cores], [two_cores, one_core])  # one node: the pools cannot part
+    assert not spread_fits([one_core, one_core], [two_cores, one_core])  # no node holds the first bundle
+    # a first choice that blocks another bundle is undone (a matching, not a greedy pass)
+    assert spread_fits([{"CPU": 2.0}, {"CPU": 1.0}], [{"CPU": 1.0}, {"CPU": 2.0}])
+    assert not spread_fits([two_cores, two_cores], [one_core, one_core, one_core])
 
 
 def test_the_address_is_the_given_one_then_ray_address_then_auto(monkeypatch: pytest.MonkeyPatch) -> None:

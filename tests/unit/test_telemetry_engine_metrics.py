@@ -3,21 +3,28 @@ from counters, and counter resets that never give a negative or a huge rate."""
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import threading
 from pathlib import Path
 
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.telemetry.engine_metrics import (
+    EngineScraper,
     MetricMap,
     RateDeriver,
     Scrape,
+    ScrapeError,
     histogram_output,
     metrics_url_from,
     support,
 )
 from engine_adapters import llamacpp, sglang, vllm
+from engine_adapters.launcher import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 VLLM_TEXT = (DATA / "vllm-0.32.0-metrics.txt").read_text()
@@ -147,6 +154,49 @@ vllm:generation_tokens_total{engine="1"} 20
     assert scrape.gauges["requests_running"] == 8
     assert scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.4)
     assert scrape.counters["generation_tokens"] == 30
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    pages: dict[int, str] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = self.pages[int(self.server.server_address[1])].encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_pools_pages_are_read_at_once_and_add_up_as_one_engines_label_sets() -> None:
+    """A P/D group's decode engines feed the live "engine" series together: tokens and requests
+    summed, the KV fraction averaged, a restart of either seen; one page that fails fails the reading."""
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page) for _ in range(2)]
+    for server, page in zip(servers, [vllm_text(10, 100, running=3, kv=0.2, start=1.7e9),
+                                      vllm_text(20, 300, running=5, kv=0.6, start=1.8e9)], strict=True):
+        _Page.pages[int(server.server_address[1])] = page
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    first, second = (f"http://127.0.0.1:{s.server_address[1]}/metrics" for s in servers)
+
+    async def read(scraper: EngineScraper) -> Scrape:
+        async with aiohttp.ClientSession() as session:
+            return await scraper.fetch(session)
+
+    try:
+        scrape = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, also=[second])))
+        assert scrape.counters["generation_tokens"] == 30 and scrape.counters["prompt_tokens"] == 400
+        assert scrape.gauges["requests_running"] == 8 and scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.4)
+        assert scrape.start_time_s == 1.8e9  # the later start: a restart of either engine moves it
+        alone = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES)))
+        assert alone.counters["generation_tokens"] == 10
+        gone = f"http://127.0.0.1:{free_port()}/metrics"
+        with pytest.raises(ScrapeError, match=gone.replace(".", r"\.")):
+            asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, also=[gone])))
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def test_sglang_names() -> None:
