@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from app.store import RunStore
+from app.urls import BadEndpoint
 
 # --- running the CLI -----------------------------------------------------------------------------
 
@@ -40,6 +41,16 @@ class Outcome:
         if self.code == 2:
             assert lines or self.out.strip(), self
         return self
+
+
+def checked_or_none(check: Callable[[str], str], value: str) -> str | None:
+    """What ``check`` (``app.urls``: an endpoint, an API key) makes of ``value``; None where it
+    refuses it, which it must do in one line."""
+    try:
+        return check(value)
+    except BadEndpoint as exc:
+        assert str(exc) and "\n" not in str(exc), repr(str(exc))
+        return None
 
 
 def cli(*argv: str) -> Outcome:

@@ -21,10 +21,18 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from app.urls import BadEndpoint, check_endpoint
+from app.urls import check_endpoint
 from db.models import RUN_STATUSES
 from tests.fuzz.conftest import EVIL_NAME, SEEDED_NAMES
-from tests.fuzz.hostile import LOOPBACK_HOSTS, cli, db_snapshot, hostile_text, hostile_url, number_text
+from tests.fuzz.hostile import (
+    LOOPBACK_HOSTS,
+    checked_or_none,
+    cli,
+    db_snapshot,
+    hostile_text,
+    hostile_url,
+    number_text,
+)
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
@@ -81,9 +89,8 @@ garbage = _join(st.sampled_from([["runs"], ["runs", "list"], ["runs", "show"], [
 
 
 def _loopback_or_refused(url: str) -> bool:
-    try:
-        checked = check_endpoint(url)
-    except BadEndpoint:
+    checked = checked_or_none(check_endpoint, url)
+    if checked is None:
         return True
     from urllib.parse import urlsplit
 
@@ -91,11 +98,7 @@ def _loopback_or_refused(url: str) -> bool:
 
 
 def _refused(url: str) -> bool:
-    try:
-        check_endpoint(url)
-    except BadEndpoint:
-        return True
-    return False
+    return checked_or_none(check_endpoint, url) is None
 
 
 @given(argv=st.one_of(runs_list, runs_show, runs_edit, compare, export, profile_check, garbage))
