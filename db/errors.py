@@ -104,8 +104,9 @@ def translate(exc: BaseException, location: Path | URL, busy_timeout_s: float) -
     code = _code(orig)
     message = _first_line(orig)
     if code in (_BUSY, _LOCKED) or "locked" in message:
-        return StoreError(f"the run database {path} is locked by another process (waited {busy_timeout_s:g} s): "
-                          f"try again when it has finished")
+        return StoreError(f"the run database {path} is locked by another process: try again when it has finished "
+                          f"(a lock is waited for up to {busy_timeout_s:g} s; SQLite gives up at once where waiting "
+                          "could never end)")
     if code == _READONLY or "readonly" in message:
         return StoreError(f"cannot write to the run database {path}: it is read-only; make it and its directory "
                           f"writable, or pass --db with another file")
