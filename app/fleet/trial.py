@@ -474,7 +474,7 @@ class RaySlot:
         from ray.util.placement_group import remove_placement_group
 
         actor, group = self._actor, self._group
-        self._actor, self._group, self._placed, self._resources = None, None, None, None
+        self._actor, self._group, self._placed, self._resources, self._spread = None, None, None, None, False
         if actor is not None:
             try:
                 ray.get(actor.close.remote(), timeout=30)
