@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 from functools import lru_cache
 from typing import Any
 
@@ -155,7 +156,13 @@ def interface_of(address: str) -> str:
     address): a transport told to use that one device reaches the address's network and no other."""
     if address.startswith("127.") or address in ("localhost", "::1"):
         return "lo"
+    try:
+        ip = socket.gethostbyname(address)  # a host name: the address it stands for here
+    except OSError:
+        raise ValueError(f"the address {address} does not resolve on this machine") from None
+    if ip.startswith("127."):
+        return "lo"
     for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addrs):
+        if any(a.address == ip for a in addrs):
             return name
     raise ValueError(f"no network interface of this machine has the address {address}")

@@ -40,6 +40,8 @@ WARM_UP_ATTEMPTS = 5
 vllm-router is told to retry nothing itself (a measurement counts every failure), so its tries
 are all here."""
 WARM_UP_TIMEOUT_S = 300.0
+ROUTER_LOG_END_S = 5.0
+"""How long a stop waits for the stopped router's last lines."""
 
 class DisaggregatedStartError(TunebenchError):
     exit_code = EXIT_ENGINE_FAILED
@@ -108,7 +110,10 @@ def launch_here(seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | No
     pd: DisaggregatedEngine = adapter  # type: ignore[assignment]  # checked by has_router
     host = seat.engine.host
     side_port = free_port(host)
-    env = {**seat.engine.runtime.env, **pd.pool_env(seat.features, side_port, host)}
+    try:
+        env = {**seat.engine.runtime.env, **pd.pool_env(seat.features, side_port, host)}
+    except ValueError as exc:  # an address no interface of this machine holds
+        raise DisaggregatedStartError(f"{seat.name}: {exc}") from None
     engine = seat.engine.model_copy(update={"port": 0, "runtime": seat.engine.runtime.model_copy(update={"env": env})})
     own = seat.features.model_copy(update={"extra_args": [*seat.features.extra_args,
                                                           *pd.pool_args(seat.features, side_port)]})
@@ -268,7 +273,8 @@ class DisaggregatedGroup:
             self._router_watchdog: Watchdog | None = Watchdog(self.router.pid, self._router_start_s or 0.0)
         except OSError:
             self._router_watchdog = None
-        threading.Thread(target=self._read_router, daemon=True, name="pd-router-log").start()
+        self._router_reader = threading.Thread(target=self._read_router, daemon=True, name="pd-router-log")
+        self._router_reader.start()
 
     def _read_router(self) -> None:
         """The router's lines, kept for the group's errors and passed on as the engines' are (a
@@ -289,6 +295,9 @@ class DisaggregatedGroup:
             watchdog = getattr(self, "_router_watchdog", None)
             if watchdog is not None:
                 watchdog.release()
+            reader = getattr(self, "_router_reader", None)
+            if reader is not None:  # its last lines belong to this run's log, not the next one's
+                reader.join(ROUTER_LOG_END_S)
         for member in self.members:
             done.append(f"{member.role} {member.index}: {member.process.stop(grace_s)}")
         return done

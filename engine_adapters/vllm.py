@@ -117,6 +117,7 @@ NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """NIXL's UCX transport on one machine: TCP over loopback (shared memory fails to start here;
 UCX's default lost the first request's handshake, docs/engines.md). An engine on a node address
 of its own (pools spread over a cluster's nodes) names that address's interface instead."""
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 FACTORY_FILE = "vllm/distributed/kv_transfer/kv_connector/factory.py"
 
 
@@ -450,8 +451,9 @@ class VllmAdapter(CommandLineAdapter):
         the interface that holds the address."""
         if features.disaggregation.connector != "nixl":
             return {}
-        return {**NIXL_ENV, "UCX_NET_DEVICES": interface_of(host),
-                "VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port)}
+        side_host = "127.0.0.1" if host in WILDCARD_HOSTS else host  # every address: its peers here use loopback
+        return {**NIXL_ENV, "UCX_NET_DEVICES": interface_of(side_host),
+                "VLLM_NIXL_SIDE_CHANNEL_HOST": side_host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port)}
 
     # -- verification: vLLM echoes its arguments ------------------------------------------------
 

@@ -77,16 +77,16 @@ def open_fleet(address: str, config: RunConfig, *, parallel: int | None = None, 
         report(f"cluster at {used}: the load client runs on {client_nodes} node(s)")
         return FleetChoice(client_nodes=client_nodes, address=used)
     from app.fleet.preflight import checked_hosts
-    from app.fleet.trial import RayFleet, trial_bundles, trial_resources
+    from app.fleet.trial import RayFleet, smallest, trial_bundles
 
     extra = dict(extra_resources or {})
-    wanted = {**trial_resources(config), **extra}
+    bundles = [{**bundle, **extra} for bundle in trial_bundles(config)]
+    wanted = smallest(bundles)  # a node that can hold any bundle of the trial is checked
     hosts, mixed = same_hardware(checked_hosts(config, wanted, skip_bad_nodes, report))
     if mixed:
         report(mixed)
     only = [v.node_id for v in hosts] if skip_bad_nodes or mixed else []
     fleet = RayFleet(extra, only_nodes=only)
-    bundles = [{**bundle, **extra} for bundle in trial_bundles(config)]
     if len(bundles) > 1:  # a spread P/D group larger than the cluster: refused before anything starts
         fleet.check_fits(bundles)
     at_once = parallel or fleet.default_parallel(config)

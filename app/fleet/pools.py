@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -26,6 +27,8 @@ STOP_ANSWER_S = 30.0
 """Beyond the stop's own grace, how long a remote stop may take before its node is given up on
 (its engine's watchdog stops the engine when the actor is killed)."""
 EVENTS_MAX = 500
+FOLLOW_END_S = 5.0
+"""How long a stop waits for a stopped engine's last log lines to arrive."""
 
 
 def bundle_index(role: PdRole, index: int, features: Features) -> int:
@@ -113,7 +116,8 @@ class RemotePoolEngine:
         self._on_log, self._on_phase, self._on_exit = on_log, on_phase, on_exit
         self._exited = threading.Event()
         self._stopping = False
-        threading.Thread(target=self._follow, daemon=True, name=f"pool-{seat.role}-{seat.index}").start()
+        self._follower = threading.Thread(target=self._follow, daemon=True, name=f"pool-{seat.role}-{seat.index}")
+        self._follower.start()
 
     @property
     def base_url(self) -> str:
@@ -175,7 +179,9 @@ class RemotePoolEngine:
 
         self._stopping = True
         try:
-            return str(ray.get(self.actor.stop.remote(grace_s), timeout=sum(grace_s) + STOP_ANSWER_S)) + f" (on {self.host})"
+            done = str(ray.get(self.actor.stop.remote(grace_s), timeout=sum(grace_s) + STOP_ANSWER_S)) + f" (on {self.host})"
+            self._follower.join(FOLLOW_END_S)  # the engine's last lines, before its actor goes
+            return done
         except Exception as exc:
             return f"its node did not answer ({type(exc).__name__}): its watchdog stops it"
         finally:
@@ -190,8 +196,11 @@ class RayPoolLauncher:
     (``engine_adapters.pd_group.PoolLauncher``): the first decode engine here, on this node's
     address, every other one from an actor in its own bundle."""
 
-    def __init__(self, placement: Any, bundles: list[dict[str, float]], features: Features) -> None:
+    def __init__(self, placement: Any, bundles: list[dict[str, float]], features: Features,
+                 cancel: threading.Event | None = None) -> None:
         self.placement, self.bundles, self.features = placement, bundles, features
+        self.cancel = cancel or threading.Event()
+        """The run's: a pool engine whose actor is still being placed stops being waited for."""
         self.actors: list[Any] = []
 
     def __call__(self, seat: PoolSeat, adapter: EngineAdapter, on_log: LogCallback | None,
@@ -210,8 +219,16 @@ class RayPoolLauncher:
             resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
             max_concurrency=4, max_restarts=0).remote()
         self.actors.append(actor)
+        starting = actor.start.remote(seat, adapter)
+        deadline = time.monotonic() + seat.engine.startup_timeout_s
+        while not ray.wait([starting], timeout=WAIT_SLICE_S)[0]:  # placed when its bundle's node has room
+            if self.cancel.is_set():
+                raise DisaggregatedStartError(f"{seat.name}: cancelled while its actor was being placed")
+            if time.monotonic() > deadline:
+                raise DisaggregatedStartError(f"{seat.name}: its bundle of the trial's placement was not placed within "
+                                              f"{seat.engine.startup_timeout_s:g} s (a node of the group lost?)")
         try:
-            started: dict[str, Any] = ray.get(actor.start.remote(seat, adapter))
+            started: dict[str, Any] = ray.get(starting)
         except Exception as exc:
             said = str(exc).strip().splitlines()
             raise DisaggregatedStartError(f"{seat.name} did not start on its node: "

@@ -138,7 +138,7 @@ class TrialWorker:
                 return Runner(config, bus, engine=engine, telemetry=telemetry, node=node).run(cancel)
             from app.fleet.pools import RayPoolLauncher
 
-            pools = RayPoolLauncher(placement, trial_bundles(config), config.features)
+            pools = RayPoolLauncher(placement, trial_bundles(config), config.features, cancel)
             try:
                 return Runner(config, bus, engine=engine, telemetry=telemetry, node=node,
                               pool_launcher=pools).run(cancel)
@@ -344,8 +344,9 @@ class RemoteRun:
         config = self.config.model_copy(update={"tags": [*self.config.tags, NODE_TAG + placed.label]})
         self.bus.emit(LogLine.note(f"'{config.name}' runs on node {placed.label}"
                                    + (f" (GPUs {', '.join(placed.gpu_ids)})" if placed.gpu_ids else "")))
+        spread = self.slot.spread_placement  # passed only when there is one: a worker class may not take it
         stream = actor.run.options(num_returns="streaming").remote(
-            config, self.telemetry, placed.record(), placement=self.slot.spread_placement)
+            config, self.telemetry, placed.record(), **({"placement": spread} if spread is not None else {}))
 
         def forward_cancel() -> bool:
             try:
@@ -407,7 +408,7 @@ class RaySlot:
 
         bundles = [{**bundle, **self.fleet.extra_resources} for bundle in trial_bundles(config)]
         wanted = bundles[0]
-        if self._actor is not None and self._resources == bundles and self._placed is not None:
+        if self._actor is not None and self._resources == bundles and self._placed is not None and self._intact():
             return self._actor, self._placed
         self.close()
         self.fleet.check_fits(bundles)
@@ -435,6 +436,19 @@ class RaySlot:
         self._actor, self._placed, self._resources = actor, placed, bundles
         return actor, placed
 
+    def _intact(self) -> bool:
+        """Whether every bundle of the slot's placement group is still placed: a spread group that
+        lost a pool engine's node waits for Ray to place that bundle again, which under
+        STRICT_SPREAD may never happen, so the next trial gets a new group."""
+        if not self._spread:
+            return True  # a lost node ends the trial's actor, and its run asks for a new placement
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            return bool(placement_group_table(self._group).get("state") == "CREATED")
+        except Exception:  # the cluster cannot say: place again
+            return False
+
     @property
     def spread_placement(self) -> Any:
         """The placement group whose bundles a spread P/D group's pool engines take; None otherwise."""
@@ -460,7 +474,7 @@ class RaySlot:
         from ray.util.placement_group import remove_placement_group
 
         actor, group = self._actor, self._group
-        self._actor, self._group, self._placed, self._resources = None, None, None, None
+        self._actor, self._group, self._placed, self._resources, self._spread = None, None, None, None, False
         if actor is not None:
             try:
                 ray.get(actor.close.remote(), timeout=30)
@@ -509,8 +523,9 @@ class RayFleet:
         if spread_fits([v.total for v in live], bundles):
             return
         raise UserError(f"the P/D group's {len(bundles)} pool engines each need a node of their own "
-                        f"({'; '.join(need_text(b) for b in bundles)}): the cluster has {len(live)} live node{plural}"
-                        " that can hold them: shrink the pools, or set disaggregation.placement = 'together'")
+                        f"({'; '.join(need_text(b) for b in bundles)}), and the cluster's {len(live)} live "
+                        f"node{plural} cannot hold them so: shrink the pools, or set disaggregation.placement = "
+                        "'together'")
 
     def default_parallel(self, config: RunConfig) -> int:
         """How many trials of ``config`` the cluster's free resources hold at once (at least 1)."""
@@ -522,6 +537,12 @@ class RayFleet:
 
 def fits(total: dict[str, float], wanted: dict[str, float]) -> bool:
     return all(total.get(k, 0.0) >= amount for k, amount in wanted.items())
+
+
+def smallest(bundles: list[dict[str, float]]) -> dict[str, float]:
+    """What every bundle asks for at least, resource by resource: a node that cannot hold this
+    holds no bundle of the trial."""
+    return {k: min(b.get(k, 0.0) for b in bundles) for k in {k for b in bundles for k in b}}
 
 
 def need_text(wanted: dict[str, float]) -> str:

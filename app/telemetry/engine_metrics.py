@@ -174,8 +174,8 @@ class EngineScraper:
         return self.parse(await self.fetch_text(session))
 
     async def fetch_text(self, session: aiohttp.ClientSession) -> str:
-        """The page as text (every page, one after another); kept apart from parsing so a caller
-        can timestamp the answer itself. One page that fails fails the reading."""
+        """The page as text (every page, read at once and joined); kept apart from parsing so a
+        caller can timestamp the answer itself. One page that fails fails the reading."""
         pages = await asyncio.gather(*(self._page(session, url) for url in self.urls), return_exceptions=True)
         for page in pages:
             if isinstance(page, BaseException):

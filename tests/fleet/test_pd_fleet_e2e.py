@@ -99,6 +99,8 @@ def test_a_p_d_group_spread_over_two_nodes_serves_through_the_router_and_its_poo
 
 def test_a_spread_group_with_more_engines_than_nodes_is_one_line_and_launches_nothing(
         ray_cluster: LocalRayCluster, tmp_path: Path) -> None:
+    if not engine_available() or not RUNTIME_ADDONS["vllm-cpu-pd"].is_installed():  # the preflight checks them
+        pytest.fail("vLLM CPU runtime, demo model or its P/D add-on missing: run `make engine tools`")
     before = engines_now()
     done = tunebench(["run", str(spread_profile(tmp_path, prefill_instances=2)), "--cluster", ray_cluster.address],
                      ray_cluster, tmp_path, timeout_s=300)

@@ -298,6 +298,9 @@ def test_a_pool_engine_on_a_node_address_uses_that_addresss_interface_for_nixl()
     features = pool_features(Features(disaggregation=DisaggregationConfig(connector="nixl")), "prefill")
     here = VLLM.pool_env(features, 5600)
     assert here["UCX_NET_DEVICES"] == "lo" and here["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    for every_address in ("0.0.0.0", "::"):  # an engine on every address: its peers on this machine use loopback
+        assert VLLM.pool_env(features, 5600, every_address) == here
+    assert VLLM.pool_env(features, 5600, "localhost")["UCX_NET_DEVICES"] == "lo"
     own = next(((name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
                 if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
     if own is not None:  # a machine with a network interface besides loopback

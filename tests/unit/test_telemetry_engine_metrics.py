@@ -184,15 +184,15 @@ def test_a_pools_pages_are_read_at_once_and_add_up_as_one_engines_label_sets() -
             return await scraper.fetch(session)
 
     try:
-        scrape = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, also=[second])))
+        scrape = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, timeout_s=30, also=[second])))
         assert scrape.counters["generation_tokens"] == 30 and scrape.counters["prompt_tokens"] == 400
         assert scrape.gauges["requests_running"] == 8 and scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.4)
         assert scrape.start_time_s == 1.8e9  # the later start: a restart of either engine moves it
-        alone = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES)))
+        alone = asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, timeout_s=30)))
         assert alone.counters["generation_tokens"] == 10
         gone = f"http://127.0.0.1:{free_port()}/metrics"
         with pytest.raises(ScrapeError, match=gone.replace(".", r"\.")):
-            asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, also=[gone])))
+            asyncio.run(read(EngineScraper(first, vllm.METRIC_NAMES, timeout_s=30, also=[gone])))
     finally:
         for server in servers:
             server.shutdown()
