@@ -14,7 +14,7 @@ from app.cli import main
 from app.fleet import cluster
 from app.fleet.cluster import NodeReport, NodeView, cluster_address
 from app.fleet.pools import bundle_index
-from app.fleet.trial import spread_fits, trial_bundles, trial_resources
+from app.fleet.trial import smallest, spread_fits, trial_bundles, trial_resources
 from app.profiles import load_profile_file
 from engine_adapters.config import DisaggregationConfig
 
@@ -64,6 +64,9 @@ def test_a_spread_trial_fits_only_where_each_bundle_has_a_node_of_its_own() -> N
     # a first choice that blocks another bundle is undone (a matching, not a greedy pass)
     assert spread_fits([{"CPU": 2.0}, {"CPU": 1.0}], [{"CPU": 1.0}, {"CPU": 2.0}])
     assert not spread_fits([two_cores, two_cores], [one_core, one_core, one_core])
+    # the preflight checks every node that can hold one of the bundles
+    assert smallest([{"GPU": 4.0, "CPU": 1.0}, {"GPU": 2.0}]) == {"GPU": 2.0, "CPU": 0.0}
+    assert smallest([two_cores]) == two_cores
 
 
 def test_the_address_is_the_given_one_then_ray_address_then_auto(monkeypatch: pytest.MonkeyPatch) -> None:
