@@ -59,6 +59,42 @@ PROBE_TIMEOUT_S = 60.0  # one feature-probe request (a few tokens; a busy engine
 PROBE_SETTLE_S = 5.0  # how long to wait for the engine to count the probe requests
 
 
+def send_probes(base_url: str, headers: dict[str, str], bodies: list[dict[str, Any]]) -> str | None:
+    """Send the probe requests to ``base_url`` (an engine, or a P/D group's router) one after
+    another (the second prefix probe must find the first cached); None when all succeeded, else
+    what went wrong, in one line."""
+    headers = {"Content-Type": "application/json", **headers}
+    try:
+        listing = urllib.request.Request(base_url + "/v1/models", headers=headers)
+        with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
+            model = json.loads(resp.read())["data"][0]["id"]
+        for body in bodies:
+            request = urllib.request.Request(base_url + "/v1/completions", headers=headers,
+                                             data=json.dumps({"model": model, **body}).encode())
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
+                resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200]
+        return mask_text(f"HTTP {exc.code}: {detail}")
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return mask_text(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def metrics_after_probe(read: Callable[[], str], finished_names: tuple[str, ...], before: str,
+                        n_requests: int) -> str:
+    """/metrics (``read``) once the engine counted the probe's requests (it may record a step
+    just after answering them): read until its finished-requests counter moved by ``n_requests``."""
+    start = _counter_total(before, finished_names)
+    deadline = time.monotonic() + PROBE_SETTLE_S
+    while True:
+        after = read()
+        done = _counter_total(after, finished_names)
+        if start is None or done is None or done - start >= n_requests or time.monotonic() >= deadline:
+            return after
+        time.sleep(0.1)
+
+
 def _counter_total(text: str, names: tuple[str, ...]) -> float | None:
     """Sum over label sets of the first of ``names`` present in Prometheus text."""
     for name in names:
@@ -419,37 +455,11 @@ class EngineProcess:
             return ""
 
     def _send_probes(self, bodies: list[dict[str, Any]]) -> str | None:
-        """Send the probe requests one after another (the second prefix probe must find the first
-        cached); None when all succeeded, else what went wrong, in one line."""
-        headers = {"Content-Type": "application/json", **self.auth_headers()}
-        try:
-            listing = urllib.request.Request(self.base_url + "/v1/models", headers=headers)
-            with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - loopback
-                model = json.loads(resp.read())["data"][0]["id"]
-            for body in bodies:
-                request = urllib.request.Request(self.base_url + "/v1/completions", headers=headers,
-                                                 data=json.dumps({"model": model, **body}).encode())
-                with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - loopback
-                    resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200]
-            return mask_text(f"HTTP {exc.code}: {detail}")
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            return mask_text(f"{type(exc).__name__}: {exc}")
-        return None
+        return send_probes(self.base_url, self.auth_headers(), bodies)
 
     def _metrics_after_probe(self, before: str, n_requests: int) -> str:
-        """/metrics once the engine counted the probe's requests (it may record a step just
-        after answering it): polled until its finished-requests counter moved by ``n_requests``."""
-        names = self.adapter.metric_names.counters.get("requests_finished", ())
-        start = _counter_total(before, names)
-        deadline = time.monotonic() + PROBE_SETTLE_S
-        while True:
-            after = self._metrics_or_empty()
-            done = _counter_total(after, names)
-            if start is None or done is None or done - start >= n_requests or time.monotonic() >= deadline:
-                return after
-            time.sleep(0.1)
+        return metrics_after_probe(self._metrics_or_empty, self.adapter.metric_names.counters.get("requests_finished", ()),
+                                   before, n_requests)
 
     def _model_config(self) -> dict[str, Any]:
         """The model's config.json when the model is a local folder (KV bytes per token)."""

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine_adapters.base import EngineAdapter
+from engine_adapters.base import EngineAdapter, FeatureCheck
 from engine_adapters.bounded_http import FetchError, fetch
-from engine_adapters.config import EngineConfig, Features, PdRole
+from engine_adapters.config import EngineConfig, Features, PdRole, SpeculativeConfig
 from engine_adapters.disaggregation import POOL_ROLES, DisaggregatedEngine, has_router, pool_features
 from engine_adapters.errors import EXIT_ENGINE_FAILED, TunebenchError
 from engine_adapters.launcher import (
@@ -26,6 +26,8 @@ from engine_adapters.launcher import (
     LogCallback,
     PhaseCallback,
     free_port,
+    metrics_after_probe,
+    send_probes,
 )
 from engine_adapters.process_group import STOP_GRACE_S, process_start_s, stop_group, stop_signals_unblocked
 from engine_adapters.prometheus import METRICS_MAX_BYTES, labelled_samples
@@ -240,6 +242,34 @@ class DisaggregatedGroup:
                 raise EngineStartError(f"{gone} (warm-up: {failed[-1]})")
         raise EngineStartError(f"the P/D warm-up request failed {attempts} times through the router; last: "
                                f"{failed[-1]}")
+
+    def verify_features(self) -> list[FeatureCheck]:
+        """The first decode engine's settings check (its echo of its flags), with prefix caching
+        judged where prompts are computed: two identical prompts through the router, the prefill
+        engine's counters read around them. With several prefill engines the router may send
+        the two to different ones, so there the decode engine's own check stands."""
+        checks = self.first_decode.verify_features(probe=False)
+        prefill = self.pool("prefill")
+        if self.features.prefix_caching is None or len(prefill) != 1:
+            return checks
+        features = pool_features(self.features, "prefill").model_copy(update={"speculative": SpeculativeConfig()})
+        bodies = self.adapter.probe_requests(features)
+        url = prefill[0].base_url + self.adapter.metrics_path
+
+        def read() -> str:
+            try:
+                reply = fetch(url, deadline_s=SCRAPE_DEADLINE_S, max_bytes=METRICS_MAX_BYTES, headers=self.auth_headers())
+            except (FetchError, OSError):
+                return ""
+            return reply.text if reply.ok else ""
+
+        before = read()
+        error = send_probes(self.base_url, self.auth_headers(), bodies)
+        finished = self.adapter.metric_names.counters.get("requests_finished", ())
+        after = metrics_after_probe(read, finished, before, len(bodies))
+        probed = self.adapter.verify(features, [], after, before_text=before or None, probe_error=error)
+        where_computed = {c.key: c for c in probed if c.key == "prefix_caching"}
+        return [where_computed.get(c.key, c) for c in checks]
 
     def pool_figures(self) -> list[dict[str, Any]]:
         """Each engine's and the router's counters of :attr:`DisaggregatedEngine.pool_metrics`, now

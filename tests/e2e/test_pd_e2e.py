@@ -68,6 +68,10 @@ def test_a_p_d_group_serves_a_run_through_the_router_and_its_pools_count_the_tok
     ready = [note for note in result.notes if note.startswith("P/D group ready")]
     assert len(ready) == 1 and "warm-up request through it succeeded" in ready[0], result.notes
     print(ready[0])  # how many tries the decode engine's first handshake took (pytest -s shows it)
+    # Prefix caching judged where prompts are computed: two identical probes through the router, the prefill
+    # engine's counters around them.
+    checks = {c["key"]: c for c in result.feature_checks}
+    assert checks["prefix_caching"]["status"] == "verified", checks["prefix_caching"]
     level = result.levels[0].summary
     assert (level.completed, level.errors) == (REQUESTS, 0)
     assert level.input_tokens >= REQUESTS * PROMPT_TOKENS and level.output_tokens == REQUESTS * OUTPUT_TOKENS

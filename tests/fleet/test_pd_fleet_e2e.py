@@ -72,6 +72,8 @@ def test_a_p_d_group_spread_over_two_nodes_serves_through_the_router_and_its_poo
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads(out.read_text())["steps"][0]["runs"][0]
     assert run["status"] == "completed", run["reason"]
+    checks = {c["key"]: c for c in run["feature_checks"]}  # the probes' counters read from the other node
+    assert checks["prefix_caching"]["status"] == "verified", checks["prefix_caching"]
     level = run["levels"][0]["summary"]
     assert (level["completed"], level["errors"]) == (REQUESTS, 0)
     assert level["output_tokens"] == REQUESTS * OUTPUT_TOKENS and level["input_tokens"] >= REQUESTS * PROMPT_TOKENS
