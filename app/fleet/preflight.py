@@ -26,7 +26,7 @@ def node_problems(config: RunConfig) -> list[str]:
     import ray
 
     from engine_adapters.hardware import probe_hardware
-    from engine_adapters.runtimes import MANAGED_RUNTIMES, demo_model_dir
+    from engine_adapters.runtimes import MANAGED_RUNTIMES, RuntimeErrorMessage, addon_path, demo_model_dir
 
     problems: list[str] = []
     runtime = config.engine.runtime
@@ -43,6 +43,11 @@ def node_problems(config: RunConfig) -> list[str]:
         problems.append(f"the engine command '{runtime.executable}' is not on PATH")
     elif runtime.kind == "docker" and shutil.which("docker") is None:
         problems.append("docker is not installed")
+    if config.features.disaggregation.enabled:
+        try:
+            addon_path(config.engine)  # NIXL and the router, beside the runtime of every node with a pool engine
+        except RuntimeErrorMessage as exc:
+            problems.append(str(exc))
     model = config.engine.model
     if model == DEMO_MODEL:
         if not (demo_model_dir() / ".tunebench-complete.json").is_file():
