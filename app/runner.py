@@ -396,7 +396,7 @@ class Runner:
                    f"decode engine(s) behind the router at {group.base_url}; warm-up request through it "
                    + (f"succeeded after {len(failed)} failed tr{'y' if len(failed) == 1 else 'ies'} "
                       f"({'; '.join(failed)})" if failed else "succeeded at the first try"))
-        checks = group.verify_features()
+        checks = group.verify_features(model)
         r.feature_checks = [asdict(c) for c in checks]
         self._emit(EngineReady(run_id=self.run_id, base_url=group.base_url, startup_s=r.startup_s,
                                kv_cache=r.kv_cache, feature_checks=list(checks)))

@@ -59,15 +59,17 @@ PROBE_TIMEOUT_S = 60.0  # one feature-probe request (a few tokens; a busy engine
 PROBE_SETTLE_S = 5.0  # how long to wait for the engine to count the probe requests
 
 
-def send_probes(base_url: str, headers: dict[str, str], bodies: list[dict[str, Any]]) -> str | None:
+def send_probes(base_url: str, headers: dict[str, str], bodies: list[dict[str, Any]],
+                model: str | None = None) -> str | None:
     """Send the probe requests to ``base_url`` (an engine, or a P/D group's router) one after
     another (the second prefix probe must find the first cached); None when all succeeded, else
-    what went wrong, in one line."""
+    what went wrong, in one line. ``model``: the served name (None: the engine's first listed)."""
     headers = {"Content-Type": "application/json", **headers}
     try:
-        listing = urllib.request.Request(base_url + "/v1/models", headers=headers)
-        with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
-            model = json.loads(resp.read())["data"][0]["id"]
+        if model is None:
+            listing = urllib.request.Request(base_url + "/v1/models", headers=headers)
+            with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
+                model = json.loads(resp.read())["data"][0]["id"]
         for body in bodies:
             request = urllib.request.Request(base_url + "/v1/completions", headers=headers,
                                              data=json.dumps({"model": model, **body}).encode())

@@ -243,11 +243,12 @@ class DisaggregatedGroup:
         raise EngineStartError(f"the P/D warm-up request failed {attempts} times through the router; last: "
                                f"{failed[-1]}")
 
-    def verify_features(self) -> list[FeatureCheck]:
+    def verify_features(self, model: str) -> list[FeatureCheck]:
         """The first decode engine's settings check (its echo of its flags), with prefix caching
-        judged where prompts are computed: two identical prompts through the router, the prefill
-        engine's counters read around them. With several prefill engines the router may send
-        the two to different ones, so there the decode engine's own check stands."""
+        judged where prompts are computed: two identical prompts of ``model`` (its served name)
+        through the router, the prefill engine's counters read around them. With several prefill
+        engines the router may send the two to different ones, so there the decode engine's own
+        check stands."""
         checks = self.first_decode.verify_features(probe=False)
         prefill = self.pool("prefill")
         if self.features.prefix_caching is None or len(prefill) != 1:
@@ -264,7 +265,7 @@ class DisaggregatedGroup:
             return reply.text if reply.ok else ""
 
         before = read()
-        error = send_probes(self.base_url, self.auth_headers(), bodies)
+        error = send_probes(self.base_url, self.auth_headers(), bodies, model)
         finished = self.adapter.metric_names.counters.get("requests_finished", ())
         after = metrics_after_probe(read, finished, before, len(bodies))
         probed = self.adapter.verify(features, [], after, before_text=before or None, probe_error=error)
