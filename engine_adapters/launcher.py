@@ -122,10 +122,37 @@ class EngineStartError(TunebenchError):
         self.engine_exit_code = engine_exit_code
 
 
+LISTEN_PORTS = (20_000, 32_767)
+"""Where ports for an engine to listen on are picked: below Linux's usual range of ephemeral
+ports (``net.ipv4.ip_local_port_range``, 32768-60999), which the kernel hands to every outgoing
+connection, and above Ray's default range of worker ports (10002-19999). A port picked there stays free only until some connection takes it as its source
+port; an engine binds its ports up to minutes after the pick (vLLM's NIXL side channel once found
+its port taken so, under load, and its handshake listener died)."""
+PORT_PICKS = 50
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that ``host`` can bind now, outside the ephemeral range when the kernel's range
+    leaves room below it (else what the kernel hands out)."""
+    low, high = LISTEN_PORTS
+    ephemeral_low = _ephemeral_low()
+    if ephemeral_low is not None:
+        high = min(high, ephemeral_low - 1)
+    rng = secrets.SystemRandom()
+    for _ in range(PORT_PICKS if high - low > 1_000 else 0):
+        port = rng.randint(low, high)
+        if port_is_free(host, port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def port_is_free(host: str, port: int) -> bool:

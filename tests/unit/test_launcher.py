@@ -330,3 +330,15 @@ def test_an_engine_started_from_a_thread_that_blocks_sigint_still_hears_it(scrip
         assert not blocked & (1 << (signal.SIGINT - 1)), f"SIGINT blocked in the engine (SigBlk {blocked:#x})"
     finally:
         engine.stop(grace_s=(1.0, 3.0, 3.0))
+
+
+def test_ports_are_picked_below_the_ephemeral_range_where_outgoing_connections_take_theirs() -> None:
+    """A picked port is bound by the engine up to minutes later: in the ephemeral range any
+    outgoing connection may take it meanwhile (a P/D engine's NIXL side channel once did)."""
+    from engine_adapters.launcher import LISTEN_PORTS, free_port, port_is_free
+
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = LISTEN_PORTS[0], min(LISTEN_PORTS[1], ephemeral_low - 1)
+    assert high - low > 1_000, "this machine's ephemeral range leaves no room below it"
+    ports = [free_port() for _ in range(20)]
+    assert all(low <= port <= high for port in ports) and all(port_is_free("127.0.0.1", p) for p in ports)
