@@ -26,6 +26,7 @@ from app.config import RunConfig
 from app.errors import UserError
 from app.export import FORMATS, SCRIPT_FORMATS, SUFFIXES, LaunchSpec, render_launch
 from engine_adapters.config import DisaggregationConfig, EngineConfig, Features, RuntimeConfig
+from engine_adapters.launcher import LISTEN_PORTS, free_port, port_is_free
 from engine_adapters.vllm import parse_help
 
 DATA = Path(__file__).parents[1] / "data"
@@ -160,6 +161,16 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 '''
 
 
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free now, picked where engines' ports are
+    (below the ephemeral range, so no outgoing connection takes one before the stand-ins bind it)."""
+    for _ in range(200):
+        base = free_port()
+        if all(port_is_free("127.0.0.1", base + k) for k in range(1, count)) and base + count - 1 <= LISTEN_PORTS[1]:
+            return base
+    raise AssertionError(f"no {count} consecutive free ports found")  # pragma: no cover
+
+
 def test_the_bash_script_starts_every_engine_then_the_router_and_one_signal_stops_all(tmp_path: Path) -> None:
     log = tmp_path / "calls.jsonl"
     stub = tmp_path / "stand_in"
@@ -167,7 +178,7 @@ def test_the_bash_script_starts_every_engine_then_the_router_and_one_signal_stop
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
     script = tmp_path / "pd.sh"
     script.write_text(render_launch(spec_of(), "bash"))
-    port = 20000 + os.getpid() % 20000
+    port = free_port_run(4)  # the router on PORT, the three stand-in engines on PORT + 1..3
     env = {**os.environ, "ENGINE_BIN": str(stub), "PYTHON": str(stub), "PORT": str(port), "LOG_DIR": str(tmp_path),
            "VLLM_API_KEY": "k" * 32, "STARTUP_TIMEOUT_S": "60"}
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
