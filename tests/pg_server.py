@@ -44,7 +44,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -56,6 +55,8 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+
+from engine_adapters.launcher import free_port
 
 HOST: Final = "127.0.0.1"
 USER: Final = "tb"
@@ -127,10 +128,9 @@ def _is_executable(path: Path) -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """Picked where engines' ports are, below the ephemeral range: the server is stopped and started
+    again on its port, and no outgoing connection may take that port as its source in between."""
+    return free_port(HOST)
 
 
 def _running_as_root() -> bool:

@@ -28,6 +28,7 @@ from app.store import RunStore
 from engine_adapters.launcher import EngineRecord, group_members, registered_engines
 from engine_adapters.llamacpp_runtime import ensure_gguf_demo_model
 from engine_adapters.runtimes import COMPLETE_MARKER, MANAGED_RUNTIMES, demo_model_dir
+from tests.fuzz.hostile import closed_port
 from tests.ray_cluster import MID_RUN_RATE_RPS, LocalRayCluster, tiny_profile
 
 pytestmark = pytest.mark.e2e
@@ -256,11 +257,7 @@ def test_a_ladder_on_the_cluster_runs_the_steps_it_plans_locally(ray_cluster: Lo
 
 
 def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = closed_port()
     env = {**os.environ, "TUNEBENCH_DB": str(tmp_path / "runs.db"), "RAY_ADDRESS": f"127.0.0.1:{port}"}
     for args in (["run", str(tiny_profile(tmp_path)), "--cluster", f"127.0.0.1:{port}"],
                  ["run", str(tiny_profile(tmp_path)), "--cluster"],  # RAY_ADDRESS, as Ray reads it

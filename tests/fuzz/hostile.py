@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from app.cli import main
 from app.store import RunStore
 from app.urls import BadEndpoint
+from engine_adapters.launcher import free_port
 
 # --- running the CLI -----------------------------------------------------------------------------
 
@@ -269,7 +270,6 @@ def raw_server(reply: bytes) -> Iterator[str]:
 
 
 def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, picked below the ephemeral range: a port there is never
+    an outgoing connection's source, so a connect to it cannot connect to itself."""
+    return free_port()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from app.load.datasets import Conversation, Turn
 from app.load.metrics import RequestRecord
 from tests.fakes.openai_server import FakeBehaviour, FakeOpenAIServer, encode_stream
 from tests.fakes.split_stream import feed_split
+from tests.fuzz.hostile import closed_port
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,7 @@ def test_bad_servers_become_error_records(server: FakeOpenAIServer, mode: str, k
 
 
 def test_unreachable_endpoint_is_a_connect_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = closed_port()
     rec = send(f"http://127.0.0.1:{port}", "hello")
     assert not rec.ok and rec.error_kind == "connect" and "cannot connect" in (rec.error or "")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from app.cli import main
 from app.store import RunStore, SampleIn, StoreError
+from tests.fuzz.hostile import closed_port
 
 
 def _fill(path: Path, runs: int = 2) -> None:
@@ -307,9 +307,7 @@ def test_a_malformed_postgresql_url_is_one_line_without_its_password(
 def test_an_unreachable_postgresql_store_is_one_line_naming_the_host(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = closed_port()
     url = f"postgresql://tb:Hunter2Secret@127.0.0.1:{port}/tunebench"
     code, out, err = _cli(capsys, "runs", "list", "--db", url)
     assert code == 2 and out == ""

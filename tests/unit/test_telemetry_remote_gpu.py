@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from app.telemetry.gpu import GPU_QUANTITIES
 from app.telemetry.remote_gpu import RemoteGpuError, parse_dcgm, read_gpus
 from engine_adapters.gpu_specs import spec_peak_bandwidth
 from tests.fakes.fixed_reply import fixed_reply_server
+from tests.fuzz.hostile import closed_port
 
 PAGE = (Path(__file__).resolve().parents[1] / "data" / "dcgm" / "dcgm-exporter-h100x2.txt").read_text()
 MIB = 1024 * 1024
@@ -75,9 +75,7 @@ def test_the_collector_publishes_remote_gpus_like_local_ones(exporter: str) -> N
 
 
 def test_an_unreachable_exporter_is_a_notice_and_a_count_never_a_crash() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = closed_port()
     url = f"http://user:hunter2@127.0.0.1:{port}/metrics"
     with pytest.raises(RemoteGpuError, match="127.0.0.1") as err:
         read_gpus(url, timeout_s=1.0)
