@@ -46,7 +46,7 @@ def check_records(result: RunResult) -> None:
 
 
 def test_prefix_caching_raises_hit_rate_and_lowers_ttft(engine_pool, demo_engine: EngineProcess) -> None:  # type: ignore[no-untyped-def]
-    workload = WorkloadConfig(kind="shared_prefix", num_requests=12, shared_prefix_tokens=1536,
+    workload = WorkloadConfig(kind="shared_prefix", num_requests=24, shared_prefix_tokens=1536,
                               input_len=LengthSpec(mean=32), output_len=LengthSpec(mean=4))
     load = LoadConfig(concurrency=1, warmup_requests=1)
     off = run_on(engine_pool.get(Features(prefix_caching=False)), workload, load)
@@ -55,14 +55,16 @@ def test_prefix_caching_raises_hit_rate_and_lowers_ttft(engine_pool, demo_engine
     engine_ttft = [s.engine.engine_ttft_ms_mean for s in (s_off, s_on)]
     print(f"\nTTFT p50 prefix caching off {s_off.ttft_ms.median:.1f} ms, on {s_on.ttft_ms.median:.1f} ms; engine TTFT "
           f"mean {engine_ttft}; hit rate off {s_off.engine.prefix_cache_hit_rate}, on {s_on.engine.prefix_cache_hit_rate}")
-    assert on.lengths_exact and s_on.input_tokens >= 12 * (1536 + 32)
-    # 11 of the 12 requests find the 1,536-token prefix cached (the level's own salt: the first
-    # computes it): 11 x 1,536 of 12 x 1,568 prompt tokens = 90%
+    assert on.lengths_exact and s_on.input_tokens >= 24 * (1536 + 32)
+    # 23 of the 24 requests find the 1,536-token prefix cached (the level's own salt: the first
+    # computes it): 23 x 1,536 of 24 x 1,568 prompt tokens = 94%
     assert s_on.engine.prefix_cache_hit_rate is not None and s_on.engine.prefix_cache_hit_rate > 0.85
     assert not s_off.engine.prefix_cache_hit_rate  # None (no queries) or 0
     # The benefit, as a factor and from the engine's own TTFT histogram (a client starved by the
     # engine's threads times late): seen 64 -> 31 ms (2.1x; the first request computes the prefix,
     # and a 2-layer model's TTFT is mostly fixed cost). Losing half the benefit (about 1.0x) fails.
+    # 24 requests, not 12: the figure is a mean, and one request held up ~200 ms on a loaded core
+    # moves a mean of 12 by ~17 ms, enough to take 2.1x below 1.5x.
     assert engine_ttft[0] is not None and engine_ttft[1] is not None
     assert engine_ttft[1] * 1.5 <= engine_ttft[0], engine_ttft
     check_records(on)

@@ -14,6 +14,8 @@ from app.events import Notice
 from app.telemetry import TelemetryCollector
 from engine_adapters.hardware import probe_hardware
 from engine_adapters.launcher import EngineProcess
+from engine_adapters.prometheus import MetricMap
+from engine_adapters.vllm import METRIC_NAMES
 from tests.e2e.stream_load import CONCURRENCY, MAX_TOKENS, run_load
 
 pytestmark = pytest.mark.e2e
@@ -26,11 +28,30 @@ def _engine_series(items: list, name: str, t0: float, t1: float) -> list[float]:
             if isinstance(s, Sample) and s.source == "engine" and t0 <= s.t_mono <= t1 and name in s.values]
 
 
+def wait_until_idle(engine: EngineProcess, timeout_s: float = 60.0) -> None:
+    """The shared engine is idle: nothing running or waiting, and its token counter still over a
+    second. An earlier test's aborted clients may leave it generating for a moment, and this test
+    counts every token the engine makes in its window."""
+    metrics = MetricMap(METRIC_NAMES)
+    deadline = time.monotonic() + timeout_s
+    last: tuple[float, float, float] | None = None
+    while True:
+        scrape = metrics.parse(engine.fetch_metrics_text())
+        reading = (scrape.gauges.get("requests_running", 0.0), scrape.gauges.get("requests_waiting", 0.0),
+                   scrape.counters.get("generation_tokens", 0.0))
+        if reading[:2] == (0.0, 0.0) and reading == last:
+            return
+        assert time.monotonic() < deadline, f"the shared engine is still busy after {timeout_s} s: {reading}"
+        last = reading
+        time.sleep(1.0)
+
+
 def test_engine_series_follow_load_and_return_to_idle(demo_engine: EngineProcess) -> None:
     bus = Bus()
     sub = bus.subscribe()
     collector = TelemetryCollector(bus, metrics_url=demo_engine.base_url, api_key=demo_engine.api_key,
                                    engine_pid=demo_engine.pid, engine_interval_s=0.25, host_interval_s=0.25)
+    wait_until_idle(demo_engine)
     collector.start()
     try:
         time.sleep(1.5)

@@ -118,7 +118,9 @@ def test_a_run_against_an_endpoint_that_never_finishes_ends_within_its_timeout(m
         proc, db = _start_run(server.url, tmp_path, timeout_s)
         try:
             assert server.first_request.wait(60), proc.communicate(timeout=10)
-            while proc.poll() is None and time.monotonic() - server.first_request_at_s < timeout_s + 5.0:
+            # its timeout, then slack for storing the run and a CLI's exit on a loaded machine; a hang is
+            # for ever, so the slack only has to be finite
+            while proc.poll() is None and time.monotonic() - server.first_request_at_s < timeout_s + 15.0:
                 time.sleep(0.1)
             elapsed_s = time.monotonic() - server.first_request_at_s
             print(f"{mode}: the run ended {elapsed_s:.2f} s after its first request")
@@ -178,7 +180,7 @@ def test_the_salt_probe_keeps_its_deadline_and_its_memory(mode: str) -> None:
             peak_bytes = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    assert elapsed_s < 3.0 + 2.0, elapsed_s  # its deadline, and slack for a loaded machine (tracemalloc on)
+    assert elapsed_s < 3.0 + 5.0, elapsed_s  # its deadline, and slack for a loaded machine (tracemalloc on)
     assert peak_bytes < PROBE_PEAK_MAX_BYTES, peak_bytes
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import pynvml
 import pytest
 
-from app.bus import Bus, Event, Sample
+from app.bus import Bus, Event, Item, Sample, Subscription
 from app.events import TelemetrySupport
 from app.telemetry import TelemetryCollector
 from app.telemetry.gpu import GPU_QUANTITIES, GpuSampler, peak_bandwidth, visible_gpus
@@ -184,15 +185,28 @@ def test_cuda_visible_devices_selects_by_index_or_uuid() -> None:
     sampler.close()
 
 
+def drain_until(sub: Subscription, done: Callable[[list[Item]], bool], timeout_s: float = 10.0) -> list[Item]:
+    """What the collector published until ``done`` holds: its sampler is a thread, which a loaded
+    machine may hold back for longer than any fixed sleep."""
+    got: list[Item] = []
+    deadline = time.monotonic() + timeout_s
+    while not done(got):
+        assert time.monotonic() < deadline, f"not published within {timeout_s} s: {got[-5:]}"
+        time.sleep(0.02)
+        got += sub.drain()
+    return got
+
+
 def test_collector_publishes_gpu_samples_and_one_support_event_per_gpu() -> None:
     fake = FakeNvml([FakeGpu(), FakeGpu.a100()])
     bus = Bus()
     sub = bus.subscribe()
     collector = TelemetryCollector(bus, nvml=fake, gpu_interval_s=0.02, host_interval_s=0)
     collector.start()
-    time.sleep(0.4)
+    items = drain_until(sub, lambda got: sum(1 for i in got if isinstance(i, Sample) and i.source == "gpu0") >= 5
+                        and any(isinstance(i, Sample) and i.source == "gpu1" for i in got))
     collector.stop()
-    items = sub.drain()
+    items += sub.drain()
     support = [i for i in items if isinstance(i, Event) and i.kind == "telemetry_support"]
     assert sorted(e.payload.source for e in support) == ["gpu0", "gpu1"]
     samples = [i for i in items if isinstance(i, Sample)]
@@ -208,9 +222,9 @@ def test_collector_without_gpu_still_samples_the_host() -> None:
     sub = bus.subscribe()
     collector = TelemetryCollector(bus, nvml=FakeNvml(driver_missing=True), host_interval_s=0.05)
     collector.start()
-    time.sleep(0.3)
+    items = drain_until(sub, lambda got: any(isinstance(i, Sample) and i.source == "host" for i in got))
     collector.stop()
-    items = sub.drain()
+    items += sub.drain()
     gpu_support = collector.support()["gpu"]
     assert gpu_support.state == "no NVIDIA GPU"
     assert sum(1 for i in items if isinstance(i, Event) and i.kind == "telemetry_support" and i.payload.source == "gpu") == 1
