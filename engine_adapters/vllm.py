@@ -93,12 +93,17 @@ CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "lmcache
 ROUTER_CONNECTORS = frozenset({"nixl", "mooncake"})
 """The connectors vllm-router 0.1.17 joins pools for (its ``--kv-connector`` choices, less MoRI-IO)."""
 ROUTER_MODULE = "vllm_router.launch_router"
-ROUTER_MEASURED_FLAGS = ("--disable-retries", "--disable-circuit-breaker", "--health-check-timeout-secs", "30")
+ROUTER_MEASURED_FLAGS = ("--disable-retries", "--disable-circuit-breaker", "--health-check-timeout-secs", "30",
+                         "--health-check-interval-secs", str(24 * 3600))
 """What a measurement needs of vllm-router: a failed request is the client's to count, not
-retried out of sight (a retry would run a prompt twice and break the engines' token counts); a
-worker is never taken out of its pool by the circuit breaker (with one engine per pool it only
-turns a transient failure into 60 s of "No available workers": CI saw a run's every request
-refused so); and a loaded engine's /health may take 30 s, not 5, before it counts as failed."""
+retried out of sight (a retry would run a prompt twice and break the engines' token counts); and
+a worker is never taken out of its pool by the router while the run measures it: not by the
+circuit breaker (with one engine per pool it only turns a transient failure into 60 s of "No
+available workers": CI saw a run's every request refused so), nor by a runtime health check
+(once a day, not every minute: a starved engine's /health went unanswered for over a minute
+under load, three checks in a row failed, and a run's every request was refused again). An engine
+that dies is tunebench's to see (its process group), and its requests fail as errors. The
+router's startup wait for healthy workers is unchanged."""
 ROUTER_API_KEY_ENV = "OPENAI_API_KEY"
 """vllm-router sends ``Authorization: Bearer $OPENAI_API_KEY`` to the engines (read in its binary)."""
 POOL_METRICS = frozenset({

@@ -90,7 +90,8 @@ def test_vllm_router_argv_uses_only_vllm_router_flags_and_no_secret() -> None:
     tail = " ".join(argv[3:])
     assert tail == ("--host 127.0.0.1 --port 9000 --vllm-pd-disaggregation --prefill http://127.0.0.1:9001 "
                     "--decode http://127.0.0.1:9002 --decode http://127.0.0.1:9003 --kv-connector nixl "
-                    "--disable-retries --disable-circuit-breaker --health-check-timeout-secs 30 --prometheus-host 127.0.0.1 --prometheus-port 9001")
+                    "--disable-retries --disable-circuit-breaker --health-check-timeout-secs 30 --health-check-interval-secs 86400 "
+                    "--prometheus-host 127.0.0.1 --prometheus-port 9001")
     known = set(re.findall(r"--[a-z][a-z0-9-]*", ROUTER_HELP))
     assert [flag for flag in flags_of(argv) if flag not in known] == []
     assert "--api-key" not in argv  # the key travels in the router's environment
