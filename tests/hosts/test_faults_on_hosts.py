@@ -27,6 +27,7 @@ from app.analysis.compare import NODE_TAG
 from app.store import RunStore
 from engine_adapters.launcher import EngineRecord, group_members
 from engine_adapters.process_group import same_process_alive
+from engine_adapters.watchdog import WATCHDOG_GRACE_S
 from tests.netns_hosts import Host, Hosts, in_netns
 from tests.ray_cluster import MID_RUN_RATE_RPS, tiny_profile
 
@@ -88,6 +89,11 @@ def registries_after_next_start(hosts: Hosts, profile: Path) -> dict[str, list[i
     actor's children, the engine's watchdog among them, before the watchdog removes the entry;
     the host's next tunebench start forgets it (launcher.reap_orphans), as the next trial there does."""
     for host in hosts.hosts.values():
+        # a watchdog outlives its engine's leader by as long as stop_group waits for the rest of the
+        # group (its grace), then removes the entry and exits: an orphan is one still there after that
+        wait_for(lambda host=host: not [r for r in host.registered_engines()  # type: ignore[misc]
+                                        if r.watchdog_pid is not None and alive(r.watchdog_pid)],
+                 sum(WATCHDOG_GRACE_S) + 10.0, f"the watchdogs on {host.name} done", every_s=0.5)
         records = host.registered_engines()
         for record in records:
             assert not group_members(record.pgid, not_before=record.create_time), record
