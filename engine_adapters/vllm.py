@@ -100,8 +100,9 @@ retried out of sight (a retry would run a prompt twice and break the engines' to
 a worker is never taken out of its pool by the router while the run measures it: not by the
 circuit breaker (with one engine per pool it only turns a transient failure into 60 s of "No
 available workers": CI saw a run's every request refused so), nor by a runtime health check
-(once a day, not every minute: a starved engine's /health went unanswered for over a minute
-under load, three checks in a row failed, and a run's every request was refused again). An engine
+(once a day, not every minute: under load a starved prefill engine answered its /health checks
+late, and, by every sign in the run's log, the router took it out of its pool: a run's every
+request was refused again). An engine
 that dies is tunebench's to see (its process group), and its requests fail as errors. The
 router's startup wait for healthy workers is unchanged."""
 ROUTER_API_KEY_ENV = "OPENAI_API_KEY"
