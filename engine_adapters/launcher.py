@@ -60,20 +60,21 @@ PROBE_SETTLE_S = 5.0  # how long to wait for the engine to count the probe reque
 
 
 def send_probes(base_url: str, headers: dict[str, str], bodies: list[dict[str, Any]],
-                model: str | None = None) -> str | None:
+                model: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Send the probe requests to ``base_url`` (an engine, or a P/D group's router) one after
     another (the second prefix probe must find the first cached); None when all succeeded, else
-    what went wrong, in one line. ``model``: the served name (None: the engine's first listed)."""
+    what went wrong, in one line. ``model``: the served name (None: the engine's first listed);
+    ``timeout_s``: each request's bound."""
     headers = {"Content-Type": "application/json", **headers}
     try:
         if model is None:
             listing = urllib.request.Request(base_url + "/v1/models", headers=headers)
-            with urllib.request.urlopen(listing, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
+            with urllib.request.urlopen(listing, timeout=timeout_s) as resp:  # noqa: S310 - a URL we built
                 model = json.loads(resp.read())["data"][0]["id"]
         for body in bodies:
             request = urllib.request.Request(base_url + "/v1/completions", headers=headers,
                                              data=json.dumps({"model": model, **body}).encode())
-            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - a URL we built
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - a URL we built
                 resp.read()
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode("utf-8", "replace").split())[:200]

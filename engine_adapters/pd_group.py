@@ -265,7 +265,9 @@ class DisaggregatedGroup:
             return reply.text if reply.ok else ""
 
         before = read()
-        error = send_probes(self.base_url, self.auth_headers(), bodies, model)
+        # Through the router, as the warm-up went: prefill, KV transfer and decode, which under
+        # load took longer than one engine's probe bound (the check then read "unknown").
+        error = send_probes(self.base_url, self.auth_headers(), bodies, model, timeout_s=WARM_UP_TIMEOUT_S)
         finished = self.adapter.metric_names.counters.get("requests_finished", ())
         after = metrics_after_probe(read, finished, before, len(bodies))
         probed = self.adapter.verify(features, [], after, before_text=before or None, probe_error=error)

@@ -7,6 +7,7 @@ itself is exercised by tests/e2e/test_engine_e2e.py."""
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ from engine_adapters.launcher import (
     group_members,
     reap_orphans,
     registered_engines,
+    send_probes,
     stop_group,
 )
 from engine_adapters.process_group import process_identity, process_start_s, same_process_alive
@@ -342,3 +345,30 @@ def test_ports_are_picked_below_the_ephemeral_range_where_outgoing_connections_t
     assert high - low > 1_000, "this machine's ephemeral range leaves no room below it"
     ports = [free_port() for _ in range(20)]
     assert all(low <= port <= high for port in ports) and all(port_is_free("127.0.0.1", p) for p in ports)
+
+
+def test_a_probe_waits_as_long_as_its_caller_bounds_it_and_says_when_it_timed_out() -> None:
+    """A P/D group's probes go through its router (prefill, KV transfer, decode) and get the
+    warm-up's bound, not one engine's: the bound given is the one kept."""
+    class SlowCompletions(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(1.0)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowCompletions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        body = [{"prompt": "x", "max_tokens": 1}]
+        assert send_probes(url, {}, body, "m", timeout_s=0.2) == "TimeoutError: timed out"
+        assert send_probes(url, {}, body, "m", timeout_s=30.0) is None
+    finally:
+        server.shutdown()
+        server.server_close()
