@@ -43,6 +43,7 @@ def _total(counters: dict[str, float], name: str) -> float:
     return sum(found)
 
 
+@pytest.mark.timeout(1500)  # the group's own bounds decide (startup 900 s, requests 600 s), not the suite's 600 s
 def test_a_p_d_group_serves_a_run_through_the_router_and_its_pools_count_the_tokens(tmp_path: Path) -> None:
     if not engine_available() or not RUNTIME_ADDONS["vllm-cpu-pd"].is_installed():
         pytest.fail("vLLM CPU runtime, demo model or its P/D add-on missing: run `make engine tools`")

@@ -41,7 +41,9 @@ from engine_adapters.launcher import free_port, group_members, registered_engine
 from tests.e2e.cli_io import read_until, sigkill_and_check_engine_stops, wait_health
 from tests.unit.test_export_scripts import shellcheck_bin
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+"""The tune's own bounds decide (900 s to its first configuration, 600 s to the next engine, then the
+resume), not the suite's 600 s: its module fixture counts toward the first test (442 s seen under load)."""
 
 REPO = Path(__file__).resolve().parents[2]
 SLO = "ttft_ms<=800,tpot_ms<=100"
