@@ -59,6 +59,11 @@ class HardwareInfo(BaseModel):
     def cpu_has_avx512_or_amx(self) -> bool:
         return any(f.startswith("avx512") or f.startswith("amx") for f in self.cpu_flags)
 
+    def holds_fp8_kv_cache(self, cpu_engine: bool) -> bool:
+        """Whether an engine here can keep its KV cache in FP8: on a GPU, any the engines run on;
+        vLLM's CPU build only with AVX-512 or AMX (without them it refuses to start)."""
+        return self.cpu_has_avx512_or_amx if cpu_engine else self.has_gpu
+
     def summary(self) -> str:
         if self.gpus:
             names = ", ".join(g.name for g in self.gpus)

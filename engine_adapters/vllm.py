@@ -576,7 +576,8 @@ def _echo_status(matches: bool) -> FeatureStatus:
 def _cpu_build_issues(features: Features, hardware: HardwareInfo | None) -> list[ValidationIssue]:
     """What vLLM's CPU build cannot do, or ignores."""
     issues = []
-    if features.kv_cache_dtype.startswith("fp8") and hardware is not None and not hardware.cpu_has_avx512_or_amx:
+    if (features.kv_cache_dtype.startswith("fp8") and hardware is not None
+            and not hardware.holds_fp8_kv_cache(cpu_engine=True)):
         issues.append(ValidationIssue("kv_cache_dtype",
                                       "FP8 KV cache on vLLM's CPU build needs AVX-512 or AMX, which this CPU lacks"))
     for key, value, default in (("cpu_offload_gib", features.cpu_offload_gib, 0.0),

@@ -31,6 +31,7 @@ from app.analysis.summary import level_summary_figures
 from app.config import RunConfig
 from db.records import RunDetail, SeriesBlock
 from engine_adapters.config import GGUF_WEIGHT_BITS, GGUF_WEIGHTS_ENGINE
+from engine_adapters.hardware import HardwareInfo
 
 if TYPE_CHECKING:
     from app.planner.live import LimitFigures
@@ -162,6 +163,18 @@ class Context:
     @property
     def on_gpu(self) -> bool:
         return bool(self.run.hardware.get("gpus"))
+
+    @property
+    def holds_fp8_kv_cache(self) -> bool:
+        """Whether the run's machine can keep a vLLM KV cache in FP8 (llama.cpp runs q8_0 for it
+        anywhere; a run stored without its hardware: assumed so)."""
+        if not self.run.hardware or _feature(self, "engine.kind") == GGUF_WEIGHTS_ENGINE:
+            return True
+        try:
+            hardware = HardwareInfo.model_validate(self.run.hardware)
+        except ValidationError:
+            return True
+        return hardware.holds_fp8_kv_cache(cpu_engine=not self.on_gpu)
 
     def engine(self, level: Level, *names: str) -> list[np.ndarray]:
         """The engine's samples of ``names`` inside the level (rows aligned: one scrape per row;
@@ -365,7 +378,8 @@ def kv_bound(ctx: Context) -> list[Finding]:
     if not hits:
         return []
     change: dict[str, Any] | None = None
-    if _feature(ctx, "features.kv_cache_dtype") == "auto":
+    fp8_here = ctx.holds_fp8_kv_cache
+    if _feature(ctx, "features.kv_cache_dtype") == "auto" and fp8_here:
         change = ctx.suggest({"features.kv_cache_dtype": "fp8"})
     if change is None and ctx.config is not None and ctx.config.features.max_model_len:
         change = ctx.suggest({"features.max_model_len": max(16, ctx.config.features.max_model_len // 2)})
@@ -380,7 +394,9 @@ def kv_bound(ctx: Context) -> list[Finding]:
                     "memory, not by compute. Each running sequence holds its context in the cache, so no more "
                     "sequences fit; decode reads the weights once per step for a batch smaller than the load "
                     "offers. More room per token helps: an FP8 KV cache (half the bytes per token), a shorter "
-                    "maximum length, more memory for the cache, or more GPUs.")
+                    "maximum length, more memory for the cache, or more GPUs."
+                    + ("" if fp8_here else " This machine cannot keep the KV cache in FP8 (vLLM's CPU build needs "
+                                           "AVX-512 or AMX), so that is not the trial suggested."))
 
 
 def _expected_reuse(ctx: Context, lv: Level) -> float | None:

@@ -326,8 +326,7 @@ def default_knobs(config: RunConfig, hardware: HardwareInfo | None, load: LoadSp
         knobs["weights_dtype"] = ["auto", *GGUF_WEIGHT_BITS]
         why["weights_dtype"] = "llama.cpp's 8- and 4-bit GGUF weights are made here (fewer bits cost quality)"
     if hardware is not None:
-        fp8_kv = hardware.cpu_has_avx512_or_amx if cpu else hardware.has_gpu
-        if fp8_kv and f.kv_cache_dtype == "auto":
+        if hardware.holds_fp8_kv_cache(cpu_engine=cpu) and f.kv_cache_dtype == "auto":
             knobs["kv_cache_dtype"] = ["auto", "fp8"]
             why["kv_cache_dtype"] = "this machine can store the KV cache in FP8"
         gpus = len(hardware.gpus)

@@ -293,6 +293,19 @@ def test_a_full_kv_cache_with_a_queue_is_kv_bound(store: RunStore) -> None:
     rec8 = replace(rec, config=llama_config(kv_cache_dtype="fp8"))
     assert one(explained(store, rec8), "kv_bound").suggestion == {"features.gpu_memory_utilization": 0.95}
 
+def test_a_kv_bound_run_on_a_cpu_without_avx512_is_not_sent_to_an_fp8_cache_it_cannot_start(store: RunStore) -> None:
+    """vLLM's CPU build refuses an FP8 KV cache without AVX-512 or AMX: the next trial must be one
+    this machine can run (the stored fingerprint's CPU flags say which)."""
+    without = {"gpus": [], "cpu_model": "AMD EPYC", "cpu_flags": ["sse4_2", "avx", "avx2"]}
+    rec = Recorded(llama_config(max_model_len=4096), Engine(kv_full_pct=97.0, waiting=12.0, preempt_per_s=0.5),
+                   output_tok_per_s=50.0, hardware=without)
+    kv = one(explained(store, rec), "kv_bound")
+    assert kv.suggestion == {"features.max_model_len": 2048}
+    assert "This machine cannot keep the KV cache in FP8" in kv.explanation
+    with_avx512 = replace(rec, hardware={**without, "cpu_flags": [*without["cpu_flags"], "avx512f"]})
+    kv = one(explained(store, with_avx512), "kv_bound")
+    assert kv.suggestion == {"features.kv_cache_dtype": "fp8"} and "cannot keep" not in kv.explanation
+
 def test_a_full_kv_cache_without_a_queue_is_not_a_finding(store: RunStore) -> None:
     findings = explained(store, Recorded(llama_config(), Engine(kv_full_pct=97.0, waiting=0.0)))
     assert "kv_bound" not in [f.rule for f in findings]
